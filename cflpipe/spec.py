@@ -44,6 +44,10 @@ class Training(Strict):
     eval_every: int = Field(5, ge=1, description="evaluate every N rounds (and the last round)")
     checkpoint_every: int = Field(10, ge=1, description="save resumable state every N rounds")
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    trainer: Literal["auto", "sequential", "batched"] = Field(
+        "auto", description="how client plans are executed: one client after the other, or all of a round's "
+                            "clients at once with torch.func (auto: batched on CUDA, sequential on CPU)")
+    eval_batch_size: int = Field(256, ge=1, description="samples per forward pass in evaluation")
     on_divergence: Literal["stop", "skip"] = Field(
         "stop", description="NaN/inf loss: stop the run, or skip that client's update"
     )
@@ -487,14 +491,16 @@ def _check_method(spec: Spec, method: str) -> list[str]:
                                      f"{where}.method" if entry.method else where)
     if problems:
         return problems
-    cls = METHODS[spec.method_type(method)].cls
-    if getattr(cls, "clusters_at_most_clients", False):
-        clusters = METHODS[spec.method_type(method)].params(**entry.hyperparams).clusters
+    info = METHODS[spec.method_type(method)]
+    capabilities = info.capabilities
+    if capabilities.k_param:
+        # Uniform for every method with a number of clusters: K clusters need K clients.
+        k = getattr(info.params(**entry.hyperparams), capabilities.k_param)
         for scenario, sc in spec.scenarios.items():
-            if spec.runs_on(method, scenario) and clusters > sc.clients:
-                return [f"{where}.clusters: must be <= clients of scenario {scenario} ({sc.clients}), "
-                        f"got {clusters}"]
-    if getattr(cls, "needs_groups", False):
+            if k is not None and spec.runs_on(method, scenario) and k > sc.clients:
+                return [f"{where}.{capabilities.k_param}: must be <= clients of scenario {scenario} "
+                        f"({sc.clients}), got {k}"]
+    if capabilities.needs_groups:
         for scenario, sc in spec.scenarios.items():
             if spec.runs_on(method, scenario) and sc.group_step() is None:
                 return [f"{where}: {spec.method_type(method)} needs ground-truth groups, but scenario "

@@ -16,6 +16,7 @@ from sklearn.metrics import adjusted_rand_score
 from cflpipe.fl.engine import Run, resolved_config, train_run
 from cflpipe.fl.local import LocalResult
 from cflpipe.fl.method import Context, Update
+from cflpipe.fl.plan import Trained
 from cflpipe.methods import all_methods
 from cflpipe.methods.cfl import CFL, CFLParams
 from cflpipe.methods.fedgroup import FedGroup, FedGroupParams
@@ -33,8 +34,8 @@ CLUSTERED = ("ifca", "cfl", "flhc", "fesem", "fedgroup")
 
 
 class FakeContext:
-    """The parts of fl.method.Context the server steps use; `train` returns start + a planted
-    per-client update, so every round's uploads are known exactly."""
+    """The parts of fl.method.Context the server steps use; the trainer returns a plan's start +
+    a planted per-client update, so every round's uploads are known exactly."""
 
     def __init__(self, hp, num_clients: int, dim: int, deltas: torch.Tensor | None = None, seed: int = 0):
         self.hp, self.seed, self.round = hp, seed, 0
@@ -58,10 +59,15 @@ class FakeContext:
     def rng(self, *purpose: int) -> np.random.Generator:
         return np.random.default_rng([self.seed, self.round, *purpose, 0x5E])
 
-    def train(self, client, start, anchors=(), trainable=None, steps=None, lr=None):
-        self.trained.append((self.round, int(client), steps))
-        self.anchors.append(list(anchors))
-        return start + self.deltas[client], LocalResult(0.5, 1, 1)
+    train = Context.train
+
+    def run(self, plans):
+        out = {}
+        for client, plan in plans.items():
+            self.trained.append((self.round, int(client), plan.steps))
+            self.anchors.append(list(plan.anchors))
+            out[client] = Trained(plan.start + self.deltas[client], LocalResult(0.5, 1, 1))
+        return out
 
 
 def play_round(method, ctx, sampled) -> dict:
@@ -78,7 +84,7 @@ def play_round(method, ctx, sampled) -> dict:
         update = method.local_update(int(client), payload)
         up += update.nbytes
         updates[int(client)] = update
-    method.aggregate(updates)
+    method.receive(updates)
     row = {"bytes_down": down + ctx.extra_bytes_down, "bytes_up": up + ctx.extra_bytes_up,
            **method.round_metrics()}
     if ctx.extra_bytes_down or ctx.extra_bytes_up:

@@ -16,12 +16,11 @@ from torch import nn
 
 from cflpipe.fl import engine
 from cflpipe.fl.data import FederatedData, SplitData
-from cflpipe.fl.local import Anchor, LocalResult, batch_indices
+from cflpipe.fl.local import Anchor, FOMAMLStep, LocalResult, MoreauStep, batch_indices, sgd
 from cflpipe.fl.method import Context, Update, _mix
 from cflpipe.fl.params import ParamSpace
 from cflpipe.methods import method_info
-from cflpipe.methods.cgpfl import CGPFLParams, bilevel_steps, nearest
-from cflpipe.methods.perfedavg import fo_maml
+from cflpipe.methods.cgpfl import CGPFLParams, nearest
 from cflpipe.models import LayeredModel, build_model
 from cflpipe.spec import Training, parse_spec
 
@@ -89,8 +88,9 @@ def make_method(name: str, hp: dict | None = None, model: LayeredModel | None = 
     return info.cls(ctx), ctx
 
 
-def fake_update(vector_key: str, vector: torch.Tensor, n: int, **meta) -> Update:
-    return Update({vector_key: vector}, n, LocalResult(0.0, 1, 1), meta=meta)
+def fake_update(vector_key: str, vector: torch.Tensor, n: int, **keep) -> Update:
+    """An upload of `vector`; keyword tensors are what the client keeps (its head, its θ)."""
+    return Update({vector_key: vector}, n, LocalResult(0.0, 1, 1), keep=keep)
 
 
 def test_registered_with_described_hyperparameters():
@@ -115,15 +115,15 @@ def test_fedper_sends_only_the_body_both_ways():
     update = method.local_update(1, payload)
     assert set(update.tensors) == {"body"}
     assert update.nbytes == space.nbytes(space.body)
-    assert update.meta["head"].numel() == int(space.head.sum())
+    assert update.keep["head"].numel() == int(space.head.sum())
 
 
 def test_fedper_local_training_starts_from_global_body_and_own_head():
     method, ctx = make_method("fedper", lr=1e-9)
     head = torch.randn(int(ctx.space.head.sum()))
-    method.heads[2] = head
+    ctx.clients["head"][2] = head
     update = method.local_update(2, method.payload(2))
-    assert torch.allclose(update.meta["head"], head, atol=1e-6)
+    assert torch.allclose(update.keep["head"], head, atol=1e-6)
     assert torch.allclose(update.tensors["body"], ctx.init[ctx.space.body], atol=1e-6)
 
 
@@ -132,7 +132,7 @@ def test_fedper_averages_bodies_and_keeps_heads_personal():
     body, head = ctx.space.body, ctx.space.head
     b1, b2 = torch.randn(int(body.sum())), torch.randn(int(body.sum()))
     h1, h2 = torch.randn(int(head.sum())), torch.randn(int(head.sum()))
-    method.aggregate({0: fake_update("body", b1, 10, head=h1), 3: fake_update("body", b2, 30, head=h2)})
+    method.receive({0: fake_update("body", b1, 10, head=h1), 3: fake_update("body", b2, 30, head=h2)})
     assert torch.allclose(method.global_model[body], 0.25 * b1 + 0.75 * b2, atol=1e-6)
     models, index = method.eval_models()
     assert np.array_equal(index, np.arange(4))
@@ -150,17 +150,17 @@ def test_fedper_averages_bodies_and_keeps_heads_personal():
 def test_ditto_lambda_zero_personal_model_is_local_training():
     method, ctx = make_method("ditto", {"lam": 0.0})
     start = ctx.init + 0.1 * torch.randn(ctx.init.shape, generator=torch.Generator().manual_seed(5))
-    method.personal[1] = start
+    ctx.clients["personal"][1] = start
     ctx.round = 3
     update = method.local_update(1, method.payload(1))
     expected, _ = ctx.train(1, start)  # plain local SGD from the personal model, same batches
-    assert torch.equal(update.meta["personal"], expected)
+    assert torch.equal(update.keep["personal"], expected)
     # The global part is FedAvg's local update, and the personal model is not sent.
     global_expected, _ = ctx.train(1, method.global_model)
     assert torch.equal(update.tensors["model"], global_expected)
     assert set(update.tensors) == {"model"} and update.nbytes == ctx.space.nbytes()
-    method.aggregate({1: update})
-    assert torch.equal(method.personal[1], expected)
+    method.receive({1: update})
+    assert torch.equal(ctx.clients.get("personal", 1), expected)
     models, index = method.eval_models()
     assert torch.equal(models[index[1]], expected) and torch.equal(models[index[0]], ctx.init)
 
@@ -170,9 +170,9 @@ def test_ditto_large_lambda_keeps_personal_model_at_the_global_one():
     for lam in (0.0, 1000.0):
         # lr·λ = 1: every step lands on w_global − lr·∇f, so the personal model hugs the global one.
         method, ctx = make_method("ditto", {"lam": lam}, lr=0.001)
-        method.personal[0] = ctx.init + 1.0
+        ctx.clients["personal"][0] = ctx.init + 1.0
         update = method.local_update(0, method.payload(0))
-        distances[lam] = float((update.meta["personal"] - method.global_model).norm())
+        distances[lam] = float((update.keep["personal"] - method.global_model).norm())
     start_distance = float(torch.ones_like(ctx.init).norm())
     assert distances[0.0] > 0.9 * start_distance
     assert distances[1000.0] < 0.01 * start_distance
@@ -183,7 +183,7 @@ def test_ditto_personal_steps():
     update = method.local_update(0, method.payload(0))
     # λ = 1 (the default) pulls towards the received model, the initial model here.
     expected, result = ctx.train(0, ctx.init, [Anchor(ctx.init, 1.0)], steps=7)
-    assert result.steps == 7 and torch.equal(update.meta["personal"], expected)
+    assert result.steps == 7 and torch.equal(update.keep["personal"], expected)
     assert update.result.steps == 3
 
 
@@ -205,8 +205,8 @@ def test_perfedavg_fo_step_equals_hand_computation():
     x = torch.randn(6, 3)
     y = torch.tensor([0, 1, 1, 0, 1, 0])
     alpha, beta, steps, batch = 0.3, 0.2, 2, 2
-    result = fo_maml(space, x, y, steps=steps, batch_size=batch, alpha=alpha, beta=beta,
-                     generator=torch.Generator().manual_seed(11))
+    result = sgd(space, x, y, steps=steps, batch_size=batch, lr=beta, rule=FOMAMLStep(alpha),
+                 generator=torch.Generator().manual_seed(11))
     order = batch_indices(6, batch, 2 * steps, torch.Generator().manual_seed(11)).view(steps, 2, batch)
     w, b, xd = w0, b0, x.double()
     for inner, outer in order:
@@ -224,16 +224,16 @@ def test_perfedavg_local_update_averaging_and_evaluation():
     ctx.round = 2
     update = method.local_update(1, method.payload(1))
     assert update.nbytes == ctx.space.nbytes() and set(update.tensors) == {"model"}
-    # Same as fo_maml driven by the per-client generator of (seed, round, client).
+    # Same as the FO-MAML rule driven by the per-client generator of (seed, round, client).
     x, y = ctx.data.client(1, "train")
     ctx.space.load(ctx.init)
-    fo_maml(ctx.space, x, y, steps=3, batch_size=4, alpha=0.05, beta=0.2,
-            generator=torch.Generator().manual_seed(_mix(0, 2, 1)))
+    sgd(ctx.space, x, y, steps=3, batch_size=4, lr=0.2, rule=FOMAMLStep(0.05),
+        generator=torch.Generator().manual_seed(_mix(0, 2, 1)))
     assert torch.equal(update.tensors["model"], ctx.space.read())
 
     # The server averages uniformly (the paper's objective weights users equally).
     a, b = torch.randn(ctx.init.shape), torch.randn(ctx.init.shape)
-    method.aggregate({0: fake_update("model", a, 1), 2: fake_update("model", b, 100)})
+    method.receive({0: fake_update("model", a, 1), 2: fake_update("model", b, 100)})
     assert torch.allclose(method.global_model, (a + b) / 2, atol=1e-6)
 
     # Personalized model: one SGD step of size α from the global model on a training batch.
@@ -274,14 +274,14 @@ def test_cgpfl_aggregation_assigns_to_nearest_and_averages_members():
         vector = base[k].clone()
         vector[2] = shift
         updates[client] = fake_update("model", vector, 1 + client, personal=vector + 100)
-    method.aggregate(updates)
+    method.receive(updates)
     assert method.assignment().tolist() == [0, 1, 1, 0, 0, 0]
     # Ω_0: clients 0 and 4 (weights 1 and 5); Ω_1: clients 1 and 2 (weights 2 and 3); Ω_2 untouched.
     assert method.centers[0, 2].item() == pytest.approx((1 * 1.0 + 5 * -0.5) / 6)
     assert method.centers[1, 2].item() == pytest.approx((2 * 9.0 + 3 * 11.0) / 5)
     assert torch.equal(method.centers[2], base[2])
-    assert torch.equal(method.personal[1], updates[1].meta["personal"])
-    assert torch.equal(method.personal[3], ctx.init)
+    assert torch.equal(ctx.clients.get("personal", 1), updates[1].keep["personal"])
+    assert torch.equal(ctx.clients.get("personal", 3), ctx.init)
     # Next round a sampled client receives the generalized model nearest to its last upload.
     method.centers[0], method.centers[2] = base[2], base[0]
     method.round_start(np.array([0, 4]))
@@ -292,14 +292,14 @@ def test_cgpfl_server_step_beta():
     method, ctx = make_method("cgpfl", {"clusters": 1, "beta": 0.5})
     method.seeded[:] = True
     target = ctx.init + 2.0
-    method.aggregate({0: fake_update("model", target, 3, personal=target)})
+    method.receive({0: fake_update("model", target, 3, personal=target)})
     assert torch.allclose(method.centers[0], ctx.init + 1.0)
 
 
 def test_cgpfl_seeds_generalized_models_from_first_uploads():
     method, ctx = make_method("cgpfl", {"clusters": 3}, clients=4)
     uploads = [ctx.init + shift for shift in (0.5, 3.0, -3.0, 3.1)]
-    method.aggregate({c: fake_update("model", v, 1, personal=v) for c, v in enumerate(uploads)})
+    method.receive({c: fake_update("model", v, 1, personal=v) for c, v in enumerate(uploads)})
     assert bool(method.seeded.all())
     seeds = {tuple(c.tolist()) for c in method.centers}
     assert len(seeds) == 3  # distinct seeds, then each moved to its members' mean
@@ -317,9 +317,11 @@ def test_cgpfl_bilevel_step_equals_hand_computation():
     local = torch.randn(space.size)
     personal = torch.randn(space.size)
     lam, plr, lr = 2.0, 0.1, 0.3
-    w_new, theta, result = bilevel_steps(space, x, y, local, personal, steps=2, batch_size=5, lam=lam,
-                                         inner_steps=2, personal_lr=plr, lr=lr,
-                                         generator=torch.Generator().manual_seed(0))
+    space.load(personal)
+    companions = {"local": local.clone()}
+    result = sgd(space, x, y, steps=2, batch_size=5, lr=lr, rule=MoreauStep(lam, 2, plr), companions=companions,
+                 generator=torch.Generator().manual_seed(0))
+    theta, w_new = space.read(), companions["local"]
     w, t = local.double(), personal.double()
     for _ in range(2):  # full batch: every step sees all 5 samples
         for _ in range(2):
@@ -338,10 +340,10 @@ def test_cgpfl_uploads_local_model_and_keeps_personal():
     assert payload.nbytes == ctx.space.nbytes()
     update = method.local_update(0, payload)
     assert set(update.tensors) == {"model"} and update.nbytes == ctx.space.nbytes()
-    assert not torch.equal(update.meta["personal"], update.tensors["model"])
-    method.aggregate({0: update})
+    assert not torch.equal(update.keep["personal"], update.tensors["model"])
+    method.receive({0: update})
     models, index = method.eval_models()
-    assert torch.equal(models[index[0]], update.meta["personal"])
+    assert torch.equal(models[index[0]], update.keep["personal"])
 
 
 def test_cgpfl_rejects_an_inner_solver_that_cannot_converge():
@@ -357,13 +359,13 @@ def test_state_dict_round_trip(name, tmp_path):
     method, ctx = make_method(name)
     method.round_start(np.array([0, 2]))
     updates = {c: method.local_update(c, method.payload(c)) for c in (0, 2)}
-    method.aggregate(updates)
+    method.receive(updates)
     path = tmp_path / "state.pt"
-    torch.save(method.state_dict(), path)
+    torch.save({"method": method.state_dict(), "clients": ctx.clients.state_dict()}, path)
     state = torch.load(path, weights_only=True)
-    assert all(isinstance(v, torch.Tensor) for v in state.values())
-    fresh, _ = make_method(name)
-    fresh.load_state_dict(state)
+    fresh, fresh_ctx = make_method(name)
+    fresh.load_state_dict(state["method"])
+    fresh_ctx.clients.load_state_dict(state["clients"])
     a, ia = method.eval_models()
     b, ib = fresh.eval_models()
     assert np.array_equal(ia, ib) and all(torch.equal(u, v) for u, v in zip(a, b))

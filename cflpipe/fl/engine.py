@@ -20,6 +20,7 @@ from cflpipe.fl.data import FederatedData, build_federated_data
 from cflpipe.fl.local import predict
 from cflpipe.fl.method import Context, Method, divergence_error
 from cflpipe.fl.params import ParamSpace
+from cflpipe.fl.trainers import build_trainer
 from cflpipe.methods import build_hyperparams, method_info
 from cflpipe.metrics import (clustering_scores, intra_inter_accuracy, per_client_accuracy, per_client_f1,
                              per_client_mean, personalized_summary, f1_macro_over_classes)
@@ -140,8 +141,11 @@ class Run:
         self.space = ParamSpace(model, self.device)
         info = method_info(self.config["method_type"])
         hp = info.params(**self.config["hyperparams"])
+        self.trainer = build_trainer(self.training.trainer, self.device)
+        if not info.capabilities.batchable:
+            self.trainer = build_trainer("sequential", self.device)
         self.ctx = Context(self.data, self.space, self.training, hp, self.seed, self.space.read(),
-                           self.scenario, self.method_name)
+                           self.scenario, self.method_name, self.trainer)
         self.method: Method = info.cls(self.ctx)
         self.tables: dict[str, dict[str, list]] = {n: defaultdict(list) for n in
                                                    ("metrics", "clusters", "rounds", "timing")}
@@ -169,21 +173,24 @@ class Run:
             t0 = time.perf_counter()
             sampled = self.sample(r)
             self.method.round_start(sampled)
-            updates, bytes_down, bytes_up, losses, skipped = {}, 0, 0, [], 0
-            for client in sampled:
-                payload = self.method.payload(int(client))
-                bytes_down += payload.nbytes
-                update = self.method.local_update(int(client), payload)
+            clients = [int(c) for c in sampled]
+            payloads = {c: self.method.payload(c) for c in clients}
+            bytes_down = sum(p.nbytes for p in payloads.values())
+            # Every sampled client's local work as plans, executed together by the trainer.
+            trained = self.ctx.run({c: self.method.plan(c, payloads[c]) for c in clients})
+            updates, bytes_up, losses, skipped = {}, 0, [], 0
+            for client in clients:
+                update = self.method.finish(client, payloads[client], trained[client])
                 if update.result.diverged:
                     if self.training.on_divergence == "stop":
-                        raise divergence_error(r, int(client), self.method_name, update.result.loss)
+                        raise divergence_error(r, client, self.method_name, update.result.loss)
                     skipped += 1
                     continue
                 bytes_up += update.nbytes
                 losses.append(update.result.loss)
-                updates[int(client)] = update
+                updates[client] = update
             t1 = time.perf_counter()
-            self.method.aggregate(updates)
+            self.method.receive(updates)
             t2 = time.perf_counter()
             row: dict[str, Any] = {"round": r + 1, "sampled": len(sampled), "skipped": skipped,
                                    "train_loss": float(np.mean(losses)) if losses else float("nan"),
@@ -255,7 +262,7 @@ class Run:
                 self.space.load(vector)
                 rows = split.rows_of(members)
                 if whole or len(members) == m:
-                    pred, loss = predict(self.space, split.x, split.y)
+                    pred, loss = predict(self.space, split.x, split.y, self.training.eval_batch_size)
                     preds[rows], losses[rows] = pred[rows], loss[rows]
                     if whole:
                         correct = (pred == split.y).cpu().numpy()
@@ -263,7 +270,7 @@ class Run:
                         if n_groups:
                             group_acc[j, :n_groups] = per_client_accuracy(groups[owner], correct, n_groups)[0]
                 else:
-                    pred, loss = predict(self.space, split.x[rows], split.y[rows])
+                    pred, loss = predict(self.space, split.x[rows], split.y[rows], self.training.eval_batch_size)
                     preds[rows], losses[rows] = pred, loss
             y_true, y_pred = split.y.cpu().numpy(), preds.cpu().numpy()
             acc, n = per_client_accuracy(owner, y_true == y_pred, m)
@@ -303,6 +310,7 @@ class Run:
             "round": round_number,
             "config": self.config_text,
             "method": self.method.state_dict(),
+            "clients": self.ctx.clients.state_dict(),
             "tables": {name: dict(cols) for name, cols in self.tables.items()},
         }
         with store.atomic_path(self.state_path) as tmp:
@@ -317,6 +325,7 @@ class Run:
         if state.get("config") != self.config_text:
             return  # the spec changed: the old state does not belong to this run
         self.method.load_state_dict(state["method"])
+        self.ctx.clients.load_state_dict(state["clients"])
         self.tables = {name: defaultdict(list, cols) for name, cols in state["tables"].items()}
         self.start_round = int(state["round"])
 
@@ -346,7 +355,9 @@ class Run:
         timing_summary = {"seconds_total": float(timing["seconds"].sum()),
                           "seconds_per_round": float(timing["seconds"].mean()),
                           "server_seconds_per_round": float(timing["server_seconds"].mean()),
-                          "device": str(self.device)}
+                          "device": str(self.device), "trainer": self.trainer.name,
+                          # plans each path trained in this process (a resumed run counts its part)
+                          "plans_trained": dict(self.trainer.counts)}
         store.write_parquet(d / "metrics.parquet", metrics)
         store.write_parquet(d / "clusters.parquet", clusters)
         store.write_parquet(d / "rounds.parquet", rounds)

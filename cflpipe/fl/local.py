@@ -1,11 +1,18 @@
-"""Local training on in-memory tensors: index batches, flat-vector SGD, proximal anchors and
-trainable masks. It does not know which method calls it; methods differ only in the anchors and
-masks they pass."""
+"""Local training on in-memory tensors: index batches, one local loop whose loss and step rule
+are arguments, proximal anchors and trainable masks. It does not know which method calls it;
+methods differ in the plan they hand the trainer (fl/plan.py), not in loops of their own.
+
+A step rule's arithmetic is written once for both trainers: `weights` is either one flat
+parameter vector (the sequential trainer, where the model's parameters are views into it) or a
+(clients × P) matrix (the batched trainer). Python-scalar factors and (P,) or (clients × P)
+masks broadcast the same way in both, and the in-place operations are the same ones the
+sequential path always used, so it stays bit for bit what it was."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -62,40 +69,181 @@ def apply_step(weights: torch.Tensor, direction: torch.Tensor, lr: float, *, wei
     weights.add_(direction, alpha=-lr)
 
 
+Gradient = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+def cross_entropy(forward: Callable[..., torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The default local objective: mean cross-entropy of the network's logits.
+
+    A loss takes the network as a callable (the module itself, or a functional call of it under
+    vmap), a batch of inputs and a batch of targets, and returns a scalar."""
+    return F.cross_entropy(forward(x), y)
+
+
+@dataclass(frozen=True)
+class StepConfig:
+    """The optimizer settings of one local loop (shared by every client of a batched group)."""
+
+    lr: float
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    # (vector, strength) pairs: strength is a float or a float mask (P,) / (clients × P).
+    pulls: tuple[tuple[torch.Tensor, Any], ...] = ()
+    keep: torch.Tensor | None = None  # trainable mask as float multipliers
+
+
+@dataclass
+class LoopState:
+    """What a rule carries from step to step: the momentum buffer and the companion vectors
+    (extra per-client vectors a rule updates next to the weights, e.g. CGPFL's local model)."""
+
+    velocity: torch.Tensor | None
+    companions: dict[str, torch.Tensor]
+
+
+class StepRule:
+    """How one local step turns gradients into new weights. `step` receives the weights (updated
+    in place), this step's `batches_per_step` batches, a gradient function
+    gradient(weights, x, y) -> (loss, grad) and returns the step's loss for the running mean."""
+
+    batches_per_step = 1
+
+    def velocity_like(self, weights: torch.Tensor, companions: dict[str, torch.Tensor]) -> torch.Tensor:
+        return torch.zeros_like(weights)
+
+    def step(self, weights: torch.Tensor, batches: list[tuple[torch.Tensor, torch.Tensor]], gradient: Gradient,
+             state: LoopState, config: StepConfig) -> torch.Tensor:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class SGDStep(StepRule):
+    """PyTorch SGD on the loss plus the anchors' proximal terms, masked by the trainable mask."""
+
+    def step(self, weights, batches, gradient, state, config):
+        (x, y), = batches
+        loss, grad = gradient(weights, x, y)
+        with torch.no_grad():
+            if config.weight_decay:
+                grad.add_(weights, alpha=config.weight_decay)
+            for vector, strength in config.pulls:  # += s·(w − v), without a temporary the size of w
+                if isinstance(strength, float):
+                    grad.add_(weights, alpha=strength).sub_(vector, alpha=strength)
+                else:
+                    grad.addcmul_(weights, strength).addcmul_(vector, strength, value=-1)
+            if config.keep is not None:
+                grad.mul_(config.keep)
+            apply_step(weights, grad, config.lr, momentum=config.momentum, velocity=state.velocity)
+        return loss
+
+
+SGD = SGDStep()
+
+
+@dataclass(frozen=True)
+class FOMAMLStep(StepRule):
+    """First-order MAML (Per-FedAvg FO): on two batches D, D' of one stream,
+    w̃ = w − α∇f(w; D), then w ← w − lr·∇f(w̃; D') with the run's momentum and weight decay
+    (the Hessian term of the meta-gradient dropped). The loss is f(w̃; D')."""
+
+    alpha: float
+    batches_per_step = 2
+
+    def step(self, weights, batches, gradient, state, config):
+        (xi, yi), (xo, yo) = batches
+        start = weights.detach().clone()
+        _, grad = gradient(weights, xi, yi)
+        with torch.no_grad():
+            weights.add_(grad, alpha=-self.alpha)  # w̃ = w − α∇f(w; D)
+        loss, grad = gradient(weights, xo, yo)  # ∇f(w̃; D'): the FO meta-gradient
+        with torch.no_grad():
+            weights.copy_(start)
+            apply_step(weights, grad, config.lr, weight_decay=config.weight_decay, momentum=config.momentum,
+                       velocity=state.velocity)
+        return loss
+
+
+@dataclass(frozen=True)
+class MoreauStep(StepRule):
+    """pFedMe's bi-level step (CGPFL): the weights are the personalized model θ; the companion
+    `local` is the local model w. On one batch θ ≈ argmin ℓ(θ) + (λ/2)‖θ − w‖² by `inner_steps`
+    gradient steps of size `personal_lr`, then w ← w − lr·λ(w − θ) (the Moreau envelope's
+    gradient) with the run's momentum and weight decay. The loss is the last inner step's."""
+
+    lam: float
+    inner_steps: int
+    personal_lr: float
+    companion: str = "local"
+
+    def velocity_like(self, weights, companions):
+        return torch.zeros_like(companions[self.companion])
+
+    def step(self, weights, batches, gradient, state, config):
+        (x, y), = batches
+        w = state.companions[self.companion]
+        for _ in range(self.inner_steps):
+            loss, grad = gradient(weights, x, y)
+            with torch.no_grad():
+                grad.add_(weights - w, alpha=self.lam)
+                weights.add_(grad, alpha=-self.personal_lr)
+        with torch.no_grad():
+            envelope = (w - weights).mul_(self.lam)  # ∇F_i(w) = λ(w − θ(w))
+            apply_step(w, envelope, config.lr, weight_decay=config.weight_decay, momentum=config.momentum,
+                       velocity=state.velocity)
+        return loss
+
+
+def step_config(weights: torch.Tensor, lr: float, momentum: float, weight_decay: float,
+                anchors: tuple[Anchor, ...] | list[Anchor], trainable: torch.Tensor | None) -> StepConfig:
+    # Masks become float multipliers once per loop, not once per step.
+    pulls = tuple((a.vector, float(a.strength) if a.mask is None else a.strength * a.mask.to(weights.dtype))
+                  for a in anchors if a.strength != 0)
+    keep = None if trainable is None else trainable.to(weights.dtype)
+    return StepConfig(lr, momentum, weight_decay, pulls, keep)
+
+
+def run_loop(weights: torch.Tensor, batches: torch.Tensor, fetch: Callable[[torch.Tensor], tuple],
+             gradient: Gradient, rule: StepRule, config: StepConfig, companions: dict[str, torch.Tensor],
+             total: torch.Tensor) -> torch.Tensor:
+    """The local loop shared by both trainers: `batches` is (steps × batches_per_step × …) of
+    index batches, `fetch` turns one into (x, y). Returns the summed step losses in `total`."""
+    state = LoopState(rule.velocity_like(weights, companions) if config.momentum else None, companions)
+    for step_batches in batches:
+        loss = rule.step(weights, [fetch(b) for b in step_batches], gradient, state, config)
+        with torch.no_grad():
+            total += loss.detach()
+    return total
+
+
 def sgd(space: ParamSpace, x: torch.Tensor, y: torch.Tensor, *, steps: int, batch_size: int,
         lr: float, generator: torch.Generator, momentum: float = 0.0, weight_decay: float = 0.0,
-        anchors: tuple[Anchor, ...] | list[Anchor] = (), trainable: torch.Tensor | None = None
-        ) -> LocalResult:
-    """Train the model currently loaded in `space` in place (read the result with space.read())."""
+        anchors: tuple[Anchor, ...] | list[Anchor] = (), trainable: torch.Tensor | None = None,
+        loss: Callable[..., torch.Tensor] = cross_entropy, rule: StepRule = SGD,
+        companions: dict[str, torch.Tensor] | None = None) -> LocalResult:
+    """Train the model currently loaded in `space` in place (read the result with space.read()).
+
+    `loss(model, x, y)` is the local objective (cross-entropy by default) and `rule` the step
+    rule (plain SGD with anchors and mask by default); `companions` are extra vectors the rule
+    updates in place (their starting values must be copies the caller may lose)."""
     n = x.shape[0]
     if n == 0 or steps == 0:
         return LocalResult(0.0, 0, 0)
     flat, grad, model = space.flat, space.grad, space.model
-    batches = batch_indices(n, batch_size, steps, generator).to(x.device)
-    # Masks become float multipliers once per call, not once per step.
-    pulls = [(a.vector, float(a.strength) if a.mask is None else a.strength * a.mask.to(flat.dtype))
-             for a in anchors if a.strength != 0]
-    keep = None if trainable is None else trainable.to(flat.dtype)
-    velocity = torch.zeros_like(flat) if momentum else None
+    per_step = rule.batches_per_step
+    batches = batch_indices(n, batch_size, steps * per_step, generator).to(x.device)
+    batches = batches.view(steps, per_step, batches.shape[1])
+    config = step_config(flat, lr, momentum, weight_decay, anchors, trainable)
+
+    def gradient(weights: torch.Tensor, xb: torch.Tensor, yb: torch.Tensor):
+        grad.zero_()
+        value = loss(model, xb, yb)
+        value.backward()
+        return value.detach(), grad
+
     total = torch.zeros((), dtype=flat.dtype, device=flat.device)
     model.train()
-    for batch in batches:
-        grad.zero_()
-        loss = F.cross_entropy(model(x[batch]), y[batch])
-        loss.backward()
-        with torch.no_grad():
-            total += loss.detach()
-            if weight_decay:
-                grad.add_(flat, alpha=weight_decay)
-            for vector, strength in pulls:  # += s·(w − v), without a temporary the size of w
-                if isinstance(strength, float):
-                    grad.add_(flat, alpha=strength).sub_(vector, alpha=strength)
-                else:
-                    grad.addcmul_(flat, strength).addcmul_(vector, strength, value=-1)
-            if keep is not None:
-                grad.mul_(keep)
-            apply_step(flat, grad, lr, momentum=momentum, velocity=velocity)
-    return LocalResult(float(total) / steps, steps, steps * batches.shape[1])
+    run_loop(flat, batches, lambda b: (x[b], y[b]), gradient, rule, config, companions or {}, total)
+    return LocalResult(float(total) / steps, steps, steps * per_step * batches.shape[2])
 
 
 @torch.no_grad()

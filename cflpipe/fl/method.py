@@ -1,7 +1,8 @@
-"""The method interface the engine drives (after Flower's Strategy: the server configures a
-round, clients train, the server aggregates). A method never loops over rounds itself and never
-touches the engine's internals; what differs between methods is data: which anchors pull the
-local objective, which parameters are shared, how many models travel down."""
+"""The method interface the engine drives (after Flower's Strategy and ClientApp: the server
+configures a round, each client's local work is a plan the engine's trainer executes, the server
+aggregates). A method never loops over rounds or local steps itself and never touches the
+engine's internals; what differs between methods is data: which anchors pull the local
+objective, which parameters are shared, which loss and step rule, how many models travel down."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ import torch
 
 from cflpipe.errors import DivergenceError
 from cflpipe.fl.data import FederatedData
-from cflpipe.fl.local import Anchor, LocalResult, sgd, steps_for
-from cflpipe.fl.params import ParamSpace, cluster_average
+from cflpipe.fl.local import Anchor, LocalResult
+from cflpipe.fl.params import ParamSpace
+from cflpipe.fl.plan import ClientPlan, Plans, Results, Trained
+from cflpipe.fl.trainers import SequentialTrainer, Trainer, mix_seed
 from cflpipe.metrics import tensor_bytes
 from cflpipe.spec import Training
 
@@ -33,28 +36,102 @@ class Payload:
 
 @dataclass
 class Update:
-    """What one client sends back; its tensors are counted as bytes up."""
+    """What one client sends back; its tensors are counted as bytes up. `keep` is what the
+    client keeps for later rounds (a personal model, a head): never sent, stored in the
+    engine's client store when the update is accepted (not when its training diverged)."""
 
     tensors: dict[str, torch.Tensor]
     n: int  # training samples of the client (aggregation weight)
     result: LocalResult
     meta: dict[str, Any] = field(default_factory=dict)
+    keep: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @property
     def nbytes(self) -> int:
         return tensor_bytes(*self.tensors.values())
 
 
+@dataclass(frozen=True)
+class Capabilities:
+    """What a method is, declared once and read by spec validation and the report (nothing
+    outside a method's own module names it).
+
+    needs_groups:   it is told the ground-truth groups (Oracle): a reference, not a competitor
+    clustered:      it assigns clients to clusters (clusters.parquet, ARI/NMI are meaningful)
+    personalized:   clients are evaluated with models of their own
+    k_param:        the hyper-parameter holding its number of clusters K; K must be <= clients
+    batchable:      its plans may go to the batched trainer (False: always sequential)
+    """
+
+    needs_groups: bool = False
+    clustered: bool = False
+    personalized: bool = False
+    k_param: str | None = None
+    batchable: bool = True
+
+    def summary(self) -> str:
+        flags = [name for name in ("needs_groups", "clustered", "personalized") if getattr(self, name)]
+        if self.k_param:
+            flags.append(f"K={self.k_param}")
+        if not self.batchable:
+            flags.append("sequential only")
+        return ", ".join(flags)
+
+
+class ClientStore:
+    """Client-side state that lives across rounds (personal models, Ditto's v_i, FedAC's ω_i,
+    an auxiliary network per client), owned by the engine and checkpointed with the run, so no
+    method writes save/load code for it. Each entry is a (clients × …) table whose rows start as
+    the default the method registers."""
+
+    def __init__(self, num_clients: int, device: torch.device):
+        self.num_clients = num_clients
+        self.device = device
+        self.tables: dict[str, torch.Tensor] = {}
+
+    def add(self, name: str, default: torch.Tensor) -> torch.Tensor:
+        if name in self.tables:
+            raise KeyError(f"client state {name!r} is already registered")
+        self.tables[name] = default.detach().unsqueeze(0).repeat(self.num_clients, *([1] * default.dim()))
+        return self.tables[name]
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self.tables[name]
+
+    def __setitem__(self, name: str, table: torch.Tensor) -> None:
+        if name not in self.tables or table.shape != self.tables[name].shape:
+            raise KeyError(f"client state {name!r}: register it with add() and keep its shape")
+        self.tables[name] = table
+
+    def get(self, name: str, client: int) -> torch.Tensor:
+        return self.tables[name][client]
+
+    def set(self, name: str, clients: int | np.ndarray, values: torch.Tensor) -> None:
+        if not isinstance(clients, (int, np.integer)):
+            clients = torch.as_tensor(np.asarray(clients, dtype=np.int64), device=self.tables[name].device)
+        self.tables[name][clients] = values
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return dict(self.tables)
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        if set(state) != set(self.tables):
+            raise KeyError(f"client state holds {sorted(state)}, the method registers {sorted(self.tables)}")
+        self.tables = {name: table.to(self.device) for name, table in state.items()}
+
+
 class Context:
-    """Everything a method may use: data, the parameter space, settings and seeded randomness.
+    """Everything a method may use: data, the parameter spaces, the client store, settings,
+    seeded randomness and the trainer that executes client plans.
 
     Randomness is derived from (run seed, round, client, purpose) rather than carried in a
     stream, so a resumed run draws exactly what an uninterrupted one would."""
 
     def __init__(self, data: FederatedData, space: ParamSpace, training: Training, hp: Any,
-                 seed: int, init: torch.Tensor, scenario: str, method: str):
+                 seed: int, init: torch.Tensor, scenario: str, method: str, trainer: Trainer | None = None):
         self.data = data
         self.space = space
+        self.spaces: dict[str, ParamSpace] = {"model": space}
         self.training = training
         self.hp = hp
         self.seed = seed
@@ -63,13 +140,14 @@ class Context:
         self.method = method
         self.round = 0
         self.device = space.device
+        self.trainer = trainer or SequentialTrainer()
+        self.clients = ClientStore(data.num_clients, space.device)
         # Traffic beyond the sampled clients' payloads and updates (an all-client clustering
         # round, pre-training); the engine adds it to the round's bytes and resets it.
         self.extra_bytes_down = 0
         self.extra_bytes_up = 0
         self._train_sizes = data.train.sizes()
-        # Dropout is the only consumer of torch's global RNG in the models.
-        self._dropout = any(isinstance(m, torch.nn.Dropout) for m in space.model.modules())
+        self._dropout = {"model": _has_dropout(space.model)}
 
     @property
     def num_clients(self) -> int:
@@ -85,49 +163,70 @@ class Context:
     def lr(self) -> float:
         return self.training.lr * self.training.lr_decay ** self.round
 
+    def add_space(self, name: str, module: torch.nn.Module) -> ParamSpace:
+        """Register an auxiliary network (e.g. a per-client conditional invertible network) that
+        plans can train with `space=name`; its per-client vectors live in the client store."""
+        if name in self.spaces:
+            raise KeyError(f"parameter space {name!r} is already registered")
+        self.spaces[name] = ParamSpace(module, self.device)
+        self._dropout[name] = _has_dropout(module)
+        return self.spaces[name]
+
+    def has_dropout(self, space: str) -> bool:
+        return self._dropout[space]
+
+    # ------------------------------------------------------------------ client plans
+
+    def run(self, plans: dict[int, Plans]) -> dict[int, Results]:
+        """Execute client plans with the run's trainer: {client: plan or {name: plan}} in,
+        {client: Trained or {name: Trained}} out."""
+        jobs: list[tuple[int, ClientPlan]] = []
+        where: list[tuple[int, str | None]] = []
+        for client, plan in plans.items():
+            named = plan.items() if isinstance(plan, dict) else [(None, plan)]
+            for name, one in named:
+                jobs.append((int(client), one))
+                where.append((int(client), name))
+        trained = self.trainer.run(self, jobs)
+        out: dict[int, Any] = {}
+        for (client, name), result in zip(where, trained):
+            if name is None:
+                out[client] = result
+            else:
+                out.setdefault(client, {})[name] = result
+        return out
+
     def train(self, client: int, start: torch.Tensor, anchors: list[Anchor] | tuple[Anchor, ...] = (),
               trainable: torch.Tensor | None = None, steps: int | None = None,
               lr: float | None = None) -> tuple[torch.Tensor, LocalResult]:
-        """Local SGD of `client` from the parameter vector `start`; returns the new vector."""
-        x, y, default_steps, generator = self.local_setup(client)
-        t = self.training
-        steps = default_steps if steps is None else steps
-        self.space.load(start)
-        result = sgd(self.space, x, y, steps=steps, batch_size=t.batch_size,
-                     lr=self.lr() if lr is None else lr, generator=generator, momentum=t.momentum,
-                     weight_decay=t.weight_decay, anchors=anchors, trainable=trainable)
-        return self.space.read(), result
-
-
-    def local_setup(self, client: int, *purpose: int) -> tuple[torch.Tensor, torch.Tensor, int, torch.Generator]:
-        """A client's training tensors, its number of local steps, and this round's batch
-        generator for it; also seeds dropout. Methods with their own local loop (CGPFL,
-        Per-FedAvg) start from here so that they draw exactly as `train` does; extra `purpose`
-        ints give other streams (e.g. evaluation-time fine-tuning)."""
-        x, y = self.data.client(client, "train")
-        t = self.training
-        steps = steps_for(len(y), t.batch_size, t.local_steps, t.local_epochs)
-        generator = torch.Generator().manual_seed(_mix(self.seed, self.round, client, *purpose))
-        if self._dropout:  # reseeding the global RNG costs ~65 µs, a few % of a small model's round
-            torch.manual_seed(_mix(self.seed, self.round, client, *purpose, 1))
-        return x, y, steps, generator
+        """One plain plan of one client (tests and scripts; methods return plans)."""
+        trained = self.run({client: ClientPlan(start, anchors, trainable, steps, lr)})[client]
+        return trained.vector, trained.result
 
     def count_traffic(self, down: int, up: int) -> None:
         self.extra_bytes_down += int(down)
         self.extra_bytes_up += int(up)
 
-    def train_unsampled(self, client: int, start: torch.Tensor, anchors: list[Anchor] | tuple[Anchor, ...] = (),
-                        steps: int | None = None) -> tuple[torch.Tensor, LocalResult] | None:
-        """Train a client the engine did not sample this round, counting one model down and one
-        up. Divergence follows training.on_divergence as for sampled clients: None when skipped."""
-        vector, result = self.train(client, start, anchors, steps=steps)
-        # As for sampled clients: a diverged update is dropped, so it is not counted as sent.
-        self.count_traffic(tensor_bytes(start), 0 if result.diverged else tensor_bytes(vector))
-        if result.diverged:
-            if self.training.on_divergence == "stop":
-                raise divergence_error(self.round, client, self.method, result.loss)
-            return None
-        return vector, result
+    def train_unsampled(self, plans: dict[int, ClientPlan]) -> dict[int, Trained]:
+        """Train clients the engine did not sample this round (all at once where the trainer
+        batches), counting each plan's start down and its trained vector up. Divergence follows
+        training.on_divergence as for sampled clients: a diverged client is left out."""
+        trained = self.run(plans)
+        kept: dict[int, Trained] = {}
+        for client, plan in plans.items():
+            outcome = trained[client]
+            # As for sampled clients: a diverged update is dropped, so it is not counted as sent.
+            self.count_traffic(tensor_bytes(plan.start), 0 if outcome.diverged else tensor_bytes(outcome.vector))
+            if outcome.diverged:
+                if self.training.on_divergence == "stop":
+                    raise divergence_error(self.round, client, self.method, outcome.result.loss)
+                continue
+            kept[client] = outcome
+        return kept
+
+
+def _has_dropout(module: torch.nn.Module) -> bool:
+    return any(isinstance(m, torch.nn.Dropout) for m in module.modules())
 
 
 def divergence_error(round_index: int, client: int, method: str, loss: float) -> DivergenceError:
@@ -135,14 +234,26 @@ def divergence_error(round_index: int, client: int, method: str, loss: float) ->
                            f"{loss}; lower training.lr or set training.on_divergence: skip")
 
 
-def _mix(*values: int) -> int:
-    return int(np.random.SeedSequence(list(values)).generate_state(1, dtype=np.uint64)[0] >> 1)
+_mix = mix_seed
 
 
 class Method:
-    """Base class. Subclasses set `name` via methods.register and override the hooks."""
+    """Base class. Subclasses register with methods.register, declare their capabilities and the
+    server attributes to checkpoint, and override the hooks. A round, as the engine drives it:
+
+        round_start(sampled)                       server: (re)cluster, choose K, …
+        payload(client) -> Payload                 bytes down
+        plan(client, payload) -> ClientPlan(s)     the client's local work, as data
+        (the trainer executes all sampled clients' plans)
+        finish(client, payload, trained) -> Update bytes up
+        aggregate(updates)                         server
+
+    Client-side state that outlives a round goes in ctx.clients (checkpointed by the engine);
+    server state is the attributes named in `checkpoint` (tensors, NumPy arrays, numbers, None)."""
 
     name = "method"
+    capabilities = Capabilities()
+    checkpoint: tuple[str, ...] = ()
 
     def __init__(self, ctx: Context):
         self.ctx = ctx
@@ -153,10 +264,31 @@ class Method:
         raise NotImplementedError
 
     # --- client side
-    def local_update(self, client: int, payload: Payload) -> Update:
+    def plan(self, client: int, payload: Payload) -> Plans:
         raise NotImplementedError
 
+    def finish(self, client: int, payload: Payload, trained: Results) -> Update:
+        raise NotImplementedError
+
+    def local_update(self, client: int, payload: Payload) -> Update:
+        """One client's whole round (plan, train, finish); the engine does the same for all
+        sampled clients at once so that the trainer can batch them."""
+        trained = self.ctx.run({client: self.plan(client, payload)})[client]
+        return self.finish(client, payload, trained)
+
+    def update(self, client: int, tensors: dict[str, torch.Tensor], trained: Trained, **meta: Any) -> Update:
+        """The Update of a client that trained one plan, weighted by its training samples."""
+        return Update(tensors, int(self.ctx.train_sizes()[client]), trained.result, meta=meta)
+
     # --- server side
+    def receive(self, updates: dict[int, Update]) -> None:
+        """The accepted updates of a round: what clients keep goes to the client store, then
+        the server aggregates. The engine calls this; methods override aggregate."""
+        for client, update in updates.items():
+            for name, tensor in update.keep.items():
+                self.ctx.clients.set(name, client, tensor)
+        self.aggregate(updates)
+
     def aggregate(self, updates: dict[int, Update]) -> None:
         raise NotImplementedError
 
@@ -198,12 +330,25 @@ class Method:
         """Extra round-level figures written to rounds.parquet (e.g. FedAC's G values)."""
         return {}
 
-    # --- resume
+    # --- resume: the attributes named in `checkpoint`
     def state_dict(self) -> dict[str, Any]:
-        raise NotImplementedError
+        state: dict[str, Any] = {}
+        for name in self.checkpoint:
+            value = getattr(self, name)
+            # torch.load(weights_only=True) takes tensors, containers and plain numbers only.
+            state[name] = {"ndarray": torch.from_numpy(np.array(value))} if isinstance(value, np.ndarray) else value
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        raise NotImplementedError
+        if set(state) != set(self.checkpoint):
+            raise KeyError(f"{self.name}: state holds {sorted(state)}, expected {sorted(self.checkpoint)}")
+        for name in self.checkpoint:
+            value = state[name]
+            if isinstance(value, dict) and set(value) == {"ndarray"}:
+                value = value["ndarray"].numpy()
+            elif isinstance(value, torch.Tensor):
+                value = value.to(self.ctx.device)
+            setattr(self, name, value)
 
 
 def stack_updates(updates: dict[int, Update], key: str = "model") -> tuple[np.ndarray, torch.Tensor, torch.Tensor]:
@@ -212,51 +357,3 @@ def stack_updates(updates: dict[int, Update], key: str = "model") -> tuple[np.nd
     vectors = torch.stack([updates[c].tensors[key] for c in clients])
     weights = torch.tensor([updates[c].n for c in clients], dtype=vectors.dtype, device=vectors.device)
     return clients, vectors, weights
-
-
-class ClusterModels(Method):
-    """K cluster models; a client trains its cluster's model and each cluster averages its
-    sampled members (sample-weighted). The base of Oracle and of the clustered methods."""
-
-    def __init__(self, ctx: Context, num_clusters: int, clusters: np.ndarray):
-        super().__init__(ctx)
-        self.centers = ctx.init.repeat(num_clusters, 1)
-        self.clusters = np.asarray(clusters, dtype=np.int64).copy()
-
-    @property
-    def num_clusters(self) -> int:
-        return self.centers.shape[0]
-
-    def anchors(self, client: int, payload: Payload) -> list[Anchor]:
-        return []
-
-    def payload(self, client: int) -> Payload:
-        return Payload({"model": self.centers[self.clusters[client]]})
-
-    def local_update(self, client: int, payload: Payload) -> Update:
-        vector, result = self.ctx.train(client, payload.tensors["model"], self.anchors(client, payload))
-        return Update({"model": vector}, int(self.ctx.train_sizes()[client]), result)
-
-    def aggregate(self, updates: dict[int, Update]) -> None:
-        if not updates:
-            return
-        clients, vectors, weights = stack_updates(updates)
-        means, present = cluster_average(vectors, torch.from_numpy(self.clusters[clients]), weights,
-                                         self.num_clusters)
-        self.centers[present] = means[present]
-
-    def eval_params(self, client: int) -> torch.Tensor:
-        return self.centers[self.clusters[client]]
-
-    def eval_models(self) -> tuple[list[torch.Tensor], np.ndarray]:
-        return list(self.centers), self.clusters.copy()
-
-    def assignment(self) -> np.ndarray | None:
-        return self.clusters.copy()
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"centers": self.centers, "clusters": torch.from_numpy(self.clusters)}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.centers = state["centers"].to(self.ctx.device)
-        self.clusters = state["clusters"].numpy().astype(np.int64)

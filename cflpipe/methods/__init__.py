@@ -23,15 +23,29 @@ class MethodInfo:
     params: type[HyperParams]
     description: str
 
+    @property
+    def capabilities(self):
+        return self.cls.capabilities
+
 
 METHODS: dict[str, MethodInfo] = {}
 
 
 def register(name: str, params: type[HyperParams] = HyperParams):
+    """Register a method class under `name`. A class that offers variants (the cluster-model
+    base: AWCFL and MCFL) registers them here too, as the same class with the variant's
+    hyper-parameters added, so they exist whatever order the modules are imported in."""
+
     def decorate(cls: type) -> type:
         doc = (cls.__doc__ or "").strip().splitlines()
-        METHODS[name] = MethodInfo(name, cls, params, doc[0] if doc else "")
+        description = doc[0] if doc else ""
+        METHODS[name] = MethodInfo(name, cls, params, description)
         cls.name = name
+        for variant, extra, what in (cls.variants(name) if hasattr(cls, "variants") else []):
+            merged = extra if params is HyperParams else \
+                type(f"{params.__name__}{extra.__name__}", (params, extra), {})
+            head, _, rest = description.partition(":")
+            METHODS[variant] = MethodInfo(variant, cls, merged, f"{head} + {what}: {rest.strip()}")
         return cls
 
     return decorate

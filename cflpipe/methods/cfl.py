@@ -17,7 +17,9 @@ import torch
 from pydantic import Field
 
 from cflpipe.clustering import cfl_bipartition, cosine_similarity_matrix
-from cflpipe.fl.method import ClusterModels, Context, Payload, Update, stack_updates
+from cflpipe.fl.method import Context, Payload, Update, stack_updates
+from cflpipe.fl.plan import Trained
+from cflpipe.methods.clustered import ClusterModels
 from cflpipe.fl.params import cluster_average
 from cflpipe.methods import HyperParams, register
 
@@ -61,6 +63,8 @@ class CFL(ClusterModels):
     aggregated; both transfers are counted). Until then it is evaluated with, and reported in,
     the first half."""
 
+    checkpoint = (*ClusterModels.checkpoint, "pending", "split_models", "split_directions", "split_clusters")
+
     def __init__(self, ctx: Context):
         super().__init__(ctx, 1, np.zeros(ctx.num_clients, dtype=np.int64))
         p = ctx.init.numel()
@@ -72,17 +76,15 @@ class CFL(ClusterModels):
 
     # ------------------------------------------------------------------ client side
 
-    def payload(self, client: int) -> Payload:
+    def cluster_payload(self, client: int) -> Payload:
         split = int(self.pending[client])
         if split >= 0:
             return Payload({"model": self.split_models[split]}, meta={"split": split})
         return Payload({"model": self.centers[self.clusters[client]]}, meta={"split": -1})
 
-    def local_update(self, client: int, payload: Payload) -> Update:
-        start = payload.tensors["model"]
-        vector, result = self.ctx.train(client, start)
-        return Update({"update": vector - start}, int(self.ctx.train_sizes()[client]), result,
-                      meta={"split": payload.meta["split"]})
+    def cluster_finish(self, client: int, payload: Payload, trained: Trained) -> Update:
+        return self.update(client, {"update": trained.vector - payload.tensors["model"]}, trained,
+                           split=payload.meta["split"])
 
     # ------------------------------------------------------------------ server side
 
@@ -93,7 +95,7 @@ class CFL(ClusterModels):
         later = np.nonzero((self.split_clusters[:, 0] == cluster) & (np.arange(len(self.split_clusters)) > split))[0]
         self.pending[client] = int(later[0]) if len(later) else -1
 
-    def aggregate(self, updates: dict[int, Update]) -> None:
+    def cluster_aggregate(self, updates: dict[int, Update]) -> None:
         routed = {c: u for c, u in updates.items() if u.meta["split"] >= 0}
         regular = {c: u for c, u in updates.items() if u.meta["split"] < 0}
         for client in sorted(routed):
@@ -142,18 +144,3 @@ class CFL(ClusterModels):
     def round_metrics(self) -> dict[str, Any]:
         mean_norms, max_norms = self._norms
         return {"cfl_mean_norm": list(mean_norms), "cfl_max_norm": list(max_norms)} if mean_norms else {}
-
-    # ------------------------------------------------------------------ resume
-
-    def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "pending": torch.from_numpy(self.pending),
-                "split_models": self.split_models, "split_directions": self.split_directions,
-                "split_clusters": torch.from_numpy(self.split_clusters)}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        device = self.ctx.device
-        self.pending = state["pending"].numpy().astype(np.int64)
-        self.split_models = state["split_models"].to(device)
-        self.split_directions = state["split_directions"].to(device)
-        self.split_clusters = state["split_clusters"].numpy().astype(np.int64).reshape(-1, 2)

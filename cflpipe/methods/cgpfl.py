@@ -38,16 +38,14 @@ is not known to us.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import torch
-import torch.nn.functional as F
 from pydantic import Field, model_validator
 
-from cflpipe.fl.local import LocalResult, apply_step, batch_indices
-from cflpipe.fl.method import Method, Payload, Update, stack_updates
-from cflpipe.fl.params import ParamSpace, cluster_average
+from cflpipe.fl.local import MoreauStep
+from cflpipe.fl.method import Capabilities, Method, Payload, Update, stack_updates
+from cflpipe.fl.params import cluster_average
+from cflpipe.fl.plan import ClientPlan, Trained
 from cflpipe.methods import HyperParams, register
 
 _SEEDING = 0xC6  # purpose of the server randomness that seeds the generalized models
@@ -78,48 +76,17 @@ def nearest(vectors: torch.Tensor, centers: torch.Tensor) -> torch.Tensor:
     return distances.argmin(dim=1)
 
 
-def bilevel_steps(space: ParamSpace, x: torch.Tensor, y: torch.Tensor, local: torch.Tensor,
-                  personal: torch.Tensor, *, steps: int, batch_size: int, lam: float, inner_steps: int,
-                  personal_lr: float, lr: float, generator: torch.Generator, momentum: float = 0.0,
-                  weight_decay: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, LocalResult]:
-    """pFedMe-style local steps from local model `local` and personalized model `personal`.
-
-    Returns the new local model w, the new personalized model θ (left loaded in `space`) and, as
-    the training loss, the mean over local steps of the batch loss seen by the last inner step."""
-    w = local.detach().clone()
-    space.load(personal)
-    n = x.shape[0]
-    if n == 0 or steps == 0:
-        return w, space.read(), LocalResult(0.0, 0, 0)
-    flat, grad, model = space.flat, space.grad, space.model
-    batches = batch_indices(n, batch_size, steps, generator).to(x.device)
-    velocity = torch.zeros_like(w) if momentum else None
-    total = torch.zeros((), dtype=flat.dtype, device=flat.device)
-    model.train()
-    for batch in batches:
-        xb, yb = x[batch], y[batch]
-        for _ in range(inner_steps):  # θ ≈ argmin ℓ(θ; batch) + (λ/2)‖θ − w‖²
-            grad.zero_()
-            loss = F.cross_entropy(model(xb), yb)
-            loss.backward()
-            with torch.no_grad():
-                grad.add_(flat - w, alpha=lam)
-                flat.add_(grad, alpha=-personal_lr)
-        with torch.no_grad():
-            total += loss.detach()
-            envelope = (w - flat).mul_(lam)  # ∇F_i(w) = λ(w − θ(w))
-            apply_step(w, envelope, lr, weight_decay=weight_decay, momentum=momentum, velocity=velocity)
-    return w, space.read(), LocalResult(float(total) / steps, steps, steps * batches.shape[1])
-
-
 @register("cgpfl", CGPFLParams)
 class CGPFL(Method):
     """CGPFL: pFedMe-style personalized models tied to the nearest of K generalized models."""
 
+    capabilities = Capabilities(clustered=True, personalized=True, k_param="clusters")
+    checkpoint = ("local", "centers", "seeded", "clusters")
+
     def __init__(self, ctx):
         super().__init__(ctx)
         k = self.hp.clusters
-        self.personal = ctx.init.repeat(ctx.num_clients, 1)  # θ_i, on the clients
+        ctx.clients.add("personal", ctx.init)  # θ_i, on the clients
         self.local = ctx.init.repeat(ctx.num_clients, 1)     # last uploaded w_i, on the server
         self.centers = ctx.init.repeat(k, 1)                 # Ω_k
         self.seeded = torch.zeros(k, dtype=torch.bool, device=ctx.device)
@@ -135,16 +102,17 @@ class CGPFL(Method):
     def payload(self, client: int) -> Payload:
         return Payload({"model": self.centers[self.clusters[client]]})
 
-    def local_update(self, client: int, payload: Payload) -> Update:
-        ctx, t = self.ctx, self.ctx.training
-        x, y, steps, generator = ctx.local_setup(client)
-        w, theta, result = bilevel_steps(
-            ctx.space, x, y, payload.tensors["model"], self.personal[client], steps=steps,
-            batch_size=t.batch_size, lam=self.hp.lam, inner_steps=self.hp.inner_steps,
-            personal_lr=self.hp.personal_lr, lr=ctx.lr(), generator=generator, momentum=t.momentum,
-            weight_decay=t.weight_decay)
-        # θ stays on the client: it goes in `meta`, so only w is counted as sent.
-        return Update({"model": w}, int(ctx.train_sizes()[client]), result, meta={"personal": theta})
+    def plan(self, client: int, payload: Payload) -> ClientPlan:
+        # The network trains θ (from the client's last θ_i); w starts at the received Ω_k and
+        # moves by the envelope's gradient (MoreauStep).
+        rule = MoreauStep(self.hp.lam, self.hp.inner_steps, self.hp.personal_lr)
+        return ClientPlan(self.ctx.clients.get("personal", client), rule=rule,
+                          companions={"local": payload.tensors["model"]})
+
+    def finish(self, client: int, payload: Payload, trained: Trained) -> Update:
+        # θ stays on the client: it is kept, not sent, so only w is counted as sent.
+        return Update({"model": trained.companions["local"]}, int(self.ctx.train_sizes()[client]),
+                      trained.result, keep={"personal": trained.vector})
 
     def aggregate(self, updates: dict[int, Update]) -> None:
         if not updates:
@@ -158,7 +126,6 @@ class CGPFL(Method):
         self.clusters[clients] = chosen.cpu().numpy()
         rows = torch.from_numpy(clients).to(self.local.device)
         self.local[rows] = vectors
-        self.personal[rows] = torch.stack([updates[int(c)].meta["personal"] for c in clients])
 
     def seed_centers(self, vectors: torch.Tensor) -> None:
         """k-means++ seeding of the generalized models not seeded yet, from this round's uploads:
@@ -181,22 +148,10 @@ class CGPFL(Method):
             self.seeded[slot] = True
 
     def eval_params(self, client: int) -> torch.Tensor:
-        return self.personal[client]
+        return self.ctx.clients.get("personal", client)
 
     def eval_models(self) -> tuple[list[torch.Tensor], np.ndarray]:
-        return list(self.personal), np.arange(self.ctx.num_clients)
+        return list(self.ctx.clients["personal"]), np.arange(self.ctx.num_clients)
 
     def assignment(self) -> np.ndarray | None:
         return self.clusters.copy()
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"personal": self.personal, "local": self.local, "centers": self.centers,
-                "seeded": self.seeded, "clusters": torch.from_numpy(self.clusters)}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        device = self.ctx.device
-        self.personal = state["personal"].to(device)
-        self.local = state["local"].to(device)
-        self.centers = state["centers"].to(device)
-        self.seeded = state["seeded"].to(device).bool()
-        self.clusters = state["clusters"].cpu().numpy().astype(np.int64)

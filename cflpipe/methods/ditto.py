@@ -23,14 +23,13 @@ from {0.1, 1, 2}); the authors' released run scripts use λ = 1, the default her
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import torch
 from pydantic import Field
 
 from cflpipe.fl.local import Anchor
-from cflpipe.fl.method import Payload, Update
+from cflpipe.fl.method import Capabilities, Payload, Update
+from cflpipe.fl.plan import ClientPlan, Trained
 from cflpipe.methods import HyperParams, register
 from cflpipe.methods.fedavg import FedAvg
 
@@ -46,37 +45,31 @@ class DittoParams(HyperParams):
 class Ditto(FedAvg):
     """Ditto: FedAvg global model plus a personal model per client pulled towards it by λ."""
 
+    capabilities = Capabilities(personalized=True)
+
     def __init__(self, ctx):
         super().__init__(ctx)
         # v_i starts from the initial global model w^0 (as in the reference code). A client that
         # is never sampled keeps it, so it is evaluated with the untrained initial model.
-        self.personal = ctx.init.repeat(ctx.num_clients, 1)
+        ctx.clients.add("personal", ctx.init)
 
-    def local_update(self, client: int, payload: Payload) -> Update:
+    def plan(self, client: int, payload: Payload) -> dict[str, ClientPlan]:
         received = payload.tensors["model"]
-        vector, result = self.ctx.train(client, received)
-        personal, personal_result = self.ctx.train(client, self.personal[client], [Anchor(received, self.hp.lam)],
-                                                   steps=self.hp.personal_steps)
-        if personal_result.diverged:  # let the engine's on_divergence rule see it
-            result = personal_result
-        # The personal model stays on the client: it goes in `meta`, so it is not counted as sent.
-        return Update({"model": vector}, int(self.ctx.train_sizes()[client]), result,
-                      meta={"personal": personal})
+        # Both plans use the client's one batch stream of this round (see the module docstring).
+        return {"model": ClientPlan(received),
+                "personal": ClientPlan(self.ctx.clients.get("personal", client), (Anchor(received, self.hp.lam),),
+                                       steps=self.hp.personal_steps)}
 
-    def aggregate(self, updates: dict[int, Update]) -> None:
-        super().aggregate(updates)
-        for client, update in updates.items():
-            self.personal[client] = update.meta["personal"]
+    def finish(self, client: int, payload: Payload, trained: dict[str, Trained]) -> Update:
+        result = trained["model"].result
+        if trained["personal"].diverged:  # let the engine's on_divergence rule see it
+            result = trained["personal"].result
+        # The personal model stays on the client: it is kept, not sent, so not counted.
+        return Update({"model": trained["model"].vector}, int(self.ctx.train_sizes()[client]), result,
+                      keep={"personal": trained["personal"].vector})
 
     def eval_params(self, client: int) -> torch.Tensor:
-        return self.personal[client]
+        return self.ctx.clients.get("personal", client)
 
     def eval_models(self) -> tuple[list[torch.Tensor], np.ndarray]:
-        return list(self.personal), np.arange(self.ctx.num_clients)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"global": self.global_model, "personal": self.personal}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        self.personal = state["personal"].to(self.ctx.device)
+        return list(self.ctx.clients["personal"]), np.arange(self.ctx.num_clients)

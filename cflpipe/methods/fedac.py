@@ -33,8 +33,9 @@ from pydantic import Field
 
 from cflpipe.clustering import PCAProjection, cosine_similarity_matrix, fit_pca, pairwise_sq_distances
 from cflpipe.fl.local import Anchor
-from cflpipe.fl.method import Method, Payload, Update
+from cflpipe.fl.method import Capabilities, Method, Payload, Update
 from cflpipe.fl.params import cluster_average
+from cflpipe.fl.plan import ClientPlan, Trained
 from cflpipe.methods import HyperParams, register
 
 
@@ -121,10 +122,16 @@ def tune_cluster_number(models: torch.Tensor, centers: torch.Tensor, clusters: n
 class FedAC(Method):
     """FedAC: personalized models pulled to cluster centers (μ) and a global embedding (λ); LrCos EM clustering; CNT."""
 
+    capabilities = Capabilities(clustered=True, personalized=True, k_param="clusters")
+    checkpoint = ("phi", "centers", "clusters", "pca_round", "pca_version", "client_pca_version",
+                  "projections", "g_values")
+
     def __init__(self, ctx):
         super().__init__(ctx)
         m = ctx.num_clients
-        self.models = ctx.init.repeat(m, 1)
+        # ω_i lives on the clients (the client store); the server keeps every client's last
+        # upload, which is the same table.
+        ctx.clients.add("model", ctx.init)
         self.phi = ctx.init.clone()  # only the body entries are used (Φ is an embedding)
         rng = ctx.rng(0xAC)
         k = min(self.hp.clusters, m)
@@ -137,6 +144,14 @@ class FedAC(Method):
         self.projections = torch.zeros(m, 0, dtype=ctx.init.dtype, device=ctx.device)
         self.g_values: np.ndarray = np.array([])
 
+    @property
+    def models(self) -> torch.Tensor:
+        return self.ctx.clients["model"]
+
+    @models.setter
+    def models(self, table: torch.Tensor) -> None:
+        self.ctx.clients["model"] = table
+
     # ------------------------------------------------------------------ client side
 
     def payload(self, client: int) -> Payload:
@@ -148,14 +163,20 @@ class FedAC(Method):
             self.client_pca_version[client] = self.pca_version
         return Payload(tensors)
 
-    def local_update(self, client: int, payload: Payload) -> Update:
-        space = self.ctx.space
-        anchors = [Anchor(payload.tensors["center"], self.hp.mu), Anchor(self.phi, self.hp.lam, space.body)]
-        vector, result = self.ctx.train(client, self.models[client], anchors)
-        tensors = {"model": vector}
+    def plan(self, client: int, payload: Payload) -> ClientPlan:
+        # Φ arrives as its body entries; the pull is masked to the body, so the other entries of
+        # the full-length anchor vector never matter.
+        body = self.ctx.space.body
+        phi = torch.zeros_like(payload.tensors["center"])
+        phi[body] = payload.tensors["phi"]
+        anchors = (Anchor(payload.tensors["center"], self.hp.mu), Anchor(phi, self.hp.lam, body))
+        return ClientPlan(self.models[client], anchors)
+
+    def finish(self, client: int, payload: Payload, trained: Trained) -> Update:
+        tensors = {"model": trained.vector}
         if self.pca is not None:
-            tensors["projection"] = self.pca.transform(vector[None])[0]  # M·ω, sent with the model
-        return Update(tensors, int(self.ctx.train_sizes()[client]), result)
+            tensors["projection"] = self.pca.transform(trained.vector[None])[0]  # M·ω, sent with the model
+        return self.update(client, tensors, trained)
 
     # ------------------------------------------------------------------ server side
 
@@ -235,27 +256,13 @@ class FedAC(Method):
 
     def state_dict(self) -> dict[str, Any]:
         empty = torch.zeros(0, dtype=self.models.dtype)
-        return {
-            "models": self.models, "phi": self.phi, "centers": self.centers,
-            "clusters": torch.from_numpy(self.clusters),
-            "pca_components": self.pca.components if self.pca is not None else empty,
-            "pca_mean": self.pca.mean if self.pca is not None else empty,
-            "pca_round": self.pca_round, "pca_version": self.pca_version,
-            "client_pca_version": torch.from_numpy(self.client_pca_version),
-            "projections": self.projections,
-            "g_values": torch.from_numpy(np.asarray(self.g_values, dtype=np.float64)),
-        }
+        return {**super().state_dict(),
+                "pca_components": self.pca.components if self.pca is not None else empty,
+                "pca_mean": self.pca.mean if self.pca is not None else empty}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        state = dict(state)
+        components, mean = state.pop("pca_components"), state.pop("pca_mean")
+        super().load_state_dict(state)
         device = self.ctx.device
-        self.models = state["models"].to(device)
-        self.phi = state["phi"].to(device)
-        self.centers = state["centers"].to(device)
-        self.clusters = state["clusters"].numpy().astype(np.int64)
-        if state["pca_components"].numel():
-            self.pca = PCAProjection(state["pca_mean"].to(device), state["pca_components"].to(device))
-        self.pca_round = int(state["pca_round"])
-        self.pca_version = int(state["pca_version"])
-        self.client_pca_version = state["client_pca_version"].numpy().astype(np.int64)
-        self.projections = state["projections"].to(device)
-        self.g_values = state["g_values"].numpy()
+        self.pca = PCAProjection(mean.to(device), components.to(device)) if components.numel() else None

@@ -13,14 +13,14 @@ cosine-similar to its update.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import torch
 from pydantic import Field
 
 from cflpipe.clustering import cosine_similarity_matrix, decomposed_cosine_similarity, kmeans
-from cflpipe.fl.method import ClusterModels, Context, Payload, Update
+from cflpipe.fl.method import Capabilities, Context, Payload, Update
+from cflpipe.fl.plan import ClientPlan
+from cflpipe.methods.clustered import ClusterModels
 from cflpipe.fl.params import cluster_average
 from cflpipe.methods import HyperParams, register
 
@@ -53,8 +53,8 @@ class FedGroup(ClusterModels):
     inside a group is sample-weighted FedAvg. The reference code's optional inter-group
     aggregation (group_agg_lr) is not implemented: the brief asks for group-wise FedAvg."""
 
-    # k-means needs at least K client models to initialize; validated up front.
-    clusters_at_most_clients = True
+    capabilities = Capabilities(clustered=True, k_param="clusters")
+    checkpoint = (*ClusterModels.checkpoint, "directions", "initialized")
 
     def __init__(self, ctx: Context):
         super().__init__(ctx, ctx.hp.clusters, np.full(ctx.num_clients, -1, dtype=np.int64))
@@ -64,12 +64,10 @@ class FedGroup(ClusterModels):
     # ------------------------------------------------------------------ round start: pre-training
 
     def _pretrain(self, clients: np.ndarray) -> tuple[np.ndarray, torch.Tensor, torch.Tensor]:
-        done, vectors = [], []
-        for client in clients:
-            trained = self.ctx.train_unsampled(int(client), self.ctx.init, steps=self.hp.pretrain_steps)
-            if trained is not None:
-                done.append(int(client))
-                vectors.append(trained[0])
+        plans = {int(c): ClientPlan(self.ctx.init, steps=self.hp.pretrain_steps) for c in clients}
+        trained = self.ctx.train_unsampled(plans)
+        done = [c for c in plans if c in trained]
+        vectors = [trained[c].vector for c in done]
         if not vectors:
             empty = self.ctx.init.new_zeros((0, self.ctx.init.numel()))
             return np.zeros(0, dtype=np.int64), empty, empty
@@ -103,18 +101,18 @@ class FedGroup(ClusterModels):
 
     # ------------------------------------------------------------------ training
 
-    def payload(self, client: int) -> Payload:
+    def cluster_payload(self, client: int) -> Payload:
         if self.clusters[client] < 0:  # pre-training or cold start diverged: train the group mean
             return Payload({"model": self._auxiliary()})
-        return super().payload(client)
+        return super().cluster_payload(client)
 
-    def aggregate(self, updates: dict[int, Update]) -> None:
+    def cluster_aggregate(self, updates: dict[int, Update]) -> None:
         updates = {c: u for c, u in updates.items() if self.clusters[c] >= 0}
         if not updates:
             return
         trained = torch.from_numpy(np.unique(self.clusters[list(updates)])).to(self.centers.device)
         before = self.centers[trained].clone()
-        super().aggregate(updates)
+        super().cluster_aggregate(updates)
         self.directions[trained] = self.centers[trained] - before  # each group's latest update
 
     def _auxiliary(self) -> torch.Tensor:
@@ -125,21 +123,10 @@ class FedGroup(ClusterModels):
     def eval_params(self, client: int) -> torch.Tensor:
         return self.centers[self.clusters[client]] if self.clusters[client] >= 0 else self._auxiliary()
 
-    def eval_models(self) -> tuple[list[torch.Tensor], np.ndarray]:
+    def cluster_eval_models(self) -> tuple[list[torch.Tensor], np.ndarray]:
         models = list(self.centers)
         index = self.clusters.copy()
         if (index < 0).any():
             index[index < 0] = len(models)
             models.append(self._auxiliary())
         return models, index
-
-    # ------------------------------------------------------------------ resume
-
-    def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "directions": self.directions,
-                "initialized": torch.tensor(int(self.initialized))}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        self.directions = state["directions"].to(self.ctx.device)
-        self.initialized = bool(int(state["initialized"]))

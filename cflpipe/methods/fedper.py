@@ -12,12 +12,11 @@ the models' head (the last layer), which is the split FedAC and FedTSDP compare 
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import torch
 
-from cflpipe.fl.method import Method, Payload, Update, stack_updates
+from cflpipe.fl.method import Capabilities, Method, Payload, Update, stack_updates
+from cflpipe.fl.plan import ClientPlan, Trained
 from cflpipe.fl.params import weighted_average
 from cflpipe.methods import HyperParams, register
 
@@ -25,6 +24,9 @@ from cflpipe.methods import HyperParams, register
 @register("fedper", HyperParams)
 class FedPer(Method):
     """FedPer: shared body averaged on the server, personal head kept on each client."""
+
+    capabilities = Capabilities(personalized=True)
+    checkpoint = ("global_model",)
 
     def __init__(self, ctx):
         super().__init__(ctx)
@@ -34,48 +36,42 @@ class FedPer(Method):
         # The server's model; only its body part is ever sent or updated. Its head part stays
         # the initial head, which is also every client's head until that client first trains.
         self.global_model = ctx.init.clone()
-        self.heads = ctx.init[self.head_mask].repeat(ctx.num_clients, 1)
+        ctx.clients.add("head", ctx.init[self.head_mask])
 
     # --- server → client: the body only
     def payload(self, client: int) -> Payload:
         return Payload({"body": self.global_model[self.body_mask]})
 
     # --- client: body from the server + own head, all layers trained; only the body goes up
-    def local_update(self, client: int, payload: Payload) -> Update:
+    def plan(self, client: int, payload: Payload) -> ClientPlan:
         start = self.global_model.clone()
         start[self.body_mask] = payload.tensors["body"]
-        start[self.head_mask] = self.heads[client]
-        vector, result = self.ctx.train(client, start)
-        return Update({"body": vector[self.body_mask]}, int(self.ctx.train_sizes()[client]), result,
-                      meta={"head": vector[self.head_mask]})
+        start[self.head_mask] = self.ctx.clients.get("head", client)
+        return ClientPlan(start)
 
-    # --- server: average the bodies; each client keeps the head it trained
+    def finish(self, client: int, payload: Payload, trained: Trained) -> Update:
+        vector = trained.vector
+        return Update({"body": vector[self.body_mask]}, int(self.ctx.train_sizes()[client]), trained.result,
+                      keep={"head": vector[self.head_mask]})
+
+    # --- server: average the bodies (each client keeps the head it trained, in the client store)
     def aggregate(self, updates: dict[int, Update]) -> None:
         if not updates:
             return
-        clients, bodies, weights = stack_updates(updates, "body")
+        _, bodies, weights = stack_updates(updates, "body")
         self.global_model[self.body_mask] = weighted_average(bodies, weights)
-        for client in clients:
-            self.heads[int(client)] = updates[int(client)].meta["head"]
 
     # --- evaluation: the global body with the client's own head (a client never sampled still
     # has the initial, untrained head, so its accuracy is that of a random decision layer)
     def client_models(self) -> torch.Tensor:
         models = self.global_model.repeat(self.ctx.num_clients, 1)
-        models[:, self.head_mask] = self.heads
+        models[:, self.head_mask] = self.ctx.clients["head"]
         return models
 
     def eval_params(self, client: int) -> torch.Tensor:
         vector = self.global_model.clone()
-        vector[self.head_mask] = self.heads[client]
+        vector[self.head_mask] = self.ctx.clients.get("head", client)
         return vector
 
     def eval_models(self) -> tuple[list[torch.Tensor], np.ndarray]:
         return list(self.client_models()), np.arange(self.ctx.num_clients)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"global": self.global_model, "heads": self.heads}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.global_model = state["global"].to(self.ctx.device)
-        self.heads = state["heads"].to(self.ctx.device)

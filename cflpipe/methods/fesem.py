@@ -13,15 +13,14 @@ the one with the lowest intra-cluster distance.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import torch
 from pydantic import Field
 
 from cflpipe.clustering import kmeans, nearest_center
 from cflpipe.fl.local import Anchor
-from cflpipe.fl.method import ClusterModels, Context, Payload, Update, stack_updates
+from cflpipe.fl.method import Capabilities, Context, Payload, Update, stack_updates
+from cflpipe.methods.clustered import ClusterModels
 from cflpipe.fl.params import cluster_average
 from cflpipe.methods import HyperParams, register
 
@@ -65,8 +64,8 @@ class FeSEM(ClusterModels):
     and the E-step rarely moves a client away from the center it trained from, so the first
     clustering tends to persist (see the scenario tests for measured ARI)."""
 
-    # k-means needs at least K client models to initialize; validated up front.
-    clusters_at_most_clients = True
+    capabilities = Capabilities(clustered=True, k_param="clusters")
+    checkpoint = (*ClusterModels.checkpoint, "initialized")
 
     def __init__(self, ctx: Context):
         super().__init__(ctx, ctx.hp.clusters, np.zeros(ctx.num_clients, dtype=np.int64))
@@ -81,14 +80,10 @@ class FeSEM(ClusterModels):
         if self.initialized:
             return
         chosen = set(int(c) for c in sampled)
-        for client in range(self.ctx.num_clients):
-            if client not in chosen:
-                start = self.centers[self.clusters[client]]
-                trained = self.ctx.train_unsampled(client, start, self.anchors(client, Payload({"model": start})))
-                if trained is not None:
-                    self._off_round[client] = trained[0]
+        plans = {c: self.plan(c, self.cluster_payload(c)) for c in range(self.ctx.num_clients) if c not in chosen}
+        self._off_round = {c: t.vector for c, t in self.ctx.train_unsampled(plans).items()}
 
-    def aggregate(self, updates: dict[int, Update]) -> None:
+    def cluster_aggregate(self, updates: dict[int, Update]) -> None:
         if not self.initialized:
             self._initialize(updates)
             return
@@ -119,10 +114,3 @@ class FeSEM(ClusterModels):
             labels[missing] = nearest_center(self.ctx.init[None, :], self.centers)[0]
         self.clusters = labels
         self.initialized = True
-
-    def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "initialized": torch.tensor(int(self.initialized))}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        self.initialized = bool(int(state["initialized"]))

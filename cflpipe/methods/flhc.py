@@ -16,7 +16,9 @@ import torch
 from pydantic import Field, model_validator
 
 from cflpipe.clustering import hierarchical_clusters
-from cflpipe.fl.method import ClusterModels, Update
+from cflpipe.fl.method import Capabilities, Update
+from cflpipe.fl.plan import ClientPlan
+from cflpipe.methods.clustered import ClusterModels
 from cflpipe.fl.params import cluster_average
 from cflpipe.methods import HyperParams, register
 
@@ -67,6 +69,9 @@ class FLHC(ClusterModels):
     default 3.0 (Euclidean, ward) is a starting point only: check a run's n_clusters and set
     distance_threshold, or clusters when the number of groups is known."""
 
+    capabilities = Capabilities(clustered=True, k_param="clusters")
+    checkpoint = (*ClusterModels.checkpoint, "clustered")
+
     def __init__(self, ctx):
         super().__init__(ctx, 1, np.zeros(ctx.num_clients, dtype=np.int64))
         self.clustered = False
@@ -78,15 +83,12 @@ class FLHC(ClusterModels):
             return
         chosen = set(int(c) for c in sampled)
         start = self.centers[0]
-        for client in range(self.ctx.num_clients):
-            if client not in chosen:
-                trained = self.ctx.train_unsampled(client, start)
-                if trained is not None:
-                    self._off_round[client] = trained[0]
+        plans = {c: ClientPlan(start) for c in range(self.ctx.num_clients) if c not in chosen}
+        self._off_round = {c: t.vector for c, t in self.ctx.train_unsampled(plans).items()}
 
-    def aggregate(self, updates: dict[int, Update]) -> None:
+    def cluster_aggregate(self, updates: dict[int, Update]) -> None:
         if self.clustered or self.ctx.round != self.hp.cluster_round:
-            super().aggregate(updates)
+            super().cluster_aggregate(updates)
             return
         models = {c: u.tensors["model"] for c, u in updates.items()}
         models.update(self._off_round)
@@ -109,10 +111,3 @@ class FLHC(ClusterModels):
         self.centers = means
         self.clusters = assignment
         self.clustered = True
-
-    def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "clustered": torch.tensor(int(self.clustered))}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        self.clustered = bool(int(state["clustered"]))

@@ -14,7 +14,9 @@ import torch
 from pydantic import Field
 
 from cflpipe.fl.local import predict
-from cflpipe.fl.method import ClusterModels, Context, Payload, Update
+from cflpipe.fl.method import Capabilities, Context, Payload, Update
+from cflpipe.fl.plan import ClientPlan, Trained
+from cflpipe.methods.clustered import ClusterModels
 from cflpipe.metrics import per_client_mean
 from cflpipe.methods import HyperParams, register
 from cflpipe.models import build_model
@@ -83,25 +85,32 @@ class IFCA(ClusterModels):
     evaluation step, not training, so its models are not counted as bytes; it does not change
     training, because a sampled client re-picks its cluster from all K models anyway."""
 
+    capabilities = Capabilities(clustered=True, k_param="clusters")
+
     def __init__(self, ctx: Context):
         super().__init__(ctx, ctx.hp.clusters, np.zeros(ctx.num_clients, dtype=np.int64))
         self.centers = random_models(ctx, ctx.hp.clusters, purpose=0x1FCA)
 
-    def payload(self, client: int) -> Payload:
+    def cluster_payload(self, client: int) -> Payload:
         return Payload({"models": self.centers})
 
-    def local_update(self, client: int, payload: Payload) -> Update:
+    def plan(self, client: int, payload: Payload) -> ClientPlan:
+        # The client's cluster identity estimate is client-side work before training; it is
+        # noted in the payload's meta (the client's own scratch) for finish().
         models = payload.tensors["models"]
         chosen = int(lowest(train_losses(self.ctx, models, client)))
-        vector, result = self.ctx.train(client, models[chosen])
-        cluster = torch.tensor([chosen], dtype=torch.int64, device=vector.device)
-        return Update({"model": vector, "cluster": cluster}, int(self.ctx.train_sizes()[client]), result)
+        payload.meta["chosen"] = chosen
+        return ClientPlan(models[chosen])
 
-    def aggregate(self, updates: dict[int, Update]) -> None:
+    def cluster_finish(self, client: int, payload: Payload, trained: Trained) -> Update:
+        cluster = torch.tensor([payload.meta["chosen"]], dtype=torch.int64, device=trained.vector.device)
+        return self.update(client, {"model": trained.vector, "cluster": cluster}, trained)
+
+    def cluster_aggregate(self, updates: dict[int, Update]) -> None:
         for client, update in updates.items():
             self.clusters[client] = int(update.tensors["cluster"][0])
-        super().aggregate(updates)
+        super().cluster_aggregate(updates)
 
-    def eval_models(self) -> tuple[list[torch.Tensor], np.ndarray]:
+    def cluster_eval_models(self) -> tuple[list[torch.Tensor], np.ndarray]:
         self.clusters = lowest(train_losses(self.ctx, self.centers))
-        return super().eval_models()
+        return super().cluster_eval_models()

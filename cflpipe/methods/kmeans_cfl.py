@@ -7,14 +7,13 @@ cluster's members
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import torch
 from pydantic import Field
 
 from cflpipe.clustering import canonical_labels, kmeans, nearest_center
-from cflpipe.fl.method import ClusterModels, Update, stack_updates
+from cflpipe.fl.method import Capabilities, Update, stack_updates
+from cflpipe.methods.clustered import ClusterModels
 from cflpipe.fl.params import cluster_average
 from cflpipe.methods import HyperParams, register
 
@@ -29,6 +28,11 @@ class KMeansCFLParams(HyperParams):
 class KMeansCFL(ClusterModels):
     """K-means CFL: K-means on the clients' latest models every round, then per-cluster averaging (AWCFL/MCFL's base)."""
 
+    capabilities = Capabilities(clustered=True, k_param="clusters")
+    checkpoint = (*ClusterModels.checkpoint, "latest", "seen")
+    # The paper's standalone Algorithms 1 (AWCFL) and 2 (MCFL) are K-means CFL with the option.
+    variant_names = {"awcfl": "awcfl", "mcfl": "mcfl"}
+
     def __init__(self, ctx):
         super().__init__(ctx, 1, np.zeros(ctx.num_clients, dtype=np.int64))
         self.latest = ctx.init.repeat(ctx.num_clients, 1)  # the server's copy of every client's model
@@ -37,7 +41,7 @@ class KMeansCFL(ClusterModels):
         # initial models do not drag the cluster models back.
         self.seen = np.zeros(ctx.num_clients, dtype=bool)
 
-    def aggregate(self, updates: dict[int, Update]) -> None:
+    def cluster_aggregate(self, updates: dict[int, Update]) -> None:
         if not updates:
             return
         clients, vectors, _ = stack_updates(updates)
@@ -57,11 +61,3 @@ class KMeansCFL(ClusterModels):
         unseen = np.nonzero(~self.seen)[0]
         if len(unseen):  # not trained yet: the cluster whose model is nearest to theirs
             self.clusters[unseen] = nearest_center(self.latest[unseen], self.centers)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "latest": self.latest, "seen": torch.from_numpy(self.seen)}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        self.latest = state["latest"].to(self.ctx.device)
-        self.seen = state["seen"].numpy().astype(bool)

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import torch
 
-from cflpipe.fl.method import Method, Payload, Update
+from cflpipe.fl.method import Capabilities, Method, Payload, Update
+from cflpipe.fl.plan import ClientPlan, Trained
 from cflpipe.methods import HyperParams, register
 
 
@@ -15,30 +14,27 @@ from cflpipe.methods import HyperParams, register
 class Local(Method):
     """Local: every client trains only its own model; nothing is communicated."""
 
+    capabilities = Capabilities(personalized=True)
+
     def __init__(self, ctx):
         super().__init__(ctx)
-        self.models = ctx.init.repeat(ctx.num_clients, 1)
+        ctx.clients.add("model", ctx.init)
 
     def payload(self, client: int) -> Payload:
         return Payload()
 
-    def local_update(self, client: int, payload: Payload) -> Update:
-        vector, result = self.ctx.train(client, self.models[client])
+    def plan(self, client: int, payload: Payload) -> ClientPlan:
+        return ClientPlan(self.ctx.clients.get("model", client))
+
+    def finish(self, client: int, payload: Payload, trained: Trained) -> Update:
         # The model stays on the client: nothing in `tensors`, so nothing is counted as sent.
-        return Update({}, int(self.ctx.train_sizes()[client]), result, meta={"model": vector})
+        return Update({}, int(self.ctx.train_sizes()[client]), trained.result, keep={"model": trained.vector})
 
     def aggregate(self, updates: dict[int, Update]) -> None:
-        for client, update in updates.items():
-            self.models[client] = update.meta["model"]
+        pass  # nothing reaches the server; the engine keeps each client's model in its store
 
     def eval_params(self, client: int) -> torch.Tensor:
-        return self.models[client]
+        return self.ctx.clients.get("model", client)
 
     def eval_models(self) -> tuple[list[torch.Tensor], np.ndarray]:
-        return list(self.models), np.arange(self.ctx.num_clients)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"models": self.models}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.models = state["models"].to(self.ctx.device)
+        return list(self.ctx.clients["model"]), np.arange(self.ctx.num_clients)

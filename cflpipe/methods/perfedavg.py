@@ -23,25 +23,24 @@ fine-tuning step (plain SGD, as in the paper), defaults to 0.01, the order of th
 steps: with α equal to the benchmark's lr (0.05) the first-order approximation broke down on digits
 (Dirichlet 0.1, 20 clients: personalized accuracy 0.57–0.76 against 0.92–0.97 with α = 0.01).
 
-The local loop is not `fl/local.sgd` (which has no inner/outer structure); it uses the same
-ingredients: index batches from `batch_indices`, flat-vector updates on `ctx.space`, and a batch
-generator from `Context.local_setup`, exactly as `Context.train` draws.
+The local step is the step rule `FOMAMLStep` of fl/local.py in the shared local loop: each step
+takes two consecutive index batches (D, D') of the client's one stream of epoch permutations.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from pydantic import Field
 
-from cflpipe.fl.local import LocalResult, apply_step, batch_indices, sgd
-from cflpipe.fl.method import Payload, Update, stack_updates
-from cflpipe.fl.params import ParamSpace, weighted_average
+from cflpipe.fl.local import FOMAMLStep
+from cflpipe.fl.method import Capabilities, Payload, Update, stack_updates
+from cflpipe.fl.params import weighted_average
+from cflpipe.fl.plan import ClientPlan
 from cflpipe.methods import HyperParams, register
 from cflpipe.methods.fedavg import FedAvg
 
-# Purposes of the evaluation fine-tuning's generators (training uses none and 1, see Context.train).
+# Batch stream of the evaluation fine-tuning (training uses the client's default stream).
 _EVAL_STREAM = 2  # evaluation-time fine-tuning draws apart from training
 
 
@@ -54,38 +53,6 @@ class PerFedAvgParams(HyperParams):
                             "global model that give its personalized model (the paper: 1; 0 = the global model)")
 
 
-def fo_maml(space: ParamSpace, x: torch.Tensor, y: torch.Tensor, *, steps: int, batch_size: int,
-            alpha: float, beta: float, generator: torch.Generator, momentum: float = 0.0,
-            weight_decay: float = 0.0) -> LocalResult:
-    """First-order MAML steps on the model loaded in `space`, in place (read it with space.read()).
-
-    Each step takes two consecutive index batches (D, D') of one stream of epoch permutations.
-    The returned loss is the mean loss on D' at the adapted parameters."""
-    n = x.shape[0]
-    if n == 0 or steps == 0:
-        return LocalResult(0.0, 0, 0)
-    flat, grad, model = space.flat, space.grad, space.model
-    batches = batch_indices(n, batch_size, 2 * steps, generator).to(x.device)
-    batches = batches.view(steps, 2, batches.shape[1])
-    velocity = torch.zeros_like(flat) if momentum else None
-    total = torch.zeros((), dtype=flat.dtype, device=flat.device)
-    model.train()
-    for inner, outer in batches:
-        start = flat.detach().clone()
-        grad.zero_()
-        F.cross_entropy(model(x[inner]), y[inner]).backward()
-        with torch.no_grad():
-            flat.add_(grad, alpha=-alpha)  # w̃ = w − α∇f(w; D)
-        grad.zero_()
-        loss = F.cross_entropy(model(x[outer]), y[outer])
-        loss.backward()  # grad = ∇f(w̃; D'): the FO meta-gradient
-        with torch.no_grad():
-            total += loss.detach()
-            flat.copy_(start)
-            apply_step(flat, grad, beta, weight_decay=weight_decay, momentum=momentum, velocity=velocity)
-    return LocalResult(float(total) / steps, steps, steps * 2 * batches.shape[2])
-
-
 @register("perfedavg", PerFedAvgParams)
 class PerFedAvg(FedAvg):
     """Per-FedAvg (FO): MAML-style global model, personalized by one local SGD step at evaluation."""
@@ -96,14 +63,10 @@ class PerFedAvg(FedAvg):
     def beta(self) -> float:
         return self.ctx.lr() if self.hp.beta is None else self.hp.beta
 
-    def local_update(self, client: int, payload: Payload) -> Update:
-        ctx, t = self.ctx, self.ctx.training
-        x, y, steps, generator = ctx.local_setup(client)
-        ctx.space.load(payload.tensors["model"])
-        result = fo_maml(ctx.space, x, y, steps=steps, batch_size=t.batch_size, alpha=self.alpha(),
-                         beta=self.beta(), generator=generator, momentum=t.momentum,
-                         weight_decay=t.weight_decay)
-        return Update({"model": ctx.space.read()}, int(ctx.train_sizes()[client]), result)
+    capabilities = Capabilities(personalized=True)
+
+    def plan(self, client: int, payload: Payload) -> ClientPlan:
+        return ClientPlan(payload.tensors["model"], lr=self.beta(), rule=FOMAMLStep(self.alpha()))
 
     def aggregate(self, updates: dict[int, Update]) -> None:
         if updates:
@@ -112,23 +75,21 @@ class PerFedAvg(FedAvg):
             self.global_model = weighted_average(vectors, ones)
 
     # --- evaluation: each client fine-tunes the global model on its own training data
-    def personalize(self, client: int) -> torch.Tensor:
-        ctx = self.ctx
-        x, y, _, generator = ctx.local_setup(client, _EVAL_STREAM)
-        ctx.space.load(self.global_model)
-        sgd(ctx.space, x, y, steps=self.hp.eval_steps, batch_size=ctx.training.batch_size, lr=self.alpha(),
-            generator=generator)
-        return ctx.space.read()
+    def fine_tuning(self) -> ClientPlan:
+        """eval_steps plain SGD steps of size α (no momentum, no weight decay, as in the paper)
+        on a batch stream of its own, so evaluating never moves the training streams."""
+        return ClientPlan(self.global_model, steps=self.hp.eval_steps, lr=self.alpha(), momentum=0.0,
+                          weight_decay=0.0, stream=(_EVAL_STREAM,))
 
     def eval_params(self, client: int) -> torch.Tensor:
-        return self.global_model if self.hp.eval_steps == 0 else self.personalize(client)
+        if self.hp.eval_steps == 0:
+            return self.global_model
+        return self.ctx.run({client: self.fine_tuning()})[client].vector
 
     def eval_models(self) -> tuple[list[torch.Tensor], np.ndarray]:
         m = self.ctx.num_clients
         if self.hp.eval_steps == 0:
             return [self.global_model], np.zeros(m, dtype=np.int64)
-        models = torch.empty(m, self.global_model.shape[0], dtype=self.global_model.dtype,
-                             device=self.global_model.device)
-        for client in range(m):
-            models[client] = self.personalize(client)
-        return list(models), np.arange(m)
+        plan = self.fine_tuning()
+        tuned = self.ctx.run({client: plan for client in range(m)})
+        return [tuned[client].vector for client in range(m)], np.arange(m)

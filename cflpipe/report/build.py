@@ -28,7 +28,7 @@ import pandas as pd
 from cflpipe import __version__, store
 from cflpipe.errors import CflpipeError
 from cflpipe.report.aggregate import aggregate_dir, read_aggregate
-from cflpipe.report.tables import (DASH, PaperTable, REFERENCE_METHOD_TYPES, format_mean_std, paper_tables,
+from cflpipe.report.tables import (DASH, PaperTable, format_mean_std, is_reference, paper_tables,
                                    write_tables)
 from cflpipe.spec import Spec
 
@@ -411,7 +411,7 @@ class Report:
                 if direction == 0:
                     continue
                 pool = self.clustered_methods(s) if figure in ("ari", "nmi") else methods
-                candidates = [m for m in pool if self.method_types[m] not in REFERENCE_METHOD_TYPES]
+                candidates = [m for m in pool if not is_reference(self.method_types[m])]
                 printed = {m: round(float(self.summary_row(s, m)[f"{figure}_mean"]) * scale, digits)
                            for m in candidates}
                 printed = {m: v for m, v in printed.items() if math.isfinite(v)}
@@ -595,7 +595,7 @@ def render_report(spec: Spec, tables: dict[str, pd.DataFrame]) -> tuple[str, lis
         "paper_tables": paper, "details": details, "clustering": report.clustering(),
         "communication": report.communication(), "intra_inter": report.intra_inter(),
         "sweeps": report.sweeps(), "plot_config": json.dumps(PLOT_CONFIG, sort_keys=True),
-        "reference_types": REFERENCE_METHOD_TYPES, "results_dir": spec.results_dir,
+        "reference_types": sorted({t for t in report.method_types.values() if is_reference(t)}), "results_dir": spec.results_dir,
     }
     html = _environment().get_template("index.html.j2").render(plotly_js=plotly_bundle(), **context)
     return html, paper

@@ -8,8 +8,8 @@ empty). Written as `summary.csv` (one block per table,
 `\\textbf{}`; needs `\\usepackage{booktabs}`).
 
 Bold marks every cell whose mean, as printed, equals the column's best printed mean (ties are
-all bold). Reference methods (REFERENCE_METHOD_TYPES: the oracle, which is told the true groups)
-are shown but never marked best. A method that
+all bold). Reference methods (those whose declared capabilities say they are told the true
+groups, such as the oracle) are shown but never marked best. A method that
 does not run on a scenario, or a figure that is undefined there, prints as "—" ("--" in LaTeX).
 """
 
@@ -23,7 +23,15 @@ import pandas as pd
 
 from cflpipe import store
 
-REFERENCE_METHOD_TYPES = ("oracle",)
+
+
+def is_reference(method_type: str) -> bool:
+    """A method told the ground-truth groups (capability needs_groups): a reference, never "best"."""
+    from cflpipe.methods import METHODS, all_methods
+
+    info = METHODS.get(method_type) or all_methods().get(method_type)
+    return bool(info and info.capabilities.needs_groups)
+
 DASH = "—"
 
 
@@ -101,7 +109,7 @@ def paper_table(summary: pd.DataFrame, scenarios: list[str], methods: list[str],
             cells[(method, scenario)] = Cell(mean, std, format_mean_std(mean, std, spec.digits))
     if only_defined:
         scenarios = [s for s in scenarios if any(not cells[(m, s)].missing for m in methods)]
-    reference = [m for m in methods if method_types.get(m, m) in REFERENCE_METHOD_TYPES]
+    reference = [m for m in methods if is_reference(method_types.get(m, m))]
     table = PaperTable(spec, list(scenarios), list(methods), cells, reference)
     for scenario in table.scenarios:
         _mark_best(table, scenario)

@@ -1,0 +1,203 @@
+"""Trainers execute client plans. `sequential` trains one client after the other on the run's
+flat parameter space (the reference, bit for bit what cflpipe always did); `batched` trains every
+plan of a round that shares its settings at once with torch.func (functional_call + grad + vmap
+over a (clients × P) matrix of flat vectors), drawing each client's batches from the same seeded
+generator the sequential trainer uses, so the two agree to float rounding.
+
+Plans are grouped by what must be equal inside one vmapped loop: network, steps, batch size, lr,
+momentum, weight decay, loss, step rule, anchor strengths and masks, trainable mask, companions.
+A group of one, a client without data, or a plan the batched path cannot run (a loss that is not
+vmappable, say) is trained sequentially; the first such fallback of a run is said once on stderr,
+and timing.json counts the plans each path trained."""
+
+from __future__ import annotations
+
+import sys
+from collections import defaultdict
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from cflpipe.fl.local import LocalResult, batch_indices, run_loop, sgd, step_config, steps_for
+from cflpipe.fl.plan import ClientPlan, Trained
+
+if TYPE_CHECKING:
+    from cflpipe.fl.method import Context
+
+TRAINERS = ("auto", "sequential", "batched")
+
+
+def mix_seed(*values: int) -> int:
+    """One 63-bit seed from several ints (run seed, round, client, purpose…)."""
+    return int(np.random.SeedSequence(list(values)).generate_state(1, dtype=np.uint64)[0] >> 1)
+
+
+class Trainer:
+    name = "trainer"
+
+    def __init__(self) -> None:
+        self.counts = {"sequential": 0, "batched": 0}
+
+    def run(self, ctx: "Context", jobs: list[tuple[int, ClientPlan]]) -> list[Trained]:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ shared pieces
+
+    @staticmethod
+    def data_of(ctx: "Context", client: int, plan: ClientPlan) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """A plan's inputs and targets and its number of local steps."""
+        x, y = ctx.data.client(client, "train")
+        if plan.inputs is not None:
+            x = plan.inputs
+        t = ctx.training
+        steps = steps_for(len(y), t.batch_size, t.local_steps, t.local_epochs) if plan.steps is None else plan.steps
+        return x, y, steps
+
+    @staticmethod
+    def generator(ctx: "Context", client: int, plan: ClientPlan) -> torch.Generator:
+        """The client's batch stream this round. Dropout is the only consumer of torch's global
+        RNG in the models; it is reseeded per client only where a network has dropout (~65 µs)."""
+        if ctx.has_dropout(plan.space):
+            torch.manual_seed(mix_seed(ctx.seed, ctx.round, client, *plan.stream, 1))
+        return torch.Generator().manual_seed(mix_seed(ctx.seed, ctx.round, client, *plan.stream))
+
+    @staticmethod
+    def settings(ctx: "Context", plan: ClientPlan) -> tuple[float, float, float]:
+        t = ctx.training
+        return (ctx.lr() if plan.lr is None else plan.lr, t.momentum if plan.momentum is None else plan.momentum,
+                t.weight_decay if plan.weight_decay is None else plan.weight_decay)
+
+    def one(self, ctx: "Context", client: int, plan: ClientPlan) -> Trained:
+        """Train one plan on the run's flat parameter space."""
+        self.counts["sequential"] += 1
+        x, y, steps = self.data_of(ctx, client, plan)
+        generator = self.generator(ctx, client, plan)
+        lr, momentum, weight_decay = self.settings(ctx, plan)
+        space = ctx.spaces[plan.space]
+        space.load(plan.start)
+        companions = {k: v.detach().clone() for k, v in plan.companions.items()}
+        result = sgd(space, x, y, steps=steps, batch_size=ctx.training.batch_size, lr=lr, generator=generator,
+                     momentum=momentum, weight_decay=weight_decay, anchors=plan.anchors, trainable=plan.trainable,
+                     loss=plan.loss, rule=plan.rule, companions=companions)
+        return Trained(space.read(), result, companions)
+
+
+class SequentialTrainer(Trainer):
+    name = "sequential"
+
+    def run(self, ctx, jobs):
+        return [self.one(ctx, client, plan) for client, plan in jobs]
+
+
+class BatchedTrainer(Trainer):
+    name = "batched"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fallback_said = False
+
+    def group_key(self, ctx: "Context", client: int, plan: ClientPlan) -> tuple | None:
+        x, y, steps = self.data_of(ctx, client, plan)
+        n = len(y)
+        if n == 0 or steps == 0:
+            return None
+        # Objects that must be the same in a group are keyed by identity: masks are shared
+        # tensors (ParamSpace.body/head), losses and rules module-level or frozen dataclasses.
+        anchors = tuple((float(a.strength), None if a.mask is None else id(a.mask)) for a in plan.anchors)
+        return (plan.space, steps, min(ctx.training.batch_size, n), self.settings(ctx, plan), plan.rule,
+                id(plan.loss), anchors, None if plan.trainable is None else id(plan.trainable),
+                tuple(sorted(plan.companions)), plan.inputs is None)
+
+    def run(self, ctx, jobs):
+        results: list[Trained | None] = [None] * len(jobs)
+        groups: dict[Any, list[int]] = defaultdict(list)
+        for i, (client, plan) in enumerate(jobs):
+            key = self.group_key(ctx, client, plan)
+            groups[("alone", i) if key is None else key].append(i)
+        for key, members in groups.items():
+            if len(members) > 1:
+                try:
+                    trained = self.group(ctx, [jobs[i] for i in members])
+                except Exception as exc:  # noqa: BLE001 - any failure of vmap: train these plans one by one
+                    self.say_fallback(exc)
+                else:
+                    for i, t in zip(members, trained):
+                        results[i] = t
+                    continue
+            for i in members:
+                results[i] = self.one(ctx, *jobs[i])
+        return results  # type: ignore[return-value]
+
+    def say_fallback(self, exc: Exception) -> None:
+        if not self.fallback_said:
+            self.fallback_said = True
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            print(f"cflpipe: the batched trainer cannot run some client plans ({type(exc).__name__}: {reason}); "
+                  f"training them sequentially", file=sys.stderr)
+
+    def group(self, ctx: "Context", jobs: list[tuple[int, ClientPlan]]) -> list[Trained]:
+        from torch.func import functional_call, grad_and_value, vmap
+
+        first = jobs[0][1]
+        space = ctx.spaces[first.space]
+        model = space.model
+        t = ctx.training
+        lr, momentum, weight_decay = self.settings(ctx, first)
+        xs, ys, streams, steps = [], [], [], 0
+        for client, plan in jobs:
+            x, y, steps = self.data_of(ctx, client, plan)
+            xs.append(x)
+            ys.append(y)
+            streams.append(self.generator(ctx, client, plan))
+        per_step = first.rule.batches_per_step
+        batch = min(t.batch_size, len(ys[0]))
+        # Rows of every client's batches in one concatenation of the group's data: for the
+        # clients' own inputs that is the split itself (no copy), indexed at the clients' offsets.
+        if first.inputs is None:
+            split = ctx.data.train
+            offsets = [int(split.offsets[client]) for client, _ in jobs]
+            x_all, y_all = split.x, split.y
+        else:
+            sizes = np.cumsum([0] + [len(y) for y in ys])
+            offsets = sizes[:-1].tolist()
+            x_all, y_all = torch.cat(xs), torch.cat(ys)
+        rows = torch.stack([batch_indices(len(y), t.batch_size, steps * per_step, g) + offset
+                            for y, g, offset in zip(ys, streams, offsets)])  # (C × steps·k × B)
+        rows = rows.view(len(jobs), steps, per_step, batch).permute(1, 2, 0, 3).to(y_all.device)
+
+        weights = torch.stack([plan.start for _, plan in jobs]).to(space.flat.dtype)
+        companions = {k: torch.stack([plan.companions[k] for _, plan in jobs]) for k in first.companions}
+        anchors = [type(a)(torch.stack([plan.anchors[j].vector for _, plan in jobs]), a.strength, a.mask)
+                   for j, a in enumerate(first.anchors)]
+        config = step_config(weights, lr, momentum, weight_decay, anchors, first.trainable)
+        slots = space.slots
+        loss = first.loss
+
+        def flat_loss(w: torch.Tensor, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
+            params = {s.name: w[s.offset:s.offset + s.numel].view(s.shape) for s in slots}
+            return loss(lambda *args: functional_call(model, params, args), xb, yb)
+
+        randomness = "different" if ctx.has_dropout(first.space) else "error"
+        batched = vmap(grad_and_value(flat_loss), randomness=randomness)
+
+        def gradient(w: torch.Tensor, xb: torch.Tensor, yb: torch.Tensor):
+            grads, values = batched(w, xb, yb)
+            return values.detach(), grads
+
+        total = torch.zeros(len(jobs), dtype=weights.dtype, device=weights.device)
+        model.train()
+        run_loop(weights, rows, lambda b: (x_all[b], y_all[b]), gradient, first.rule, config, companions, total)
+        losses = total.cpu().tolist()
+        self.counts["batched"] += len(jobs)
+        samples = steps * per_step * batch
+        return [Trained(weights[i], LocalResult(losses[i] / steps, steps, samples),
+                        {k: v[i] for k, v in companions.items()}) for i in range(len(jobs))]
+
+
+def build_trainer(name: str, device: torch.device) -> Trainer:
+    if name == "auto":
+        # On a GPU one vmapped loop replaces many small kernels; on a CPU the bench measures
+        # batched no faster than sequential for these models (docs/performance.md).
+        name = "batched" if device.type == "cuda" else "sequential"
+    return {"sequential": SequentialTrainer, "batched": BatchedTrainer}[name]()

@@ -1,0 +1,155 @@
+"""The cluster-model base: K cluster models and an assignment, with AWCFL's inter-cluster mixing
+and MCFL's selection by data (seed paper 001) as options every subclass has.
+
+A subclass overrides the `cluster_*` hooks (its own payload, client finish, aggregation and
+evaluation models); the base wraps them with the options the variant's hyper-parameters ask for:
+    AWCFL (hyper-parameter beta):  after each aggregation C_k ← β/(K−1)·Σ_{j≠k} C_j + (1−β)·C_k
+    MCFL (feature_samples):        all K models travel down, each client uploads the mean of n
+                                   sampled training inputs, and any test data is evaluated with
+                                   the cluster model whose members' feature mean is nearest (L2)
+Registering a subclass registers its `<name>_awcfl` and `<name>_mcfl` variants with it (see
+`variants`), so every cluster method has them whatever the order modules are imported in."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from cflpipe.fl.method import Capabilities, Context, Method, Payload, Update, stack_updates
+from cflpipe.fl.params import cluster_average
+from cflpipe.fl.plan import ClientPlan, Results
+from cflpipe.fl.local import Anchor
+from cflpipe.methods.intercluster import AWCFLParams, MCFLParams, awcfl_mix, sample_mean
+
+# Purposes of the server randomness that samples MCFL's feature means.
+_TRAIN_MEAN, _TEST_MEAN = 0x3E, 0x3F
+
+
+class ClusterModels(Method):
+    """K cluster models; a client trains its cluster's model and each cluster averages its
+    sampled members (sample-weighted). The base of Oracle and of the clustered methods."""
+
+    capabilities = Capabilities(clustered=True)
+    checkpoint = ("centers", "clusters")
+    # Registered variant names; {name} is the base method's name.
+    variant_names = {"awcfl": "{name}_awcfl", "mcfl": "{name}_mcfl"}
+
+    @classmethod
+    def variants(cls, name: str) -> list[tuple[str, type, str]]:
+        return [(cls.variant_names["awcfl"].format(name=name), AWCFLParams, "AWCFL inter-cluster aggregation (β)"),
+                (cls.variant_names["mcfl"].format(name=name), MCFLParams, "MCFL multi-model selection by feature means")]
+
+    def __init__(self, ctx: Context, num_clusters: int, clusters: np.ndarray):
+        super().__init__(ctx)
+        self.centers = ctx.init.repeat(num_clusters, 1)
+        self.clusters = np.asarray(clusters, dtype=np.int64).copy()
+        self.awcfl_beta = self.hp.beta if isinstance(self.hp, AWCFLParams) else None
+        self.mcfl = isinstance(self.hp, MCFLParams)
+        if self.mcfl:
+            self.selects_by_data = True
+            dim = int(np.prod(ctx.data.input_shape))
+            self.feature_means = torch.zeros(ctx.num_clients, dim, dtype=ctx.init.dtype, device=ctx.device)
+            self.has_mean = np.zeros(ctx.num_clients, dtype=bool)
+            self.checkpoint = (*type(self).checkpoint, "feature_means", "has_mean")
+            self._cluster_means: tuple[torch.Tensor, np.ndarray] | None = None
+
+    @property
+    def num_clusters(self) -> int:
+        return self.centers.shape[0]
+
+    # ------------------------------------------------------------------ subclass hooks
+
+    def anchors(self, client: int, payload: Payload) -> list[Anchor]:
+        return []
+
+    def cluster_payload(self, client: int) -> Payload:
+        return Payload({"model": self.centers[self.clusters[client]]})
+
+    def plan(self, client: int, payload: Payload) -> ClientPlan:
+        return ClientPlan(payload.tensors["model"], self.anchors(client, payload))
+
+    def cluster_finish(self, client: int, payload: Payload, trained: Results) -> Update:
+        return self.update(client, {"model": trained.vector}, trained)
+
+    def cluster_aggregate(self, updates: dict[int, Update]) -> None:
+        if not updates:
+            return
+        clients, vectors, weights = stack_updates(updates)
+        means, present = cluster_average(vectors, torch.from_numpy(self.clusters[clients]), weights,
+                                         self.num_clusters)
+        self.centers[present] = means[present]
+
+    def cluster_eval_models(self) -> tuple[list[torch.Tensor], np.ndarray]:
+        return list(self.centers), self.clusters.copy()
+
+    # ------------------------------------------------------------------ the engine's hooks
+
+    def payload(self, client: int) -> Payload:
+        payload = self.cluster_payload(client)
+        if self.mcfl and not any(t.shape == self.centers.shape for t in payload.tensors.values()):
+            # The client's own model is already in the payload; the other K−1 travel too.
+            own = self.clusters[client]
+            keep = torch.arange(self.num_clusters, device=self.centers.device) != own
+            payload.tensors["other_cluster_models"] = self.centers[keep]
+        return payload
+
+    def finish(self, client: int, payload: Payload, trained: Results) -> Update:
+        update = self.cluster_finish(client, payload, trained)
+        if self.mcfl:
+            x, _ = self.ctx.data.client(client, "train")
+            update.tensors["feature_mean"] = sample_mean(x, self.hp.feature_samples, self.ctx.rng(client, _TRAIN_MEAN))
+        return update
+
+    def aggregate(self, updates: dict[int, Update]) -> None:
+        self.cluster_aggregate(updates)
+        if self.awcfl_beta is not None and updates:  # a round whose updates were all skipped: nothing to mix
+            self.centers = awcfl_mix(self.centers, self.awcfl_beta)
+        if self.mcfl:
+            for client, update in updates.items():
+                self.feature_means[client] = update.tensors["feature_mean"]
+                self.has_mean[client] = True
+            self._cluster_means = None
+
+    def eval_models(self) -> tuple[list[torch.Tensor], np.ndarray]:
+        models = self.cluster_eval_models()
+        if self.mcfl:
+            # Assignments may change at evaluation (IFCA re-picks by loss): recompute the means
+            # once per evaluation, not once per test set.
+            self._cluster_means = self.cluster_feature_means()
+        return models
+
+    def eval_params(self, client: int) -> torch.Tensor:
+        return self.centers[self.clusters[client]]
+
+    def assignment(self) -> np.ndarray | None:
+        return self.clusters.copy()
+
+    # ------------------------------------------------------------------ MCFL
+
+    def cluster_feature_means(self) -> tuple[torch.Tensor, np.ndarray]:
+        """Each cluster's feature mean (average of its members' uploaded means) and which
+        clusters have one."""
+        known = np.nonzero(self.has_mean & (self.clusters >= 0))[0]  # FedGroup: -1 = unassigned
+        onehot = torch.zeros(self.num_clusters, len(known), dtype=self.feature_means.dtype,
+                             device=self.feature_means.device)
+        onehot[torch.from_numpy(self.clusters[known]), torch.arange(len(known))] = 1
+        counts = onehot.sum(1)
+        return (onehot @ self.feature_means[known]) / counts.clamp_min(1)[:, None], (counts > 0).cpu().numpy()
+
+    def select_model(self, x: torch.Tensor) -> int:
+        if self._cluster_means is None:
+            self._cluster_means = self.cluster_feature_means()
+        means, present = self._cluster_means
+        if not present.any():
+            return 0
+        mu = sample_mean(x, self.hp.feature_samples, self.ctx.rng(len(x), _TEST_MEAN)).to(means.dtype)
+        distances = (means - mu).norm(dim=1)
+        distances[torch.from_numpy(~present).to(distances.device)] = float("inf")
+        return int(distances.argmin())
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        if self.mcfl:
+            self._cluster_means = None

@@ -1,0 +1,233 @@
+"""One conformance suite for every registered method and variant (after scikit-learn's
+check_estimator): a method that registers itself is checked here without being named.
+
+- resume: interrupted right after a checkpoint at a seeded round, the run resumes to
+  byte-identical outputs (the engine's real SIGKILL test is in test_engine.py; here the
+  interruption is an exception raised after the atomic state write, which leaves the same files)
+- determinism: same spec and seed give identical bytes
+- evaluation does not change training: evaluating every round or only at the end gives the same
+  final figures and the same training losses
+- traffic: the client side (plan and finish) uses only what it was sent and what it keeps; the
+  server's state is poisoned with NaN after the payload is made, so a client that read anything
+  not counted as bytes down would train to NaN
+- state: the method's checkpoint and the client store round-trip through torch.save/torch.load
+  (weights_only) into a fresh method that then evaluates identically
+- K: a number of clusters larger than the clients is rejected in one line, for every method that
+  has one
+- trainers: batched training equals sequential within 1e-5 relative (methods that are batchable)
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from cflpipe.fl import engine
+from cflpipe.fl.engine import OUTPUT_FILES, prepare_run, train_run
+from cflpipe.methods import all_methods
+from cflpipe.errors import SpecError
+from cflpipe.spec import parse_spec
+
+torch.set_num_threads(1)
+
+METHODS = sorted(all_methods())
+ROUNDS = 4
+COMPARED = [f for f in OUTPUT_FILES if f != "timing.parquet"]
+
+# Settings that make each mechanism act within a few rounds on 6 clients (cluster early, split
+# early); keyed by the registered class so that variants inherit them.
+EARLY = {
+    "FLHC": {"cluster_round": 1, "clusters": 2},
+    "CFL": {"warmup": 1, "eps1": 100.0, "eps2": 1e-6, "min_members": 2},
+    "KMeansCFL": {"cluster_start": 1, "clusters": 2, "n_init": 2},
+    "FedAC": {"cnt_start": 1, "components": 2},
+    "IFCA": {"clusters": 2},
+    "FeSEM": {"clusters": 2, "init_restarts": 2},
+    "FedGroup": {"clusters": 2, "pretrain_scale": 2, "pretrain_steps": 2},
+    "CGPFL": {"clusters": 2},
+}
+
+
+def hyperparams(name: str) -> dict:
+    return dict(EARLY.get(all_methods()[name].cls.__name__, {}))
+
+
+def spec_dict(results: Path, name: str, **training) -> dict:
+    return {
+        "seeds": [0],
+        "training": {"model": "mlp", "rounds": ROUNDS, "clients_per_round": 3, "local_steps": 2, "batch_size": 8,
+                     "lr": 0.05, "momentum": 0.5, "eval_every": 2, "checkpoint_every": 1, "device": "cpu",
+                     **training},
+        "scenarios": {"s": {"dataset": "digits", "clients": 6,
+                            "partition": [{"kind": "iid"}, {"kind": "label_swap", "groups": 2}]}},
+        "methods": {name: hyperparams(name)},
+        "results_dir": str(results),
+        "data_dir": str(results.parent / "data"),
+    }
+
+
+def finished(results: Path, name: str, **training) -> Path:
+    spec = parse_spec(spec_dict(results, name, **training))
+    train_run(spec, "s", name, 0, force=True, progress=False)
+    return spec.run_dir("s", name, 0)
+
+
+def same_bytes(a: Path, b: Path) -> None:
+    for f in COMPARED:
+        assert (a / f).read_bytes() == (b / f).read_bytes(), f
+
+
+@pytest.fixture(scope="module")
+def reference_runs(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("conformance")
+    return {name: finished(root / name / "reference", name) for name in METHODS}
+
+
+class Killed(Exception):
+    pass
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", METHODS)
+def test_resume_after_interruption_is_byte_identical(name, reference_runs, tmp_path, monkeypatch):
+    stop_after = int(np.random.default_rng(list(name.encode())).integers(1, ROUNDS))
+    save = engine.Run.save_state
+
+    def save_then_die(self, round_number):
+        save(self, round_number)
+        if round_number == stop_after:
+            raise Killed
+
+    spec = parse_spec(spec_dict(tmp_path, name))
+    with monkeypatch.context() as patch:
+        patch.setattr(engine.Run, "save_state", save_then_die)
+        with pytest.raises(Killed):
+            train_run(spec, "s", name, 0, progress=False)
+    assert not (spec.run_dir("s", name, 0) / "summary.json").exists()
+    train_run(spec, "s", name, 0, progress=False)
+    same_bytes(reference_runs[name], spec.run_dir("s", name, 0))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", METHODS)
+def test_same_seed_gives_identical_bytes(name, reference_runs, tmp_path):
+    same_bytes(reference_runs[name], finished(tmp_path, name))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", METHODS)
+def test_evaluating_more_often_does_not_change_training(name, reference_runs, tmp_path):
+    every_round = finished(tmp_path, name, eval_every=1)
+    ours = pd.read_parquet(every_round / "rounds.parquet")
+    reference = pd.read_parquet(reference_runs[name] / "rounds.parquet")
+    assert ours["train_loss"].tolist() == reference["train_loss"].tolist()
+    last = reference.dropna(subset=["acc_macro"]).iloc[-1]
+    assert ours.dropna(subset=["acc_macro"]).iloc[-1]["acc_macro"] == last["acc_macro"]
+    ours_metrics = pd.read_parquet(every_round / "metrics.parquet")
+    reference_metrics = pd.read_parquet(reference_runs[name] / "metrics.parquet")
+    pd.testing.assert_frame_equal(ours_metrics[ours_metrics["round"] == ROUNDS].reset_index(drop=True),
+                                  reference_metrics[reference_metrics["round"] == ROUNDS].reset_index(drop=True))
+    assert json.loads((every_round / "summary.json").read_text())["final"] == \
+        json.loads((reference_runs[name] / "summary.json").read_text())["final"]
+
+
+def play(run, rounds: int, poison: bool = False) -> None:
+    """Engine rounds without outputs; with `poison`, every server tensor the method checkpoints
+    is NaN while the clients plan and finish (restored before aggregation)."""
+    method, ctx = run.method, run.ctx
+    for r in range(rounds):
+        ctx.round = r
+        sampled = run.sample(r)
+        method.round_start(sampled)
+        payloads = {int(c): method.payload(int(c)) for c in sampled}
+        saved = {}
+        if poison:
+            for attr in method.checkpoint:
+                value = getattr(method, attr)
+                if isinstance(value, torch.Tensor) and value.is_floating_point():
+                    saved[attr] = value
+                    setattr(method, attr, torch.full_like(value, float("nan")))
+        trained = ctx.run({c: method.plan(c, payloads[c]) for c in payloads})
+        updates = {c: method.finish(c, payloads[c], trained[c]) for c in payloads}
+        for attr, value in saved.items():
+            setattr(method, attr, value)
+        for c, update in updates.items():
+            sent = [t for t in update.tensors.values() if t.is_floating_point()]
+            kept = list(update.keep.values())
+            assert all(torch.isfinite(t).all() for t in sent + kept), \
+                f"client {c} of round {r + 1} used server state that was not in its payload"
+            assert not update.result.diverged
+        method.receive(updates)
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_clients_use_only_what_they_were_sent(name, tmp_path):
+    run = prepare_run(parse_spec(spec_dict(tmp_path, name)), "s", name, 0)
+    play(run, 3, poison=True)
+
+
+def _assert_state_equal(a, b) -> None:
+    assert type(a) is type(b)
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and torch.equal(a.cpu(), b.cpu())
+    elif isinstance(a, dict):
+        assert set(a) == set(b)
+        for key in a:
+            _assert_state_equal(a[key], b[key])
+    else:
+        assert a == b or (a != a and b != b)
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_state_round_trips(name, tmp_path):
+    spec = parse_spec(spec_dict(tmp_path, name))
+    run = prepare_run(spec, "s", name, 0)
+    play(run, 3)
+    path = tmp_path / "state.pt"
+    torch.save({"method": run.method.state_dict(), "clients": run.ctx.clients.state_dict()}, path)
+    state = torch.load(path, weights_only=True)
+    fresh = prepare_run(spec, "s", name, 0)
+    fresh.method.load_state_dict(state["method"])
+    fresh.ctx.clients.load_state_dict(state["clients"])
+    fresh.ctx.round = run.ctx.round  # as the engine sets it before every round and evaluation
+    _assert_state_equal(run.method.state_dict(), fresh.method.state_dict())
+    _assert_state_equal(run.ctx.clients.state_dict(), fresh.ctx.clients.state_dict())
+    (a, ia), (b, ib) = run.method.eval_models(), fresh.method.eval_models()
+    assert np.array_equal(ia, ib) and all(torch.equal(u, v) for u, v in zip(a, b))
+
+
+K_METHODS = [n for n in METHODS if all_methods()[n].capabilities.k_param]
+
+
+@pytest.mark.parametrize("name", K_METHODS)
+def test_more_clusters_than_clients_is_rejected_in_one_line(name, tmp_path):
+    k_param = all_methods()[name].capabilities.k_param
+    raw = spec_dict(tmp_path, name)
+    raw["methods"][name][k_param] = 7
+    with pytest.raises(SpecError) as error:
+        parse_spec(raw)
+    assert str(error.value) == f"methods.{name}.{k_param}: must be <= clients of scenario s (6), got 7"
+
+
+BATCHABLE = [n for n in METHODS if all_methods()[n].capabilities.batchable]
+
+
+@pytest.mark.parametrize("name", BATCHABLE)
+def test_batched_trainer_equals_sequential(name, tmp_path):
+    models = {}
+    for trainer in ("sequential", "batched"):
+        run = prepare_run(parse_spec(spec_dict(tmp_path / trainer, name, trainer=trainer)), "s", name, 0)
+        play(run, 3)
+        vectors, index = run.method.eval_models()
+        models[trainer] = (torch.stack(vectors), index, run.method.assignment())
+        if trainer == "batched":
+            assert run.trainer.counts["batched"] > 0
+    (a, ia, ca), (b, ib, cb) = models["sequential"], models["batched"]
+    assert np.array_equal(ia, ib)
+    assert (ca is None) == (cb is None) and (ca is None or np.array_equal(ca, cb))
+    assert float((a - b).abs().max()) <= 1e-5 * float(a.abs().max())
