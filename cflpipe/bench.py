@@ -1,10 +1,18 @@
-"""`cflpipe bench`: the engine's cost against the pure cost of the same local SGD steps.
+"""`cflpipe bench`: the engine's cost against the pure cost of the same local SGD steps, the
+batched trainer against the sequential one, and evaluation's cost by chunk size.
 
 For each standard workload the engine runs FedAvg with evaluation only at the last round; the
 training rounds' wall time is compared with a tight loop that performs exactly the same SGD steps
 (same clients, same batches, same model) with torch.optim.SGD on one plain module. The ratio is
 the engine's overhead; anything much above 1 is a bug. Per-round time is also measured at two
 population sizes with the same number of sampled clients: it should not grow with the population.
+
+Trainers: FedAvg on digits (100 clients, 5 local steps of batch 8) with the mlp and the cnn,
+10, 25 and 100 sampled clients per round, `trainer: sequential` against `trainer: batched`:
+median training ms per round (evaluation only at the last round, left out) and their ratio.
+
+Evaluation: the cnn workload evaluated every round with `eval_batch_size` 8192 (one forward pass
+per split, as before chunking) against the default 256: median evaluation ms per round.
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ import torch.nn.functional as F
 from cflpipe.fl.data import build_federated_data
 from cflpipe.fl.engine import train_run
 from cflpipe.fl.local import batch_indices, steps_for
-from cflpipe.fl.method import _mix
+from cflpipe.fl.trainers import mix_seed as _mix
 from cflpipe.models import build_model
 from cflpipe.spec import parse_spec
 
@@ -106,8 +114,80 @@ def bench_workload(name: str, clients: int, rounds: int, repeats: int = 3) -> di
     }
 
 
+def _digits_fedavg(results: Path, model: str, sampled: int, rounds: int, **training):
+    return parse_spec({
+        "seeds": [0],
+        "training": {"model": model, "rounds": rounds, "clients_per_round": sampled, "local_steps": 5,
+                     "batch_size": 8, "lr": 0.05, "eval_every": rounds + 1, "checkpoint_every": rounds + 1,
+                     "device": "cpu", **training},
+        "scenarios": {"bench": {"dataset": "digits", "clients": 100, "partition": [{"kind": "iid"}]}},
+        "methods": {"fedavg": {}},
+        "results_dir": str(results),
+    })
+
+
+def _median_timing(spec, column: str, drop_last: bool) -> float:
+    train_run(spec, "bench", "fedavg", 0, force=True, progress=False)
+    timing = pd.read_parquet(spec.run_dir("bench", "fedavg", 0) / "timing.parquet")
+    if drop_last:
+        timing = timing.iloc[:-1]
+    return float(np.median(timing[column]))
+
+
+def bench_trainers(models=("mlp", "cnn"), sampled=(10, 25, 100), rounds: int = 6, repeats: int = 3) -> list[dict]:
+    """Median training seconds per round, sequential vs batched trainer; fastest of `repeats`
+    alternating runs on each side."""
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for model in models:
+            for k in sampled:
+                seconds = {"sequential": [], "batched": []}
+                for _ in range(repeats):
+                    for trainer in seconds:
+                        spec = _digits_fedavg(Path(tmp) / trainer, model, k, rounds, trainer=trainer)
+                        seconds[trainer].append(_median_timing(spec, "train_seconds", drop_last=True))
+                seq, bat = min(seconds["sequential"]), min(seconds["batched"])
+                rows.append({"model": model, "clients_per_round": k, "sequential_ms_per_round": seq * 1000,
+                             "batched_ms_per_round": bat * 1000, "speedup": seq / bat})
+                print(f"trainer   {model:4s} sampled={k:4d}  sequential {seq * 1000:8.1f} ms/round  "
+                      f"batched {bat * 1000:8.1f} ms/round  speed-up ×{seq / bat:.2f}", flush=True)
+    return rows
+
+
+def bench_eval(rounds: int = 6, repeats: int = 3) -> dict:
+    """Median evaluation seconds per round on the cnn workload: one pass per split vs chunks."""
+    seconds = {8192: [], 256: []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for _ in range(repeats):
+            for chunk in seconds:
+                spec = _digits_fedavg(Path(tmp) / str(chunk), "cnn", 25, rounds, eval_every=1,
+                                      eval_batch_size=chunk, trainer="sequential")
+                seconds[chunk].append(_median_timing(spec, "eval_seconds", drop_last=False))
+    whole, chunked = min(seconds[8192]), min(seconds[256])
+    print(f"eval      cnn  one pass {whole * 1000:8.1f} ms/round  chunks of 256 {chunked * 1000:8.1f} ms/round  "
+          f"ratio ×{whole / chunked:.2f}", flush=True)
+    return {"model": "cnn", "one_pass_ms_per_round": whole * 1000, "chunked_256_ms_per_round": chunked * 1000,
+            "ratio": whole / chunked}
+
+
 def run_bench(workloads: list[str] | None = None, rounds: int = 10, output: str | None = None,
-              repeats: int = 3) -> list[dict]:
+              repeats: int = 3, parts: list[str] | None = None) -> dict:
+    parts = parts or ["overhead", "trainers", "eval"]
+    figures: dict = {"torch_threads": torch.get_num_threads()}
+    if "overhead" in parts:
+        figures["results"] = bench_overhead(workloads, rounds, repeats)
+    if "trainers" in parts:
+        figures["trainers"] = bench_trainers(repeats=repeats)
+    if "eval" in parts:
+        figures["eval"] = bench_eval(repeats=repeats)
+    if output:
+        from cflpipe.store import write_text
+
+        write_text(output, json.dumps(figures, indent=2))
+    return figures
+
+
+def bench_overhead(workloads: list[str] | None, rounds: int, repeats: int) -> list[dict]:
     rows = []
     for name in workloads or list(WORKLOADS):
         for clients in WORKLOADS[name]["clients"]:
@@ -116,8 +196,4 @@ def run_bench(workloads: list[str] | None = None, rounds: int = 10, output: str 
             print(f"{name:9s} clients={clients:5d}  engine {row['engine_seconds_per_round'] * 1000:8.1f} ms/round  "
                   f"tight loop {row['tight_loop_seconds_per_round'] * 1000:8.1f} ms/round  "
                   f"overhead ×{row['overhead_ratio']:.3f}  peak RSS {row['peak_rss_mib']:.0f} MiB", flush=True)
-    if output:
-        from cflpipe.store import write_text
-
-        write_text(output, json.dumps({"torch_threads": torch.get_num_threads(), "results": rows}, indent=2))
     return rows

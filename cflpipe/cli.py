@@ -97,6 +97,8 @@ def cmd_methods(args) -> int:
 
     for name, info in all_methods().items():
         print(f"{name}: {info.description}")
+        if info.capabilities.summary():
+            print(f"    [{info.capabilities.summary()}]")
         for field, f in info.params.model_fields.items():
             doc = f" — {f.description}" if f.description else ""
             print(f"    {field} = {f.default!r}{doc}")
@@ -134,7 +136,8 @@ def cmd_bench(args) -> int:
         import torch
 
         torch.set_num_threads(max(1, args.threads))
-    run_bench(workloads=args.workload, rounds=args.rounds, output=args.output, repeats=args.repeats)
+    run_bench(workloads=args.workload, rounds=args.rounds, output=args.output, repeats=args.repeats,
+              parts=args.part)
     return 0
 
 
@@ -195,6 +198,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=3, help="alternating repeats; the fastest counts")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
     p.add_argument("--output", default=None, metavar="FILE", help="also write the figures as JSON")
+    p.add_argument("--part", action="append", choices=["overhead", "trainers", "eval"], default=None,
+                   help="what to measure (repeatable; default all): engine overhead, batched vs sequential "
+                        "trainer, evaluation chunking")
     p.set_defaults(func=cmd_bench)
     return parser
 
