@@ -11,8 +11,8 @@ Trainers: FedAvg on digits (100 clients, 5 local steps of batch 8) with the mlp 
 10, 25 and 100 sampled clients per round, `trainer: sequential` against `trainer: batched`:
 median training ms per round (evaluation only at the last round, left out) and their ratio.
 
-Evaluation: the cnn workload evaluated every round with `eval_batch_size` 8192 (one forward pass
-per split, as before chunking) against the default 256: median evaluation ms per round.
+Evaluation: `eval_batch_size` 8192 (one forward pass per split, as before chunking) against the
+default 256, in the engine on the digits cnn workload and for `predict` at MNIST/CIFAR shapes.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def _spec(name: str, clients: int, rounds: int, results: Path):
         "seeds": [0],
         "training": {"model": w["model"], "rounds": rounds, "clients_per_round": 25, "local_steps": 5,
                      "batch_size": 32, "lr": 0.05, "eval_every": rounds + 1, "checkpoint_every": rounds + 1,
-                     "device": "cpu"},
+                     "device": "cpu", "trainer": "sequential"},  # the tight loop is sequential too
         "scenarios": {"bench": {"dataset": dataset, "clients": clients, "partition": w["partition"]}},
         "methods": {"fedavg": {}},
         "results_dir": str(results),
@@ -154,8 +154,15 @@ def bench_trainers(models=("mlp", "cnn"), sampled=(10, 25, 100), rounds: int = 6
     return rows
 
 
-def bench_eval(rounds: int = 6, repeats: int = 3) -> dict:
-    """Median evaluation seconds per round on the cnn workload: one pass per split vs chunks."""
+def bench_eval(rounds: int = 6, repeats: int = 3) -> list[dict]:
+    """Evaluation in one forward pass per split (8192) vs chunks of 256: the engine's median
+    evaluation time per round on the digits cnn workload (8×8 inputs), and `predict` alone on
+    10,000 random inputs of the cnn at MNIST (1×28×28) and CIFAR (3×32×32) shape, where
+    evaluation costs most."""
+    from cflpipe.fl.local import predict
+    from cflpipe.fl.params import ParamSpace
+
+    rows = []
     seconds = {8192: [], 256: []}
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(repeats):
@@ -163,11 +170,27 @@ def bench_eval(rounds: int = 6, repeats: int = 3) -> dict:
                 spec = _digits_fedavg(Path(tmp) / str(chunk), "cnn", 25, rounds, eval_every=1,
                                       eval_batch_size=chunk, trainer="sequential")
                 seconds[chunk].append(_median_timing(spec, "eval_seconds", drop_last=False))
-    whole, chunked = min(seconds[8192]), min(seconds[256])
-    print(f"eval      cnn  one pass {whole * 1000:8.1f} ms/round  chunks of 256 {chunked * 1000:8.1f} ms/round  "
-          f"ratio ×{whole / chunked:.2f}", flush=True)
-    return {"model": "cnn", "one_pass_ms_per_round": whole * 1000, "chunked_256_ms_per_round": chunked * 1000,
-            "ratio": whole / chunked}
+    rows.append({"workload": "digits cnn, engine evaluation per round", "one_pass_ms": min(seconds[8192]) * 1000,
+                 "chunked_256_ms": min(seconds[256]) * 1000})
+    for shape in ((1, 28, 28), (3, 32, 32)):
+        torch.manual_seed(0)
+        space = ParamSpace(build_model("cnn", shape, 10))
+        x, y = torch.randn(10_000, *shape), torch.randint(0, 10, (10_000,))
+        best = {}
+        for chunk in (8192, 256):
+            times = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                predict(space, x, y, chunk)
+                times.append(time.perf_counter() - t0)
+            best[chunk] = min(times)
+        rows.append({"workload": f"cnn {'x'.join(map(str, shape))}, predict 10,000 inputs",
+                     "one_pass_ms": best[8192] * 1000, "chunked_256_ms": best[256] * 1000})
+    for row in rows:
+        row["speedup"] = row["one_pass_ms"] / row["chunked_256_ms"]
+        print(f"eval      {row['workload']:42s} one pass {row['one_pass_ms']:8.1f} ms  chunks of 256 "
+              f"{row['chunked_256_ms']:8.1f} ms  speed-up ×{row['speedup']:.2f}", flush=True)
+    return rows
 
 
 def run_bench(workloads: list[str] | None = None, rounds: int = 10, output: str | None = None,

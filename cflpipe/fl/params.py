@@ -30,7 +30,11 @@ class ParamSpace:
         self.model = model.to(device)
         self.device = torch.device(device)
         params = list(self.model.named_parameters())
-        layers = layer_of_parameters(self.model)
+        # The run's models name their layers (body/head masks, first-L layers); an auxiliary
+        # network of a method (any module) counts every parameter tensor as a layer of its own
+        # and has no body/head split.
+        layered = hasattr(self.model, "layers")
+        layers = layer_of_parameters(self.model) if layered else list(range(len(params)))
         slots, offset = [], 0
         for (name, p), layer in zip(params, layers):
             slots.append(Slot(name, offset, p.numel(), tuple(p.shape), layer))
@@ -49,8 +53,8 @@ class ParamSpace:
                 # Autograd accumulates in place into an existing dense .grad, so every
                 # backward pass writes straight into the flat gradient vector.
                 p.grad = self.grad[slot.offset:slot.offset + slot.numel].view(slot.shape)
-        self._body = self.mask_of(body_parameter_names(self.model))
-        self._head = self.mask_of(head_parameter_names(self.model))
+        self._body = self.mask_of(body_parameter_names(self.model) if layered else [])
+        self._head = self.mask_of(head_parameter_names(self.model) if layered else [])
 
     # ------------------------------------------------------------------ vectors
 

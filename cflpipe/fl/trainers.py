@@ -195,9 +195,13 @@ class BatchedTrainer(Trainer):
                         {k: v[i] for k, v in companions.items()}) for i in range(len(jobs))]
 
 
-def build_trainer(name: str, device: torch.device) -> Trainer:
+# Models the batched trainer is measured faster for on a CPU (cflpipe bench, docs/performance.md:
+# the cnn 2.0–2.8× at 10–100 sampled clients; the mlp 0.7–1.0×, so it stays sequential).
+CPU_BATCHED_MODELS = ("cnn",)
+
+
+def build_trainer(name: str, device: torch.device, model: str | None = None) -> Trainer:
     if name == "auto":
-        # On a GPU one vmapped loop replaces many small kernels; on a CPU the bench measures
-        # batched no faster than sequential for these models (docs/performance.md).
-        name = "batched" if device.type == "cuda" else "sequential"
+        # On a GPU one vmapped loop replaces many small kernels; on a CPU only where measured.
+        name = "batched" if device.type == "cuda" or model in CPU_BATCHED_MODELS else "sequential"
     return {"sequential": SequentialTrainer, "batched": BatchedTrainer}[name]()

@@ -1,0 +1,97 @@
+"""The plan seam's trainers beyond the built-in methods: an auxiliary per-client network trained
+with a loss of its own, plans with different settings in one round, and a loss that vmap cannot
+run, which the batched trainer hands to the sequential path and says so once per run."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from cflpipe.fl.engine import prepare_run
+from cflpipe.fl.plan import ClientPlan
+from cflpipe.spec import parse_spec
+
+torch.set_num_threads(1)
+
+
+def tiny_run(tmp_path, trainer: str):
+    spec = parse_spec({
+        "seeds": [0],
+        "training": {"model": "mlp", "rounds": 2, "clients_per_round": 4, "local_steps": 3, "batch_size": 8,
+                     "lr": 0.1, "device": "cpu", "trainer": trainer},
+        "scenarios": {"s": {"dataset": "digits", "clients": 4, "partition": [{"kind": "iid"}]}},
+        "methods": {"fedavg": {}},
+        "results_dir": str(tmp_path / trainer),
+    })
+    return prepare_run(spec, "s", "fedavg", 0)
+
+
+def one_hot_regression(forward, x, y):
+    """A loss of a network other than the classifier: squared error against one-hot targets."""
+    # torch.eye(...)[y] rather than F.one_hot, whose range check calls .item() (not vmappable).
+    return F.mse_loss(forward(x), torch.eye(10, dtype=x.dtype, device=x.device)[y])
+
+
+def not_vmappable(forward, x, y):
+    loss = F.cross_entropy(forward(x), y)
+    if loss.item() > 1e9:  # data-dependent Python control flow: vmap refuses .item()
+        return loss * 0
+    return loss
+
+
+def aux_plans(run):
+    torch.manual_seed(3)
+    space = run.ctx.add_space("aux", nn.Linear(64, 10))
+    start = space.read()
+    features = {c: run.data.client(c, "train")[0].flatten(1) * 0.5 for c in range(4)}
+    return {c: ClientPlan(start, space="aux", loss=one_hot_regression, inputs=features[c]) for c in range(4)}
+
+
+def test_auxiliary_network_with_its_own_loss_trains_and_batches(tmp_path):
+    results = {}
+    for trainer in ("sequential", "batched"):
+        run = tiny_run(tmp_path, trainer)
+        plans = aux_plans(run)
+        trained = run.ctx.run(plans)
+        results[trainer] = torch.stack([trained[c].vector for c in range(4)])
+        assert run.trainer.counts[trainer] == 4
+        start = plans[0].start
+        assert all(not torch.equal(trained[c].vector, start) for c in range(4))
+        assert run.space.size != start.numel()  # the auxiliary network, not the classifier
+    a, b = results["sequential"], results["batched"]
+    assert float((a - b).abs().max()) <= 1e-5 * float(a.abs().max())
+
+
+def test_plans_with_different_settings_train_in_separate_groups(tmp_path):
+    outcomes = {}
+    for trainer in ("sequential", "batched"):
+        run = tiny_run(tmp_path, trainer)
+        start = run.ctx.init
+        plans = {0: ClientPlan(start, lr=0.1), 1: ClientPlan(start, lr=0.1), 2: ClientPlan(start, lr=0.01),
+                 3: ClientPlan(start, lr=0.01, steps=5)}
+        trained = run.ctx.run(plans)
+        outcomes[trainer] = trained
+        if trainer == "batched":  # {0, 1} form a group; 2 and 3 are alone and train sequentially
+            assert run.trainer.counts == {"batched": 2, "sequential": 2}
+    for c in range(4):
+        a, b = outcomes["sequential"][c], outcomes["batched"][c]
+        assert a.result.steps == b.result.steps == (5 if c == 3 else 3)
+        assert float((a.vector - b.vector).abs().max()) <= 1e-5 * float(a.vector.abs().max())
+
+
+def test_a_loss_vmap_cannot_run_falls_back_to_sequential_said_once(tmp_path, capsys):
+    reference = tiny_run(tmp_path, "sequential")
+    run = tiny_run(tmp_path, "batched")
+    for round_index in range(2):
+        expected = {}
+        for which in (reference, run):
+            which.ctx.round = round_index
+            plans = {c: ClientPlan(which.ctx.init, loss=not_vmappable) for c in range(4)}
+            expected[which is run] = which.ctx.run(plans)
+        for c in range(4):  # the fallback is the sequential path itself: equal to the bit
+            assert torch.equal(expected[True][c].vector, expected[False][c].vector)
+    err = capsys.readouterr().err
+    assert err.count("the batched trainer cannot run some client plans") == 1
+    assert len(err.strip().splitlines()) == 1
+    assert run.trainer.counts == {"batched": 0, "sequential": 8}
