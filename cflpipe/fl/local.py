@@ -107,6 +107,7 @@ class StepRule:
     gradient(weights, x, y) -> (loss, grad) and returns the step's loss for the running mean."""
 
     batches_per_step = 1
+    takes_anchors = False  # whether the rule applies the plan's anchors and trainable mask
 
     def velocity_like(self, weights: torch.Tensor, companions: dict[str, torch.Tensor]) -> torch.Tensor:
         return torch.zeros_like(weights)
@@ -119,6 +120,8 @@ class StepRule:
 @dataclass(frozen=True)
 class SGDStep(StepRule):
     """PyTorch SGD on the loss plus the anchors' proximal terms, masked by the trainable mask."""
+
+    takes_anchors = True
 
     def step(self, weights, batches, gradient, state, config):
         (x, y), = batches
@@ -207,6 +210,9 @@ def run_loop(weights: torch.Tensor, batches: torch.Tensor, fetch: Callable[[torc
              total: torch.Tensor) -> torch.Tensor:
     """The local loop shared by both trainers: `batches` is (steps × batches_per_step × …) of
     index batches, `fetch` turns one into (x, y). Returns the summed step losses in `total`."""
+    if not rule.takes_anchors and (config.pulls or config.keep is not None):
+        raise ValueError(f"{type(rule).__name__} does not apply anchors or a trainable mask; "
+                         f"a plan with this rule must have neither")
     state = LoopState(rule.velocity_like(weights, companions) if config.momentum else None, companions)
     for step_batches in batches:
         loss = rule.step(weights, [fetch(b) for b in step_batches], gradient, state, config)

@@ -6,9 +6,9 @@ generator the sequential trainer uses, so the two agree to float rounding.
 
 Plans are grouped by what must be equal inside one vmapped loop: network, steps, batch size, lr,
 momentum, weight decay, loss, step rule, anchor strengths and masks, trainable mask, companions.
-A group of one, a client without data, or a plan the batched path cannot run (a loss that is not
-vmappable, say) is trained sequentially; the first such fallback of a run is said once on stderr,
-and timing.json counts the plans each path trained."""
+A group of one or a client without data is trained sequentially as a matter of course; a group
+the batched path fails on (a loss that is not vmappable, say) is trained sequentially too, and the
+first such failure of a run is said once on stderr. timing.json counts the plans each path trained."""
 
 from __future__ import annotations
 
