@@ -141,9 +141,8 @@ class Run:
         self.space = ParamSpace(model, self.device)
         info = method_info(self.config["method_type"])
         hp = info.params(**self.config["hyperparams"])
-        self.trainer = build_trainer(self.training.trainer, self.device, self.training.model)
-        if not info.capabilities.batchable:
-            self.trainer = build_trainer("sequential", self.device)
+        self.trainer = build_trainer(self.training.trainer if info.capabilities.batchable else "sequential",
+                                     self.device, self.training.model)
         self.ctx = Context(self.data, self.space, self.training, hp, self.seed, self.space.read(),
                            self.scenario, self.method_name, self.trainer)
         self.method: Method = info.cls(self.ctx)

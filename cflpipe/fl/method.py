@@ -17,7 +17,7 @@ from cflpipe.fl.data import FederatedData
 from cflpipe.fl.local import Anchor, LocalResult
 from cflpipe.fl.params import ParamSpace
 from cflpipe.fl.plan import ClientPlan, Plans, Results, Trained
-from cflpipe.fl.trainers import SequentialTrainer, Trainer, mix_seed
+from cflpipe.fl.trainers import SequentialTrainer, Trainer
 from cflpipe.metrics import tensor_bytes
 from cflpipe.spec import Training
 
@@ -234,9 +234,6 @@ def divergence_error(round_index: int, client: int, method: str, loss: float) ->
                            f"{loss}; lower training.lr or set training.on_divergence: skip")
 
 
-_mix = mix_seed
-
-
 class Method:
     """Base class. Subclasses register with methods.register, declare their capabilities and the
     server attributes to checkpoint, and override the hooks. A round, as the engine drives it:
@@ -276,9 +273,11 @@ class Method:
         trained = self.ctx.run({client: self.plan(client, payload)})[client]
         return self.finish(client, payload, trained)
 
-    def update(self, client: int, tensors: dict[str, torch.Tensor], trained: Trained, **meta: Any) -> Update:
-        """The Update of a client that trained one plan, weighted by its training samples."""
-        return Update(tensors, int(self.ctx.train_sizes()[client]), trained.result, meta=meta)
+    def update(self, client: int, tensors: dict[str, torch.Tensor], trained: Trained,
+               keep: dict[str, torch.Tensor] | None = None, **meta: Any) -> Update:
+        """The Update of a client weighted by its training samples, with the loss record of
+        `trained`; `keep` is what the client keeps (stored, never sent)."""
+        return Update(tensors, int(self.ctx.train_sizes()[client]), trained.result, meta=meta, keep=keep or {})
 
     # --- server side
     def receive(self, updates: dict[int, Update]) -> None:

@@ -111,8 +111,7 @@ class CGPFL(Method):
 
     def finish(self, client: int, payload: Payload, trained: Trained) -> Update:
         # θ stays on the client: it is kept, not sent, so only w is counted as sent.
-        return Update({"model": trained.companions["local"]}, int(self.ctx.train_sizes()[client]),
-                      trained.result, keep={"personal": trained.vector})
+        return self.update(client, {"model": trained.companions["local"]}, trained, keep={"personal": trained.vector})
 
     def aggregate(self, updates: dict[int, Update]) -> None:
         if not updates:

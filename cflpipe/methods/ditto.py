@@ -61,12 +61,11 @@ class Ditto(FedAvg):
                                        steps=self.hp.personal_steps)}
 
     def finish(self, client: int, payload: Payload, trained: dict[str, Trained]) -> Update:
-        result = trained["model"].result
-        if trained["personal"].diverged:  # let the engine's on_divergence rule see it
-            result = trained["personal"].result
+        personal = trained["personal"]
+        # A diverged personal model reports its loss, so the engine's on_divergence rule sees it.
+        record = personal if personal.diverged else trained["model"]
         # The personal model stays on the client: it is kept, not sent, so not counted.
-        return Update({"model": trained["model"].vector}, int(self.ctx.train_sizes()[client]), result,
-                      keep={"personal": trained["personal"].vector})
+        return self.update(client, {"model": trained["model"].vector}, record, keep={"personal": personal.vector})
 
     def eval_params(self, client: int) -> torch.Tensor:
         return self.ctx.clients.get("personal", client)

@@ -51,8 +51,7 @@ class FedPer(Method):
 
     def finish(self, client: int, payload: Payload, trained: Trained) -> Update:
         vector = trained.vector
-        return Update({"body": vector[self.body_mask]}, int(self.ctx.train_sizes()[client]), trained.result,
-                      keep={"head": vector[self.head_mask]})
+        return self.update(client, {"body": vector[self.body_mask]}, trained, keep={"head": vector[self.head_mask]})
 
     # --- server: average the bodies (each client keeps the head it trained, in the client store)
     def aggregate(self, updates: dict[int, Update]) -> None:

@@ -28,7 +28,7 @@ class Local(Method):
 
     def finish(self, client: int, payload: Payload, trained: Trained) -> Update:
         # The model stays on the client: nothing in `tensors`, so nothing is counted as sent.
-        return Update({}, int(self.ctx.train_sizes()[client]), trained.result, keep={"model": trained.vector})
+        return self.update(client, {}, trained, keep={"model": trained.vector})
 
     def aggregate(self, updates: dict[int, Update]) -> None:
         pass  # nothing reaches the server; the engine keeps each client's model in its store
