@@ -25,7 +25,7 @@ Seed = int | np.random.Generator | None
 
 __all__ = [
     "KMeansResult", "PCAProjection", "as_matrix", "canonical_labels", "cfl_bipartition",
-    "cosine_similarity_matrix", "decomposed_cosine_similarity", "fit_pca", "hierarchical_clusters",
+    "cosine_similarity_matrix", "decomposed_cosine_similarity", "fcca_similarity", "fit_pca", "hierarchical_clusters",
     "kmeans", "nearest_center", "pairwise_sq_distances", "principal_directions",
 ]
 
@@ -181,6 +181,30 @@ def cosine_similarity_matrix(a: torch.Tensor | np.ndarray, b: torch.Tensor | np.
     an = a / a.norm(dim=1, keepdim=True).clamp_min(eps)
     bn = an if b is a else b / b.norm(dim=1, keepdim=True).clamp_min(eps)
     return (an @ bn.T).clamp_(-1.0, 1.0)
+
+
+def fcca_similarity(first: torch.Tensor, second: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
+    """FCCA's similarity D (seed paper 002, Sec. 3.3) from reconstructions of every client's
+    latents: `first[i, y]` = c_i⁻¹(ε1; y) and `second[j, y]` = c_j⁻¹(ε2; y), each
+    (clients × labels × samples × features), the same noise ε1 (ε2) for every client.
+
+    B_{y,i,j} = mean over samples of cosine(first[i, y, s], second[j, y, s]);
+    P_{y,i,j} = max(|B_{y,i,i}|, |B_{y,j,j}|)  (confidence: a label the client learned gives
+    reconstructions that agree across noise draws); S = B ⊙ P; D = mean of S over labels.
+    One (clients × samples·features) product per label; returns D (clients × clients), float64."""
+    if first.shape != second.shape or first.ndim != 4:
+        raise ValueError(f"fcca_similarity: expected two equal (clients × labels × samples × features) "
+                         f"tensors, got {tuple(first.shape)} and {tuple(second.shape)}")
+    clients, labels, samples, _ = first.shape
+    a = first / first.norm(dim=-1, keepdim=True).clamp_min(eps)
+    b = second / second.norm(dim=-1, keepdim=True).clamp_min(eps)
+    # (labels × clients × samples·features) @ (labels × samples·features × clients)
+    a = a.transpose(0, 1).reshape(labels, clients, -1)
+    b = b.transpose(0, 1).reshape(labels, clients, -1)
+    basic = torch.bmm(a, b.transpose(1, 2)).to(torch.float64) / samples
+    confidence = basic.diagonal(dim1=1, dim2=2).abs()  # (labels × clients): |B_{y,i,i}|
+    pair = torch.maximum(confidence[:, :, None], confidence[:, None, :])
+    return (basic * pair).mean(dim=0)
 
 
 def cfl_bipartition(similarity: torch.Tensor | np.ndarray) -> np.ndarray:

@@ -13,7 +13,8 @@ Choices worth knowing:
   split, groups, permutations, hold-out), so adding a rotation step does not change which
   samples a client gets, and the position of `quantity` in the list does not matter.
 - `label_swap`: group 0 keeps the identity labelling, so one cluster matches the original
-  dataset; every other group gets a distinct non-identity permutation.
+  dataset; every other group gets a distinct non-identity permutation (a random full
+  permutation, or with `pairs: n` n disjoint swapped label pairs, as in Sattler et al.'s CFL).
 - Every client gets at least one sample: a Dirichlet `min_size` of 0 is treated as 1.
 - Hold-out: round(test_fraction·n) test samples (half to even, like Python's round), clamped to
   [1, n-1] when n >= 2 so both sides are non-empty; a one-sample client trains only.
@@ -375,7 +376,10 @@ def _plan_groups(scenario: Scenario, dataset: Dataset, num_classes: int, rng: np
         return step.groups, [f"rotate:{_format_angle(a)}" for a in angles], None
     if step.kind == "flip":
         return step.groups, [f"flip:{axis}" for axis in step.group_axes()], None
-    permutations = _label_permutations(num_classes, step.groups, rng, field, dataset.name)
+    if step.pairs is None:
+        permutations = _label_permutations(num_classes, step.groups, rng, field, dataset.name)
+    else:
+        permutations = _pair_swaps(num_classes, step.groups, step.pairs, rng, field, dataset.name)
     return step.groups, ["labels:" + "-".join(map(str, p)) for p in permutations], permutations
 
 
@@ -398,6 +402,32 @@ def _label_permutations(num_classes: int, groups: int, rng: np.random.Generator,
             if candidate not in seen:
                 seen.add(candidate)
                 chosen.append(candidate)
+    return np.array([identity, *chosen], dtype=np.int64).reshape(groups, num_classes)
+
+
+def _pair_swaps(num_classes: int, groups: int, pairs: int, rng: np.random.Generator, field: str,
+                dataset_name: str) -> np.ndarray:
+    """Identity for group 0; every other group swaps `pairs` disjoint label pairs, drawn at random
+    and distinct across groups (Sattler et al.'s CFL label swap)."""
+    if 2 * pairs > num_classes:
+        raise PartitionError(f"{field}.pairs: dataset {dataset_name} has {num_classes} classes, so at most "
+                             f"{num_classes // 2} disjoint label pairs, got {pairs}")
+    # Permutations made of exactly `pairs` disjoint transpositions: C! / (2^p · p! · (C − 2p)!).
+    available = math.factorial(num_classes) // (2 ** pairs * math.factorial(pairs)
+                                                * math.factorial(num_classes - 2 * pairs))
+    if groups - 1 > available:
+        raise PartitionError(f"{field}.groups: with {pairs} swapped pair(s) of {num_classes} classes there are "
+                             f"{available} distinct swaps, so at most {available + 1} groups, got {groups}")
+    identity = tuple(range(num_classes))
+    seen, chosen = {identity}, []
+    while len(chosen) < groups - 1:  # few draws: groups − 1 is small next to `available`, or a rejection
+        labels = rng.permutation(num_classes)[:2 * pairs]
+        permutation = list(identity)
+        for a, b in zip(labels[0::2], labels[1::2]):
+            permutation[a], permutation[b] = int(b), int(a)
+        if tuple(permutation) not in seen:
+            seen.add(tuple(permutation))
+            chosen.append(tuple(permutation))
     return np.array([identity, *chosen], dtype=np.int64).reshape(groups, num_classes)
 
 

@@ -138,8 +138,13 @@ class RotationStep(Strict):
 
 
 class LabelSwapStep(Strict):
+    """Label-swap groups: group 0 keeps the labels, every other group applies its own fixed
+    permutation: a random full permutation (default) or, with `pairs: n`, n disjoint label
+    pairs swapped (CFL's setting, Sattler et al., which FCCA's paper cites for its split)."""
+
     kind: Literal["label_swap"]
     groups: int = Field(ge=1)
+    pairs: int | None = Field(None, ge=1)
 
 
 FLIP_AXES = ("none", "horizontal", "vertical", "both")

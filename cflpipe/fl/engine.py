@@ -39,6 +39,7 @@ OUTPUT_FILES = ("metrics.parquet", "clusters.parquet", "rounds.parquet", "timing
 PLOT_COLUMNS = ("round", "acc_macro", "acc_micro", "global_acc_mean", "loss", "train_loss", "ari", "nmi",
                 "n_clusters", "intra_acc", "inter_acc")
 
+STANDARD_TABLES = ("metrics", "clusters", "rounds", "timing")
 METRICS_SCHEMA = {"round": "int32", "client": "int32", "split": "str", "model": "int32", "group": "int32",
                   "acc": "float64", "loss": "float64", "f1": "float64", "n": "int64"}
 CLUSTERS_SCHEMA = {"round": "int32", "client": "int32", "cluster": "int32", "true_group": "int32"}
@@ -146,8 +147,7 @@ class Run:
         self.ctx = Context(self.data, self.space, self.training, hp, self.seed, self.space.read(),
                            self.scenario, self.method_name, self.trainer)
         self.method: Method = info.cls(self.ctx)
-        self.tables: dict[str, dict[str, list]] = {n: defaultdict(list) for n in
-                                                   ("metrics", "clusters", "rounds", "timing")}
+        self.tables: dict[str, dict[str, list]] = {n: defaultdict(list) for n in STANDARD_TABLES}
         self.start_round = 0
 
     def sample(self, round_index: int) -> np.ndarray:
@@ -300,6 +300,12 @@ class Run:
         figures.update(clustering_scores(clusters, groups))
         self.extend("clusters", {"round": np.full(m, round_number), "client": np.arange(m),
                                  "cluster": clusters, "true_group": groups})
+        for name, columns in self.method.eval_tables().items():
+            if name in STANDARD_TABLES:
+                raise RuntimeError(f"{self.method_name}: eval table {name!r} clashes with a standard output")
+            length = len(next(iter(columns.values()))) if columns else 0
+            self.tables.setdefault(name, defaultdict(list))
+            self.extend(name, {"round": np.full(length, round_number), **columns})
         return figures
 
     # ------------------------------------------------------------------ state
@@ -361,6 +367,8 @@ class Run:
         store.write_parquet(d / "clusters.parquet", clusters)
         store.write_parquet(d / "rounds.parquet", rounds)
         store.write_parquet(d / "timing.parquet", timing)
+        for name in self.tables.keys() - set(STANDARD_TABLES):  # a method's own eval tables
+            store.write_parquet(d / f"{name}.parquet", pd.DataFrame(dict(self.tables[name])))
         store.write_json(d / "timing.json", timing_summary)
         store.write_text(d / "plots.csv", evals[[c for c in PLOT_COLUMNS if c in evals.columns]]
                          .to_csv(index=False, float_format="%.6g", na_rep=""))

@@ -119,14 +119,20 @@ class StepRule:
 
 @dataclass(frozen=True)
 class SGDStep(StepRule):
-    """PyTorch SGD on the loss plus the anchors' proximal terms, masked by the trainable mask."""
+    """PyTorch SGD on the loss plus the anchors' proximal terms, masked by the trainable mask.
+    With `clip`, the loss gradient's norm is first clipped to at most `clip` (per client), as
+    torch.nn.utils.clip_grad_norm_ does before the optimizer step."""
 
+    clip: float | None = None
     takes_anchors = True
 
     def step(self, weights, batches, gradient, state, config):
         (x, y), = batches
         loss, grad = gradient(weights, x, y)
         with torch.no_grad():
+            if self.clip is not None:
+                norm = torch.linalg.vector_norm(grad, dim=-1, keepdim=True)
+                grad.mul_((self.clip / (norm + 1e-6)).clamp_(max=1.0))
             if config.weight_decay:
                 grad.add_(weights, alpha=config.weight_decay)
             for vector, strength in config.pulls:  # += s·(w − v), without a temporary the size of w

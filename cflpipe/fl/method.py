@@ -187,7 +187,7 @@ class Context:
             for name, one in named:
                 jobs.append((int(client), one))
                 where.append((int(client), name))
-        trained = self.trainer.run(self, jobs)
+        trained = self.execute(jobs)
         out: dict[int, Any] = {}
         for (client, name), result in zip(where, trained):
             if name is None:
@@ -195,6 +195,16 @@ class Context:
             else:
                 out.setdefault(client, {})[name] = result
         return out
+
+    def execute(self, jobs: list[tuple[int, ClientPlan]]) -> list[Trained]:
+        """Train (client, plan) jobs, then all their follow-ups together (recursively)."""
+        trained = self.trainer.run(self, jobs)
+        follow = [(i, client, plan.then(trained[i])) for i, (client, plan) in enumerate(jobs)
+                  if plan.then is not None and not trained[i].diverged]
+        if follow:
+            for (i, _, _), outcome in zip(follow, self.execute([(client, plan) for _, client, plan in follow])):
+                trained[i].then = outcome
+        return trained
 
     def train(self, client: int, start: torch.Tensor, anchors: list[Anchor] | tuple[Anchor, ...] = (),
               trainable: torch.Tensor | None = None, steps: int | None = None,
@@ -277,7 +287,9 @@ class Method:
                keep: dict[str, torch.Tensor] | None = None, **meta: Any) -> Update:
         """The Update of a client weighted by its training samples, with the loss record of
         `trained`; `keep` is what the client keeps (stored, never sent)."""
-        return Update(tensors, int(self.ctx.train_sizes()[client]), trained.result, meta=meta, keep=keep or {})
+        # A diverged follow-up (FCCA's cINN) makes the whole update a diverged one.
+        result = trained.then.result if trained.then is not None and trained.then.diverged else trained.result
+        return Update(tensors, int(self.ctx.train_sizes()[client]), result, meta=meta, keep=keep or {})
 
     # --- server side
     def receive(self, updates: dict[int, Update]) -> None:
@@ -327,6 +339,12 @@ class Method:
 
     def round_metrics(self) -> dict[str, float]:
         """Extra round-level figures written to rounds.parquet (e.g. FedAC's G values)."""
+        return {}
+
+    def eval_tables(self) -> dict[str, dict[str, np.ndarray]]:
+        """Tables of the method's own, recorded at every evaluation round: {name: {column:
+        values}}, written as `<name>.parquet` with the round in front (e.g. FCCA's similarity
+        matrix, `similarity.parquet`). Columns must keep their names and types across rounds."""
         return {}
 
     # --- resume: the attributes named in `checkpoint`

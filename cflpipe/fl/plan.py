@@ -30,6 +30,10 @@ class ClientPlan:
                  the targets stay the client's labels
     stream:      extra ints that select another seeded batch stream (e.g. evaluation fine-tuning);
                  plans of one client with the same stream see the same batches
+    then:        a follow-up the client trains once this plan is done: then(trained) -> ClientPlan
+                 (FCCA trains its cINN on the features of the encoder it has just trained). The
+                 follow-ups of all clients of a round are trained together, as one more batch of
+                 plans; their outcome is `Trained.then`. Not called when this plan diverged.
     """
 
     start: torch.Tensor
@@ -45,6 +49,7 @@ class ClientPlan:
     space: str = "model"
     inputs: torch.Tensor | None = None
     stream: tuple[int, ...] = ()
+    then: Callable[["Trained"], "ClientPlan"] | None = None
 
     def __post_init__(self) -> None:
         self.anchors = tuple(self.anchors)
@@ -52,15 +57,18 @@ class ClientPlan:
 
 @dataclass
 class Trained:
-    """A plan's outcome: the trained vector, the companions after training, the loss record."""
+    """A plan's outcome: the trained vector, the companions after training, the loss record, and
+    the outcome of the plan's follow-up (`ClientPlan.then`), if it had one."""
 
     vector: torch.Tensor
     result: LocalResult
     companions: dict[str, torch.Tensor] = field(default_factory=dict)
+    then: "Trained | None" = None
 
     @property
     def diverged(self) -> bool:
-        return self.result.diverged
+        """This plan's or its follow-up's training diverged."""
+        return self.result.diverged or (self.then is not None and self.then.diverged)
 
 
 # What a method's plan() returns: one plan, or several named plans of the same client (Ditto

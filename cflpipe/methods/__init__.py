@@ -42,7 +42,9 @@ def register(name: str, params: type[HyperParams] = HyperParams):
         METHODS[name] = MethodInfo(name, cls, params, description)
         cls.name = name
         for variant, extra, what in (cls.variants(name) if hasattr(cls, "variants") else []):
-            merged = extra if params is HyperParams else \
+            # A variant's parameters either add fields (a mixin) or subclass the method's own
+            # parameters with other defaults (FCCA+Per: personal=True).
+            merged = extra if params is HyperParams or issubclass(extra, params) else \
                 type(f"{params.__name__}{extra.__name__}", (params, extra), {})
             head, _, rest = description.partition(":")
             METHODS[variant] = MethodInfo(variant, cls, merged, f"{head} + {what}: {rest.strip()}")

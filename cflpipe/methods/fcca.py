@@ -1,0 +1,353 @@
+"""FCCA — Federated cINN Clustering Algorithm (seed paper 002, "Federated cINN Clustering for
+Accurate Clustered Federated Learning"), with its +Per, +Prox and +Per+Prox variants.
+
+The run's model is split into the global encoder f (the body: every layer but the last) and the
+cluster-wise classifier h (the head); each client also owns a conditional invertible network
+c(z; y) that maps the encoder's features z = f(x) of label y to N(0, I).
+
+Client round (Algorithm 1): start from the global f and the client's cluster's h, train f and h
+with cross-entropy for the run's local iterations; then freeze f and train c for as many
+iterations by the conditional maximum likelihood of Eq. 3,
+    E[(‖c(z; y)‖² + α‖c(z'; y')‖²)/2 − log|det J|],
+where z' ~ N(0, I) carries the UNKNOWN label y' (below). f, h and c go up; f and the cluster's h
+come down (c stays with the client, which continues training it next round).
+
+Server (Sec. 3.3): for every client i and label y invert c_i on Gaussian noise ε1, ε2 (the same
+noise for every client, redrawn each round); B_{y,i,j} = cosine(c_i⁻¹(ε1; y), c_j⁻¹(ε2; y)),
+P_{y,i,j} = max(|B_{y,i,i}|, |B_{y,j,j}|), S = B ⊙ P, D = mean of S over labels
+(`clustering.fcca_similarity`); k-means with M clusters on the rows of D, from scratch every round
+(no dependence on earlier clusterings). Then f ← average over the round's clients, h_k ← average
+within cluster k, both weighted by the clients' training samples.
+
+Variants (options of this one method; `fcca_per`, `fcca_prox`, `fcca_per_prox` only change the
+defaults): `personal: true` (FCCA+Per) keeps each client's classifier on the client, FedPer style:
+the client starts from its own h, only f comes down, and clients are evaluated with f and their
+own h; the cluster classifiers are still averaged from the uploaded h's for the cluster
+("global") models. `mu > 0` (FCCA+Prox) adds FedProx's (μ/2)‖w − w_received‖² to the
+cross-entropy training of f and h.
+
+Our readings where the paper is open (METHODS.md, FCCA):
+- UNKNOWN label. The paper draws y' ~ 𝒪 ∈ 𝒴 / D_k^y, "labels the client does not have", and
+  ties them to N(0, I) so that the server's reconstructions for such labels are noise and
+  B_{y,i,i} ≈ 0 marks low confidence. `unknown: absent` (default) does exactly that: each z'
+  is conditioned on a label drawn uniformly from the labels the client has no training sample
+  of (a client holding every label has no augmentation term). `unknown: extra` instead gives
+  every z' one extra (C+1-th) label, the literal "extra UNKNOWN label" of METHODS.md. α weighs
+  the augmentation's whole likelihood term (at α = 1, the paper's value, the two readings of
+  Eq. 3 coincide). z' is drawn once per client and round, one per training sample (seeded).
+- Cosine of reconstructions: the mean over the noise samples of the per-sample cosine.
+- "Global" and "personalized" accuracy of Table 1: "global" is each cluster model on its
+  cluster's pooled test data, our intra-cluster accuracy `intra_acc` (each client's model on its
+  ground-truth group's pooled test data, averaged over clients); "personalized" is each client's
+  model on its own test split, `acc_macro`. With `personal: true` the client's model (and so
+  both figures) uses its own classifier, as FedPer's do.
+- Partial participation (the paper has full participation): the server keeps the last c and h
+  each client uploaded and clusters every client it has heard from; a client never heard from is
+  in cluster 0 with the initial classifier.
+
+The invertible network is zuko's conditional RealNVP (`zuko.flows.RealNVP`): two coupling
+transforms per block, alternating halves, so each block is the affine coupling block of Eq. 1
+(v1 = u1·exp(s1(u2)) + t1(u2), v2 = u2·exp(s2(v1)) + t2(v1)) with the label one-hot concatenated
+to every coupling network's input, as in Ardizzone et al.'s cINN. zuko rather than FrEIA: zuko is
+maintained (FrEIA's last PyPI release, 0.2, dates from 2021 and is a source-only package), ships a
+wheel that installs on torch 2.13.0 CPU, and its flows hold parameters plus constant buffers only
+(coupling masks, the base's loc/scale), so the parameters fit the flat parameter space while the
+buffers never change. The network's size (blocks, hidden units) is not given by the paper.
+
+Training the cINN as written (Eq. 3 summed over the latent dimensions, plain SGD at the paper's
+lr 0.01) diverges within a round on the encoder's features: they lie on a lower-dimensional set
+(ReLU zeros; a client has fewer samples than the latent has dimensions), where the likelihood is
+unbounded. Two standard parts of cINN training keep it finite: the coupling scales are
+soft-clamped (|log scale| < 2, FrEIA's default clamp) and each step's gradient norm is clipped
+(`flow_clip`, 10). Both are departures the paper does not state.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import partial
+from typing import Callable, Literal
+
+import numpy as np
+import torch
+from pydantic import Field
+from torch import nn
+
+from cflpipe.clustering import canonical_labels, fcca_similarity, kmeans
+from cflpipe.fl.local import Anchor, SGDStep
+from cflpipe.fl.method import Capabilities, Context, Method, Payload, Update, stack_updates
+from cflpipe.fl.params import ParamSpace, cluster_average, weighted_average
+from cflpipe.fl.plan import ClientPlan, Trained
+from cflpipe.fl.trainers import mix_seed
+from cflpipe.methods import HyperParams, register
+
+# Purposes of the seeded randomness (server noise, k-means, the clients' z' draws, the flow's
+# batch stream and its initialization).
+_NOISE, _KMEANS, _AUGMENT, _FLOW_STREAM, _FLOW_INIT = 0xF1, 0xF2, 0xF3, 0xF4, 0xF5
+# Bound on each coupling's log-scale. Ardizzone et al.'s cINN soft-clamps its scale coefficients
+# (FrEIA's default clamp is 2); without a bound the likelihood of the encoder's features, which
+# lie on a lower-dimensional set (ReLU zeros, fewer samples than dimensions), is unbounded and
+# SGD at the paper's lr diverges within the 20 local iterations.
+CLAMP = 2.0
+
+
+class FCCAParams(HyperParams):
+    clusters: int = Field(5, ge=1, description="number of clusters M of the k-means on D (the paper's M; 5)")
+    alpha: float = Field(1.0, ge=0, description="weight α of the UNKNOWN augmentation in the cINN loss (Eq. 3)")
+    unknown: Literal["absent", "extra"] = Field(
+        "absent", description="label of the augmentation samples z': a label the client does not have "
+                              "(the paper's 𝒴/D_k) or one extra UNKNOWN label")
+    personal: bool = Field(False, description="FCCA+Per: each client keeps its own classifier (FedPer style)")
+    mu: float = Field(0.0, ge=0, description="FCCA+Prox: FedProx strength μ on the training of f and h (0: off)")
+    flow_blocks: int = Field(2, ge=1, description="affine coupling blocks of the cINN (two coupling transforms each)")
+    flow_hidden: int = Field(64, ge=1, description="hidden units of the cINN's coupling networks (two layers)")
+    flow_clip: float = Field(10.0, gt=0, description="gradient-norm clipping of the cINN's SGD steps")
+    server_samples: int = Field(32, ge=1, description="Gaussian noise samples ε1 (and ε2) per label for the "
+                                                      "server's reconstructions")
+
+
+class FCCAPerParams(FCCAParams):
+    personal: bool = True
+
+
+class FCCAProxParams(FCCAParams):
+    mu: float = Field(0.01, gt=0, description="FedProx strength μ on the training of f and h")
+
+
+class FCCAPerProxParams(FCCAProxParams):
+    personal: bool = True
+
+
+class ConditionalFlow(nn.Module):
+    """c(z; y): a conditional RealNVP over `features` dimensions, conditioned on a one-hot label
+    of `classes + 1` entries (the last one is the extra UNKNOWN label)."""
+
+    def __init__(self, features: int, classes: int, blocks: int, hidden: int):
+        super().__init__()
+        import zuko  # imported here: only FCCA runs pay for it
+
+        self.features, self.classes = features, classes
+        # Scale coefficients soft-clamped to |log scale| < CLAMP, as the cINN's couplings are.
+        affine = partial(zuko.transforms.MonotonicAffineTransform, slope=math.exp(-CLAMP))
+        self.flow = zuko.flows.RealNVP(features, context=classes + 1, transforms=2 * blocks,
+                                       univariate=affine, hidden_features=(hidden, hidden))
+
+    def forward(self, z: torch.Tensor, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(c(z; context), log|det ∂c/∂z|) per row. The transform is built and applied inside
+        forward so that a functional call (the batched trainer) sees its parameters."""
+        return self.flow(context).transform.call_and_ladj(z)
+
+    def inverse(self, u: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+        return self.flow(context).transform.inv(u)
+
+    def onehot(self, labels: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        return nn.functional.one_hot(labels, self.classes + 1).to(dtype)
+
+
+@dataclass(frozen=True, eq=False)
+class FlowLikelihood:
+    """Eq. 3 as a plan loss (summed over the latent dimensions, as written). A training row is [z, onehot(y), z', onehot(y')] (built by the
+    client before training, so the loss draws no randomness and vmaps); the targets are unused.
+    An all-zero onehot(y') (a client with every label) switches the row's augmentation off."""
+
+    features: int
+    width: int  # classes + 1
+    alpha: float
+
+    def __call__(self, forward: Callable[..., tuple[torch.Tensor, torch.Tensor]], rows: torch.Tensor,
+                 _targets: torch.Tensor) -> torch.Tensor:
+        d, w = self.features, self.width
+        z, context = rows[:, :d], rows[:, d:d + w]
+        u, ladj = forward(z, context)
+        nll = u.square().sum(-1) / 2 - ladj
+        if self.alpha:
+            noise, unknown = rows[:, d + w:2 * d + w], rows[:, 2 * d + w:]
+            u2, ladj2 = forward(noise, unknown)
+            nll = nll + self.alpha * unknown.sum(-1) * (u2.square().sum(-1) / 2 - ladj2)
+        return nll.mean()
+
+
+def reconstructions(space: ParamSpace, flows: torch.Tensor, samples: int, generator: torch.Generator
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The server's inversions c_i⁻¹(ε1; y) and c_i⁻¹(ε2; y) of every client's cINN (the rows
+    of `flows`, vectors of `space`, a ConditionalFlow) for every label y, on the same noise
+    ε1, ε2 (`samples` each, drawn from `generator`): two (clients × labels × samples × features)
+    tensors."""
+    module: ConditionalFlow = space.model  # type: ignore[assignment]
+    labels, dtype = module.classes, flows.dtype
+    noise = torch.randn(2, samples, module.features, generator=generator, dtype=dtype).to(flows.device)
+    noise = noise.repeat(1, labels, 1)  # label-major: rows y·samples … (y+1)·samples − 1
+    context = module.onehot(torch.arange(labels, device=flows.device).repeat_interleave(samples), dtype)
+    first, second = [], []
+    module.eval()
+    with torch.no_grad():
+        for vector in flows:
+            space.load(vector)
+            first.append(module.inverse(noise[0], context).view(labels, samples, -1))
+            second.append(module.inverse(noise[1], context).view(labels, samples, -1))
+    return torch.stack(first), torch.stack(second)
+
+
+@register("fcca", FCCAParams)
+class FCCA(Method):
+    """FCCA: global encoder, cluster-wise classifiers, clients clustered by their cINNs' reconstructions."""
+
+    capabilities = Capabilities(clustered=True, k_param="clusters")
+    checkpoint = ("global_model", "heads", "client_heads", "flows", "heard", "assign", "similarity")
+
+    @classmethod
+    def variants(cls, name: str) -> list[tuple[str, type, str]]:
+        return [(f"{name}_per", FCCAPerParams, "personal classifier (FedPer style)"),
+                (f"{name}_prox", FCCAProxParams, "FedProx term μ"),
+                (f"{name}_per_prox", FCCAPerProxParams, "personal classifier and FedProx term μ")]
+
+    def __init__(self, ctx: Context):
+        super().__init__(ctx)
+        hp = self.hp
+        space, m = ctx.space, ctx.num_clients
+        self.body_mask, self.head_mask = space.body, space.head
+        self.num_classes = ctx.data.num_classes
+        features = space.model.head.in_features
+        with torch.random.fork_rng(devices=[]):  # leaves the run's torch RNG as it was
+            torch.manual_seed(mix_seed(ctx.seed, _FLOW_INIT))
+            module = ConditionalFlow(features, self.num_classes, hp.flow_blocks, hp.flow_hidden)
+        self.flow_space = ctx.add_space("flow", module)
+        self.flow_loss = FlowLikelihood(features, self.num_classes + 1, float(hp.alpha))
+        self.flow_rule = SGDStep(clip=float(hp.flow_clip))
+        flow_init = self.flow_space.read()
+        ctx.clients.add("flow", flow_init)
+        init_head = ctx.init[self.head_mask]
+        if hp.personal:
+            ctx.clients.add("head", init_head)
+        # Server state: the global model (only its body is f; its head part stays the initial
+        # head), the M cluster classifiers, the last classifier and cINN each client uploaded.
+        self.global_model = ctx.init.clone()
+        self.heads = init_head.repeat(hp.clusters, 1)
+        self.client_heads = init_head.repeat(m, 1)
+        self.flows = flow_init.repeat(m, 1)
+        self.heard = np.zeros(m, dtype=bool)
+        self.assign = np.zeros(m, dtype=np.int64)
+        self.similarity = torch.full((m, m), float("nan"), dtype=torch.float64)
+        self._flow_losses: list[float] = []
+
+    # ------------------------------------------------------------------ server → client
+
+    def payload(self, client: int) -> Payload:
+        tensors = {"body": self.global_model[self.body_mask]}
+        if not self.hp.personal:
+            tensors["head"] = self.heads[self.assign[client]]
+        return Payload(tensors)
+
+    # ------------------------------------------------------------------ client
+
+    def plan(self, client: int, payload: Payload) -> ClientPlan:
+        start = self.global_model.clone()
+        start[self.body_mask] = payload.tensors["body"]
+        start[self.head_mask] = (self.ctx.clients.get("head", client) if self.hp.personal
+                                 else payload.tensors["head"])
+        anchors = (Anchor(start, self.hp.mu),) if self.hp.mu else ()
+        return ClientPlan(start, anchors, then=lambda trained: self.flow_plan(client, trained))
+
+    def flow_plan(self, client: int, trained: Trained) -> ClientPlan:
+        """The cINN's training on the features of the encoder the client has just trained."""
+        ctx, space = self.ctx, self.ctx.space
+        x, y = ctx.data.client(client, "train")
+        space.load(trained.vector)
+        space.model.eval()
+        with torch.no_grad():
+            z = space.model.features(x)
+        dtype, n, d = z.dtype, len(y), z.shape[1]
+        module: ConditionalFlow = self.flow_space.model  # type: ignore[assignment]
+        generator = torch.Generator().manual_seed(mix_seed(ctx.seed, ctx.round, client, _AUGMENT))
+        noise = torch.randn(n, d, generator=generator, dtype=dtype).to(z.device)
+        if self.hp.unknown == "extra":
+            unknown = module.onehot(torch.full((n,), self.num_classes, device=z.device), dtype)
+        else:
+            present = torch.bincount(y, minlength=self.num_classes).cpu() > 0
+            absent = torch.nonzero(~present).flatten()
+            if len(absent):
+                picks = absent[torch.randint(len(absent), (n,), generator=generator)]
+                unknown = module.onehot(picks.to(z.device), dtype)
+            else:
+                unknown = torch.zeros(n, self.num_classes + 1, dtype=dtype, device=z.device)
+        rows = torch.cat([z, module.onehot(y, dtype), noise, unknown], dim=1)
+        return ClientPlan(ctx.clients.get("flow", client), space="flow", loss=self.flow_loss, inputs=rows,
+                          rule=self.flow_rule, stream=(_FLOW_STREAM,))
+
+    def finish(self, client: int, payload: Payload, trained: Trained) -> Update:
+        vector = trained.vector
+        head = vector[self.head_mask]
+        flow = trained.then.vector if trained.then is not None else self.ctx.clients.get("flow", client)
+        if trained.then is not None:
+            self._flow_losses.append(trained.then.result.loss)
+        keep = {"flow": flow, **({"head": head} if self.hp.personal else {})}
+        return self.update(client, {"body": vector[self.body_mask], "head": head, "flow": flow}, trained, keep=keep)
+
+    # ------------------------------------------------------------------ server
+
+    def round_start(self, sampled: np.ndarray) -> None:
+        self._flow_losses = []
+
+    def aggregate(self, updates: dict[int, Update]) -> None:
+        if not updates:
+            return
+        clients, bodies, weights = stack_updates(updates, "body")
+        self.global_model[self.body_mask] = weighted_average(bodies, weights)
+        index = torch.from_numpy(clients).to(self.flows.device)
+        self.flows[index] = torch.stack([updates[c].tensors["flow"] for c in clients])
+        self.client_heads[index] = torch.stack([updates[c].tensors["head"] for c in clients])
+        self.heard[clients] = True
+        self.recluster()
+
+    def recluster(self) -> None:
+        known = np.nonzero(self.heard)[0]
+        generator = torch.Generator().manual_seed(mix_seed(self.ctx.seed, self.ctx.round, _NOISE))
+        first, second = reconstructions(self.flow_space, self.flows[torch.from_numpy(known).to(self.flows.device)],
+                                        self.hp.server_samples, generator)
+        similarity = fcca_similarity(first, second)
+        k = min(self.hp.clusters, len(known))
+        labels = kmeans(similarity, k, seed=self.ctx.rng(_KMEANS), init="k-means++").labels
+        labels = canonical_labels(labels)
+        self.assign[known] = labels
+        full = torch.full_like(self.similarity, float("nan"))
+        index = torch.from_numpy(known)
+        full[index[:, None], index[None, :]] = similarity.to(full)
+        self.similarity = full
+        weights = torch.from_numpy(self.ctx.train_sizes()[known]).to(self.heads)
+        means, present = cluster_average(self.client_heads[torch.from_numpy(known).to(self.heads.device)],
+                                         torch.from_numpy(labels), weights, self.hp.clusters)
+        self.heads[present] = means[present]
+
+    # ------------------------------------------------------------------ evaluation
+
+    def cluster_model(self, cluster: int) -> torch.Tensor:
+        vector = self.global_model.clone()
+        vector[self.head_mask] = self.heads[cluster]
+        return vector
+
+    def eval_params(self, client: int) -> torch.Tensor:
+        if self.hp.personal:
+            vector = self.global_model.clone()
+            vector[self.head_mask] = self.ctx.clients.get("head", client)
+            return vector
+        return self.cluster_model(int(self.assign[client]))
+
+    def eval_models(self) -> tuple[list[torch.Tensor], np.ndarray]:
+        if self.hp.personal:
+            return [self.eval_params(c) for c in range(self.ctx.num_clients)], np.arange(self.ctx.num_clients)
+        return [self.cluster_model(k) for k in range(self.hp.clusters)], self.assign.copy()
+
+    def assignment(self) -> np.ndarray | None:
+        return self.assign.copy()
+
+    def round_metrics(self) -> dict[str, float]:
+        """The mean cINN training loss (Eq. 3) of the round's clients."""
+        return {"flow_nll": float(np.mean(self._flow_losses)) if self._flow_losses else float("nan")}
+
+    def eval_tables(self) -> dict[str, dict[str, np.ndarray]]:
+        """The server's similarity matrix D of the last clustering (the paper's Fig. 2), long
+        format: client, other, value (NaN for clients the server has not heard from)."""
+        m = self.ctx.num_clients
+        return {"similarity": {"client": np.repeat(np.arange(m), m), "other": np.tile(np.arange(m), m),
+                               "value": self.similarity.reshape(-1).cpu().numpy()}}

@@ -1,0 +1,188 @@
+"""FCCA (seed paper 002): the cINN inverts, its likelihood loss trains, the server's similarity
+separates planted groups, and a run writes the similarity matrix the report draws. Resume,
+determinism, traffic and trainers are checked for fcca and its variants by test_conformance."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from sklearn.metrics import adjusted_rand_score
+
+from cflpipe.clustering import fcca_similarity, kmeans
+from cflpipe.fl.local import SGDStep, sgd
+from cflpipe.fl.params import ParamSpace
+from cflpipe.fl.engine import train_run
+from cflpipe.methods.fcca import ConditionalFlow, FlowLikelihood, reconstructions
+from cflpipe.spec import parse_spec
+
+torch.set_num_threads(1)
+FEATURES, CLASSES = 6, 3
+
+
+def flow(seed: int = 0, blocks: int = 2, hidden: int = 32) -> ConditionalFlow:
+    torch.manual_seed(seed)
+    return ConditionalFlow(FEATURES, CLASSES, blocks, hidden)
+
+
+def rows_for(z: torch.Tensor, y: torch.Tensor, unknown: torch.Tensor, seed: int) -> torch.Tensor:
+    """Training rows as FCCA's client builds them: [z, onehot(y), z' ~ N(0, I), onehot(y')]."""
+    noise = torch.randn(z.shape, generator=torch.Generator().manual_seed(seed))
+    onehot = torch.nn.functional.one_hot(y, CLASSES + 1).float()
+    return torch.cat([z, onehot, noise, torch.nn.functional.one_hot(unknown, CLASSES + 1).float()], dim=1)
+
+
+def test_conditional_flow_inverts():
+    net = flow()
+    with torch.no_grad():  # a trained-looking network: weights far from zero-initialized
+        for p in net.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    z = 3 * torch.randn(64, FEATURES) + 1
+    context = net.onehot(torch.randint(0, CLASSES + 1, (64,)), torch.float32)
+    u, ladj = net(z, context)
+    assert u.shape == z.shape and ladj.shape == (64,)
+    assert not torch.allclose(u, z)
+    with torch.no_grad():  # float32 round trip, relative to the largest value on the way
+        assert float((net.inverse(u, context) - z).abs().max()) < 1e-5 * float(u.abs().max())
+    # the log-determinant is the one autograd computes for one sample
+    jacobian = torch.autograd.functional.jacobian(lambda v: net(v[None], context[:1])[0][0], z[0])
+    assert float(torch.slogdet(jacobian.detach()).logabsdet) == pytest.approx(float(ladj[0].detach()), abs=1e-3)
+
+
+def test_flow_fits_only_what_the_parameters_hold():
+    """The flow's state is its parameters (the flat space); its buffers are constants."""
+    net = flow()
+    space = ParamSpace(net)
+    assert space.size == sum(p.numel() for p in net.parameters())
+    buffers = {name: b.clone() for name, b in net.named_buffers()}
+    space.load(space.read() + 0.1)
+    assert all(torch.equal(b, buffers[name]) for name, b in net.named_buffers())
+
+
+def test_likelihood_loss_decreases_with_the_local_loop():
+    torch.manual_seed(1)
+    y = torch.randint(0, CLASSES, (200,))
+    means = 2 * torch.randn(CLASSES, FEATURES)
+    z = means[y] + 0.3 * torch.randn(200, FEATURES)
+    rows = rows_for(z, y, torch.full((200,), CLASSES), seed=2)
+    space = ParamSpace(flow())
+    loss = FlowLikelihood(FEATURES, CLASSES + 1, alpha=1.0)
+    before = float(loss(space.model, rows, y))
+    result = sgd(space, rows, y, steps=300, batch_size=64, lr=0.01, generator=torch.Generator().manual_seed(0),
+                 loss=loss, rule=SGDStep(clip=10.0))
+    after = float(loss(space.model, rows, y))
+    assert np.isfinite(result.loss)
+    assert after < before - 1.0, (before, after)
+
+
+def test_unknown_rows_without_an_absent_label_add_nothing():
+    z, y = torch.randn(8, FEATURES), torch.randint(0, CLASSES, (8,))
+    rows = rows_for(z, y, torch.zeros(8, dtype=torch.long), seed=0)
+    rows[:, -(CLASSES + 1):] = 0  # a client holding every label: no y'
+    net = flow()
+    with_alpha = FlowLikelihood(FEATURES, CLASSES + 1, alpha=1.0)(net, rows, y)
+    without = FlowLikelihood(FEATURES, CLASSES + 1, alpha=0.0)(net, rows, y)
+    assert torch.equal(with_alpha, without)
+
+
+def test_gradient_clipping_bounds_the_step():
+    weights = torch.zeros(4)
+    grad = torch.tensor([30.0, 40.0, 0.0, 0.0])  # norm 50
+
+    def gradient(w, x, y):
+        return torch.tensor(0.0), grad.clone()
+
+    from cflpipe.fl.local import LoopState, StepConfig
+    SGDStep(clip=5.0).step(weights, [(None, None)], gradient, LoopState(None, {}), StepConfig(lr=1.0))
+    assert torch.allclose(weights, torch.tensor([-3.0, -4.0, 0.0, 0.0]), atol=1e-5)
+    rows = torch.stack([torch.zeros(4), torch.zeros(4)])
+    grads = torch.stack([grad, grad / 100])  # batched: each client's norm is clipped on its own
+    SGDStep(clip=5.0).step(rows, [(None, None)], lambda w, x, y: (torch.zeros(2), grads.clone()),
+                           LoopState(None, {}), StepConfig(lr=1.0))
+    assert torch.allclose(rows, -torch.stack([torch.tensor([3.0, 4.0, 0, 0]), grad / 100]), atol=1e-5)
+
+
+# ---------------------------------------------------------------------- server similarity
+
+
+def test_similarity_of_hand_made_reconstructions():
+    """Two planted groups: within a group the clients' latents per label point the same way;
+    a label a client never saw reconstructs to noise and lowers that pair's confidence."""
+    rng = torch.Generator().manual_seed(0)
+    directions = torch.randn(2, CLASSES, 16, generator=rng)  # group × label
+
+    def client(group: int, noise: float = 0.1):
+        base = directions[group][:, None, :].expand(CLASSES, 8, 16)
+        return base + noise * torch.randn(CLASSES, 8, 16, generator=rng)
+
+    first = torch.stack([client(g) for g in (0, 0, 1, 1)])
+    second = torch.stack([client(g) for g in (0, 0, 1, 1)])
+    d = fcca_similarity(first, second)
+    assert d.shape == (4, 4) and d.dtype == torch.float64
+    assert d[0, 1] > 0.9 and d[2, 3] > 0.9
+    assert abs(float(d[0, 2])) < 0.5 and abs(float(d[1, 3])) < 0.5
+    # client 3 never saw label 0: its reconstructions for it are pure noise
+    first[3, 0] = torch.randn(8, 16, generator=rng)
+    second[3, 0] = torch.randn(8, 16, generator=rng)
+    low = fcca_similarity(first, second)
+    assert low[2, 3] < d[2, 3]
+    with pytest.raises(ValueError, match="clients × labels × samples × features"):
+        fcca_similarity(first, second[:, :2])
+
+
+def test_server_clustering_separates_planted_groups():
+    """Clients whose cINNs were trained on two different label → latent maps are put in two
+    clusters by the server's inversion, similarity and k-means (ARI 1)."""
+    space = ParamSpace(flow(seed=3, blocks=1, hidden=16))
+    init = space.read()
+    group_means = 3 * torch.randn(2, CLASSES, FEATURES, generator=torch.Generator().manual_seed(4))
+    groups = np.array([0, 0, 0, 1, 1, 1])
+    loss = FlowLikelihood(FEATURES, CLASSES + 1, alpha=1.0)
+    vectors = []
+    for client, group in enumerate(groups):
+        gen = torch.Generator().manual_seed(10 + client)
+        y = torch.randint(0, CLASSES, (120,), generator=gen)
+        z = group_means[group][y] + 0.2 * torch.randn(120, FEATURES, generator=gen)
+        space.load(init)
+        sgd(space, rows_for(z, y, torch.full((120,), CLASSES), seed=client), y, steps=150, batch_size=64,
+            lr=0.01, generator=gen, loss=loss, rule=SGDStep(clip=10.0))
+        vectors.append(space.read())
+    first, second = reconstructions(space, torch.stack(vectors), 32, torch.Generator().manual_seed(5))
+    assert first.shape == (6, CLASSES, 32, FEATURES)
+    d = fcca_similarity(first, second)
+    labels = kmeans(d, 2, seed=0, init="k-means++").labels
+    assert adjusted_rand_score(groups, labels) == 1.0
+
+
+# ---------------------------------------------------------------------- a run
+
+
+@pytest.mark.parametrize("variant", ["fcca", "fcca_per_prox"])
+def test_run_writes_the_similarity_matrix_and_counts_bytes(tmp_path, variant):
+    spec = parse_spec({
+        "seeds": [0],
+        "training": {"model": "mlp", "rounds": 2, "clients_per_round": 6, "local_steps": 2, "batch_size": 8,
+                     "lr": 0.01, "eval_every": 1, "device": "cpu"},
+        "scenarios": {"s": {"dataset": "digits", "clients": 6,
+                            "partition": [{"kind": "dirichlet", "alpha": 0.5},
+                                          {"kind": "label_swap", "groups": 2, "pairs": 1}]}},
+        "methods": {variant: {"clusters": 2, "flow_hidden": 8, "server_samples": 4}},
+        "results_dir": str(tmp_path / "results"), "data_dir": str(tmp_path / "data"),
+    })
+    train_run(spec, "s", variant, 0, progress=False)
+    run_dir = spec.run_dir("s", variant, 0)
+    similarity = pd.read_parquet(run_dir / "similarity.parquet")
+    assert list(similarity.columns) == ["round", "client", "other", "value"]
+    assert sorted(similarity["round"].unique()) == [1, 2] and len(similarity) == 2 * 36
+    assert np.isfinite(similarity["value"]).all()
+    rounds = pd.read_parquet(run_dir / "rounds.parquet")
+    assert np.isfinite(rounds["flow_nll"]).all()
+    # bytes: f (+ the cluster's h unless personal) down; f, h and the cINN up, per client
+    from cflpipe.fl.engine import prepare_run
+    run = prepare_run(spec, "s", variant, 0)
+    body, head = run.space.nbytes(run.space.body), run.space.nbytes(run.space.head)
+    flow_bytes = run.ctx.spaces["flow"].nbytes()
+    personal = variant.endswith("per_prox")
+    assert rounds["bytes_down"].tolist() == [6 * (body + (0 if personal else head))] * 2
+    assert rounds["bytes_up"].tolist() == [6 * (body + head + flow_bytes)] * 2
