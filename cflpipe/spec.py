@@ -247,6 +247,36 @@ class MethodEntry(BaseModel):
         return dict(self.model_extra or {})
 
 
+# Figures of summary.parquet a paper table may show (report/aggregate.py's SUMMARY_FIGURES but
+# the wall-clock one, which is not a result), and those printed in percent by default.
+TABLE_FIGURES = ("acc_macro", "acc_micro", "acc_worst10", "global_acc_mean", "f1_macro", "f1_micro", "ari",
+                 "nmi", "n_clusters", "intra_acc", "inter_acc", "bytes_down_total", "bytes_up_total",
+                 "bytes_total")
+PERCENT_FIGURES = ("acc_macro", "acc_micro", "acc_worst10", "global_acc_mean", "f1_macro", "f1_micro",
+                   "intra_acc", "inter_acc")
+
+
+class PaperTableEntry(Strict):
+    """One paper-style table: a final figure, mean ± std over seeds, methods × scenarios."""
+
+    figure: Literal[TABLE_FIGURES]  # type: ignore[valid-type]
+    title: str = Field(min_length=1)
+    percent: bool | None = None  # default: accuracies and F1 in percent
+    digits: int = Field(1, ge=0, le=6)
+
+    @property
+    def scale(self) -> float:
+        percent = self.figure in PERCENT_FIGURES if self.percent is None else self.percent
+        return 100.0 if percent else 1.0
+
+
+class ReportOptions(Strict):
+    """`report:` — which paper tables to write (default: personalized accuracy; the ARI table
+    follows whenever a scenario has ground-truth groups)."""
+
+    tables: list[PaperTableEntry] | None = Field(None, min_length=1)
+
+
 class Spec(Strict):
     description: str | None = None
     seeds: list[int] = Field([0], min_length=1)
@@ -255,6 +285,7 @@ class Spec(Strict):
     methods: dict[str, MethodEntry] = Field(min_length=1)
     results_dir: str = "results"
     data_dir: str = "resources/datasets"
+    report: ReportOptions = Field(default_factory=ReportOptions)
 
     @field_validator("seeds")
     @classmethod

@@ -186,3 +186,34 @@ def test_run_writes_the_similarity_matrix_and_counts_bytes(tmp_path, variant):
     personal = variant.endswith("per_prox")
     assert rounds["bytes_down"].tolist() == [6 * (body + (0 if personal else head))] * 2
     assert rounds["bytes_up"].tolist() == [6 * (body + head + flow_bytes)] * 2
+
+
+def test_report_shows_the_similarity_heatmap_and_the_papers_tables(tmp_path):
+    from cflpipe.report.aggregate import aggregate
+    from cflpipe.report.build import build_report
+
+    spec = parse_spec({
+        "seeds": [0],
+        "training": {"model": "mlp", "rounds": 2, "clients_per_round": 6, "local_steps": 2, "batch_size": 8,
+                     "lr": 0.01, "eval_every": 1, "device": "cpu"},
+        "scenarios": {"s": {"dataset": "digits", "clients": 6,
+                            "partition": [{"kind": "iid"}, {"kind": "label_swap", "groups": 2, "pairs": 1}]}},
+        "methods": {"fedavg": {}, "fcca": {"clusters": 2, "flow_hidden": 8, "server_samples": 4}},
+        "report": {"tables": [{"figure": "intra_acc", "title": "Global accuracy (%)"},
+                              {"figure": "acc_macro", "title": "Personalized accuracy (%)"}]},
+        "results_dir": str(tmp_path / "results"), "data_dir": str(tmp_path / "data"),
+    })
+    for scenario, method, seed in spec.matrix():
+        train_run(spec, scenario, method, seed, progress=False)
+    aggregate(spec)
+    html = build_report(spec).read_text()
+    assert "server similarity D at round 2" in html and "s-fcca-similarity" in html
+    assert "s-fedavg-similarity" not in html  # only methods that write similarity.parquet
+    md = (tmp_path / "results" / "report" / "tables" / "summary.md").read_text()
+    titles = [line for line in md.splitlines() if line.startswith("**")]
+    assert titles[:2] == ["**Global accuracy (%)**", "**Personalized accuracy (%)**"]
+    csv = pd.read_csv(tmp_path / "results" / "report" / "tables" / "summary.csv")
+    assert list(dict.fromkeys(csv["table"])) == ["intra_acc", "acc_macro", "ari"]
+    summary = pd.read_parquet(tmp_path / "results" / "aggregate" / "summary.parquet").set_index("method")
+    cell = csv[(csv["table"] == "intra_acc") & (csv["method"] == "fcca")]["s"].iloc[0]
+    assert cell.startswith(f"{summary.loc['fcca', 'intra_acc_mean'] * 100:.1f}")

@@ -513,3 +513,29 @@ def test_label_mapping_and_identity():
     assert apply_transform(x, y, "none")[1] is y
     with pytest.raises(ValueError):
         apply_transform(x, y, "shear:3")
+
+
+@pytest.mark.parametrize("pairs", [1, 2, 5])
+def test_label_swap_pairs_swap_disjoint_pairs(pairs):
+    """`pairs: n` (Sattler et al.'s CFL setting): group 0 keeps the labels, every other group
+    swaps exactly n disjoint label pairs, each group its own, the same for the same seed."""
+    from cflpipe.partition import _pair_swaps
+
+    draw = _pair_swaps(10, 6, pairs, np.random.default_rng(3), "f", "digits")
+    assert draw.shape == (6, 10) and (draw[0] == np.arange(10)).all()
+    for permutation in draw[1:]:
+        moved = np.nonzero(permutation != np.arange(10))[0]
+        assert len(moved) == 2 * pairs
+        assert (permutation[permutation] == np.arange(10)).all()  # swaps: an involution
+    assert len({tuple(p) for p in draw}) == 6
+    assert (draw == _pair_swaps(10, 6, pairs, np.random.default_rng(3), "f", "digits")).all()
+
+
+def test_label_swap_pairs_count_the_distinct_swaps():
+    from cflpipe.errors import PartitionError
+    from cflpipe.partition import _pair_swaps
+
+    assert len(_pair_swaps(4, 4, 1, np.random.default_rng(0), "f", "d")) == 4  # 6 single swaps of 4 labels
+    with pytest.raises(PartitionError, match=r"f.groups: with 2 swapped pair\(s\) of 4 classes there are 3 "
+                                             r"distinct swaps, so at most 4 groups, got 5"):
+        _pair_swaps(4, 5, 2, np.random.default_rng(0), "f", "d")

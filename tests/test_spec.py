@@ -171,3 +171,34 @@ def test_image_models_need_image_datasets():
     data["scenarios"]["digits-swap4"]["partition"] = [{"kind": "natural"}]
     assert error_of(data) == ("training.model: cnn needs images, but scenario digits-swap4's dataset "
                               "synthetic has feature vectors; use mlp")
+
+
+@pytest.mark.parametrize("report, line", [
+    ({"tables": [{"figure": "acc", "title": "x"}]},
+     "report.tables[0].figure: must be one of 'acc_macro', 'acc_micro', 'acc_worst10', 'global_acc_mean', "
+     "'f1_macro', 'f1_micro', 'ari', 'nmi', 'n_clusters', 'intra_acc', 'inter_acc', 'bytes_down_total', "
+     "'bytes_up_total' or 'bytes_total', got 'acc'"),
+    ({"tables": []}, "report.tables: must have at least 1 entries, got []"),
+    ({"table": 1}, "report.table: unknown key, got 1"),
+])
+def test_report_tables_are_checked(report, line):
+    raw = {"scenarios": {"s": {"dataset": "digits", "clients": 4, "partition": [{"kind": "iid"}]}},
+           "methods": {"fedavg": {}}, "report": report}
+    with pytest.raises(SpecError) as error:
+        parse_spec(raw)
+    assert str(error.value) == line
+
+
+def test_label_swap_pairs_must_fit_the_classes(tmp_path):
+    from cflpipe.fl.data import partition_scenario
+
+    raw = {"scenarios": {"s": {"dataset": "digits", "clients": 4,
+                               "partition": [{"kind": "iid"}, {"kind": "label_swap", "groups": 2, "pairs": 6}]}},
+           "methods": {"fedavg": {}}, "training": {"clients_per_round": 4},
+           "results_dir": str(tmp_path / "r"), "data_dir": str(tmp_path / "d")}
+    from cflpipe.errors import PartitionError
+
+    with pytest.raises(PartitionError) as error:
+        partition_scenario(parse_spec(raw), "s")
+    assert str(error.value) == ("scenarios.s.partition[1].pairs: dataset digits has 10 classes, so at most "
+                                "5 disjoint label pairs, got 6")

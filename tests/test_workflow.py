@@ -30,6 +30,16 @@ def test_rule_environment_matches_environment_yml():
     assert set(rules_env) <= {d for d in project_env if isinstance(d, str)}
 
 
+def test_snakemake_schema_knows_every_spec_key():
+    """The Snakefile validates specs against workflow/schemas/config.schema.yaml before cflpipe
+    sees them, so a key the parser accepts but the schema lacks would be refused there."""
+    from cflpipe.spec import Spec, Training
+
+    schema = yaml.safe_load((ROOT / "workflow/schemas/config.schema.yaml").read_text())
+    assert set(schema["properties"]) == set(Spec.model_fields)
+    assert set(schema["$defs"]["training"]["properties"]) == set(Training.model_fields)
+
+
 @pytest.mark.slow
 def test_default_spec_dry_run_and_lint(tmp_path):
     # A copy of the workflow and the default spec, so the dry run sees no results of the checkout.

@@ -28,7 +28,7 @@ import pandas as pd
 from cflpipe import __version__, store
 from cflpipe.errors import CflpipeError
 from cflpipe.report.aggregate import aggregate_dir, read_aggregate
-from cflpipe.report.tables import (DASH, PaperTable, format_mean_std, is_reference, paper_tables,
+from cflpipe.report.tables import (DASH, PaperTable, format_mean_std, is_reference, paper_tables, table_specs,
                                    write_tables)
 from cflpipe.spec import Spec
 
@@ -269,6 +269,45 @@ class Report:
                                      autorange="reversed", type="category"), shapes=shapes)
         return self.figures.add(fig, f"{scenario}-{method}-assignment", _rows_height(len(order))), None
 
+    def similarity_heatmap(self, scenario: str, method: str) -> Figure | None:
+        """The server's client-similarity matrix at the last evaluation round (FCCA's D, the
+        paper's Fig. 2) of the first seed, clients sorted by true group, for methods that write
+        similarity.parquet."""
+        import plotly.graph_objects as go
+
+        matrix = set(self.spec.matrix())
+        seed = next((k for k in self.spec.seeds if (scenario, method, k) in matrix), None)
+        run_dir = self.spec.run_dir(scenario, method, seed) if seed is not None else None
+        if run_dir is None or not (run_dir / "similarity.parquet").is_file():
+            return None
+        table = store.read_parquet(run_dir / "similarity.parquet")
+        if not len(table):
+            return None
+        last = int(table["round"].max())
+        square = table[table["round"] == last].pivot(index="client", columns="other", values="value")
+        groups = pd.Series(-1, index=square.index)
+        if (run_dir / "clusters.parquet").is_file():
+            known = store.read_parquet(run_dir / "clusters.parquet").drop_duplicates("client")
+            groups = known.set_index("client")["true_group"].reindex(square.index, fill_value=-1)
+        order = sorted(square.index, key=lambda c: (int(groups[c]), int(c)))
+        grouped = bool((groups >= 0).any())
+        names = [f"c{int(c)} · g{int(groups[c])}" if grouped else f"c{int(c)}" for c in order]
+        z = square.loc[order, order].to_numpy(dtype=float)
+        fig = go.Figure(go.Heatmap(z=z, x=names, y=names, colorscale="Viridis", colorbar=dict(title="D"),
+                                   hovertemplate="client %{y}<br>client %{x}<br>D = %{z:.3f}<extra></extra>"))
+        shapes = []
+        if grouped:
+            for e in np.nonzero(np.diff([int(groups[c]) for c in order]))[0]:
+                line = dict(color="#d62728", width=1.5)
+                shapes += [dict(type="line", xref="paper", x0=0, x1=1, yref="y", y0=e + 0.5, y1=e + 0.5, line=line),
+                           dict(type="line", yref="paper", y0=0, y1=1, xref="x", x0=e + 0.5, x1=e + 0.5, line=line)]
+        fig.update_layout(title=f"{scenario} · {method} (seed {seed}): server similarity D at round {last}"
+                                + (" (sorted by true group)" if grouped else ""),
+                          xaxis=dict(type="category", showticklabels=len(order) <= 40),
+                          yaxis=dict(type="category", autorange="reversed", showticklabels=len(order) <= 40),
+                          shapes=shapes)
+        return self.figures.add(fig, f"{scenario}-{method}-similarity", max(420, _rows_height(len(order))))
+
     def communication_figures(self, scenario: str) -> list[Figure]:
         import plotly.graph_objects as go
 
@@ -399,7 +438,7 @@ class Report:
 
     def comparison(self) -> tuple[list[PaperTable], list[dict[str, Any]]]:
         tables = paper_tables(self.summary, list(self.spec.scenarios), self.methods, self.method_types,
-                              ari_methods=self.clustering_methods())
+                              ari_methods=self.clustering_methods(), tables=table_specs(self.spec.report.tables))
         details = []
         for s in self.spec.scenarios:
             methods = self.methods_on(s)
@@ -454,6 +493,9 @@ class Report:
                     heatmaps.append(fig)
                 if note:
                     notes.append(note)
+                similarity = self.similarity_heatmap(s, m)
+                if similarity is not None:
+                    heatmaps.append(similarity)
             if others:
                 notes.append(f"one cluster throughout (no assignment heatmap): {', '.join(others)}")
             out.append({"scenario": s, "figures": [f for f in figs if f is not None], "heatmaps": heatmaps,

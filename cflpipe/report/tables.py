@@ -1,9 +1,10 @@
 """Paper-style tables from `summary.parquet`: rows = methods, columns = scenarios, cells
 "mean ± std" over seeds, the best cell of each scenario column in bold.
 
-Two tables: personalized accuracy (`acc_macro`, in %) and ARI (only the scenarios with
-ground-truth groups and, in the report, only the methods that cluster clients; omitted when
-empty). Written as `summary.csv` (one block per table,
+Tables: personalized accuracy (`acc_macro`, in %), or the figures a spec lists under
+`report.tables` with its own titles (e.g. FCCA's "global" and "personalized" accuracy), then ARI
+(only the scenarios with ground-truth groups and, in the report, only the methods that cluster
+clients; omitted when empty). Written as `summary.csv` (one block per table,
 `table` column first), `summary.md` (GitHub Markdown, `**bold**`) and `summary.tex` (booktabs,
 `\\textbf{}`; needs `\\usepackage{booktabs}`).
 
@@ -129,13 +130,27 @@ def _mark_best(table: PaperTable, scenario: str) -> None:
             table.cells[(m, scenario)].bold = True
 
 
+def table_specs(entries) -> tuple[TableSpec, ...]:
+    """TableSpecs of a spec's `report.tables` entries (None: the personalized-accuracy table).
+    A table's key is its figure, with its position appended when a figure is listed twice."""
+    if not entries:
+        return (ACCURACY,)
+    figures = [e.figure for e in entries]
+    return tuple(TableSpec(e.figure if figures.count(e.figure) == 1 else f"{e.figure}_{i + 1}", e.title,
+                           e.figure, e.scale, e.digits) for i, e in enumerate(entries))
+
+
 def paper_tables(summary: pd.DataFrame, scenarios: list[str], methods: list[str],
                  method_types: dict[str, str] | None = None,
-                 ari_methods: list[str] | None = None) -> list[PaperTable]:
-    """The accuracy table and, when any scenario has ground-truth groups, the ARI table. The ARI
+                 ari_methods: list[str] | None = None,
+                 tables: tuple[TableSpec, ...] = (ACCURACY,)) -> list[PaperTable]:
+    """The `tables` (default: personalized accuracy; a spec's `report.tables`) and, when any
+    scenario has ground-truth groups and no table shows ARI already, the ARI table. The ARI
     table lists `ari_methods` (default: all), e.g. only the methods that cluster clients: a
     single-cluster method's ARI is 0 by construction."""
-    tables = [paper_table(summary, scenarios, methods, ACCURACY, method_types)]
+    specs, tables = tables, [paper_table(summary, scenarios, methods, t, method_types) for t in tables]
+    if any(t.figure == ARI.figure for t in specs):
+        return tables
     ari_methods = methods if ari_methods is None else [m for m in methods if m in ari_methods]
     if ari_methods:
         ari = paper_table(summary, scenarios, ari_methods, ARI, method_types, only_defined=True)
