@@ -232,10 +232,15 @@ def test_batched_trainer_equals_sequential(name, tmp_path):
         run = prepare_run(parse_spec(spec_dict(tmp_path / trainer, name, trainer=trainer)), "s", name, 0)
         play(run, 3)
         vectors, index = run.method.eval_models()
-        models[trainer] = (torch.stack(vectors), index, run.method.assignment())
+        models[trainer] = (torch.stack(vectors), index, run.method.assignment(), run.ctx.clients.state_dict())
         if trainer == "batched":
             assert run.trainer.counts["batched"] > 0
-    (a, ia, ca), (b, ib, cb) = models["sequential"], models["batched"]
+    (a, ia, ca, sa), (b, ib, cb, sb) = models["sequential"], models["batched"]
     assert np.array_equal(ia, ib)
     assert (ca is None) == (cb is None) and (ca is None or np.array_equal(ca, cb))
     assert float((a - b).abs().max()) <= 1e-5 * float(a.abs().max())
+    # what clients keep (personal models, heads, FCCA's cINNs) trained alike on both trainers
+    assert set(sa) == set(sb)
+    for name in sa:
+        scale = max(float(sa[name].abs().max()), 1e-12)
+        assert float((sa[name] - sb[name]).abs().max()) <= 1e-5 * scale, name

@@ -36,17 +36,22 @@ Our readings where the paper is open (METHODS.md, FCCA):
   the augmentation's whole likelihood term (at α = 1, the paper's value, the two readings of
   Eq. 3 coincide). z' is drawn once per client and round, one per training sample (seeded).
 - Cosine of reconstructions: the mean over the noise samples of the per-sample cosine.
-- "Global" and "personalized" accuracy of Table 1: "global" is each cluster model on its
-  cluster's pooled test data, our intra-cluster accuracy `intra_acc` (each client's model on its
-  ground-truth group's pooled test data, averaged over clients); "personalized" is each client's
-  model on its own test split, `acc_macro`. With `personal: true` the client's model (and so
-  both figures) uses its own classifier, as FedPer's do.
+- "Global" and "personalized" accuracy of Table 1 (METHODS.md's reading): "global" is each
+  cluster model on its cluster's pooled test data, here measured as the intra-cluster accuracy
+  `intra_acc` (each client's model on its ground-truth group's pooled test data, averaged over
+  clients; equal when the clustering matches the groups); "personalized" is each client's model
+  on its own test split, `acc_macro`. Table 1's zero std of "global" for FedAvg also fits
+  `global_acc_mean` (every distinct model on all test data), which every run reports as well.
+  With `personal: true` clients are evaluated with their own classifier, as FedPer's are; the
+  cluster classifiers are still averaged (and h still uploaded, as Algorithm 1 uploads θ_k) but
+  no evaluation uses them.
 - Partial participation (the paper has full participation): the server keeps the last c and h
   each client uploaded and clusters every client it has heard from; a client never heard from is
-  in cluster 0 with the initial classifier.
+  put in cluster 0 (whose classifier it receives).
 
 The invertible network is zuko's conditional RealNVP (`zuko.flows.RealNVP`): two coupling
-transforms per block, alternating halves, so each block is the affine coupling block of Eq. 1
+transforms per block on alternating (even/odd) halves of the features, so each block, up to a
+fixed permutation of the features, is the affine coupling block of Eq. 1
 (v1 = u1·exp(s1(u2)) + t1(u2), v2 = u2·exp(s2(v1)) + t2(v1)) with the label one-hot concatenated
 to every coupling network's input, as in Ardizzone et al.'s cINN. zuko rather than FrEIA: zuko is
 maintained (FrEIA's last PyPI release, 0.2, dates from 2021 and is a source-only package), ships a
@@ -209,7 +214,8 @@ class FCCA(Method):
         self.body_mask, self.head_mask = space.body, space.head
         self.num_classes = ctx.data.num_classes
         features = space.model.head.in_features
-        with torch.random.fork_rng(devices=[]):  # leaves the run's torch RNG as it was
+        devices = [ctx.device.index or 0] if ctx.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):  # leaves the run's torch RNG as it was
             torch.manual_seed(mix_seed(ctx.seed, _FLOW_INIT))
             module = ConditionalFlow(features, self.num_classes, hp.flow_blocks, hp.flow_hidden)
         self.flow_space = ctx.add_space("flow", module)
@@ -228,7 +234,7 @@ class FCCA(Method):
         self.flows = flow_init.repeat(m, 1)
         self.heard = np.zeros(m, dtype=bool)
         self.assign = np.zeros(m, dtype=np.int64)
-        self.similarity = torch.full((m, m), float("nan"), dtype=torch.float64)
+        self.similarity = torch.full((m, m), float("nan"), dtype=torch.float64, device=ctx.device)
         self._flow_losses: list[float] = []
 
     # ------------------------------------------------------------------ server → client
@@ -255,8 +261,9 @@ class FCCA(Method):
         x, y = ctx.data.client(client, "train")
         space.load(trained.vector)
         space.model.eval()
-        with torch.no_grad():
-            z = space.model.features(x)
+        chunk = ctx.training.eval_batch_size
+        with torch.no_grad():  # in evaluation-sized chunks, as predict() does
+            z = torch.cat([space.model.features(x[i:i + chunk]) for i in range(0, max(len(x), 1), chunk)])
         dtype, n, d = z.dtype, len(y), z.shape[1]
         module: ConditionalFlow = self.flow_space.model  # type: ignore[assignment]
         generator = torch.Generator().manual_seed(mix_seed(ctx.seed, ctx.round, client, _AUGMENT))
@@ -272,14 +279,15 @@ class FCCA(Method):
             else:
                 unknown = torch.zeros(n, self.num_classes + 1, dtype=dtype, device=z.device)
         rows = torch.cat([z, module.onehot(y, dtype), noise, unknown], dim=1)
+        # Plain SGD at the run's lr (Algorithm 1, line 5): no momentum or weight decay of the run's.
         return ClientPlan(ctx.clients.get("flow", client), space="flow", loss=self.flow_loss, inputs=rows,
-                          rule=self.flow_rule, stream=(_FLOW_STREAM,))
+                          rule=self.flow_rule, momentum=0.0, weight_decay=0.0, stream=(_FLOW_STREAM,))
 
     def finish(self, client: int, payload: Payload, trained: Trained) -> Update:
         vector = trained.vector
         head = vector[self.head_mask]
         flow = trained.then.vector if trained.then is not None else self.ctx.clients.get("flow", client)
-        if trained.then is not None:
+        if trained.then is not None and not trained.then.diverged:  # a diverged update is dropped
             self._flow_losses.append(trained.then.result.loss)
         keep = {"flow": flow, **({"head": head} if self.hp.personal else {})}
         return self.update(client, {"body": vector[self.body_mask], "head": head, "flow": flow}, trained, keep=keep)
@@ -311,7 +319,7 @@ class FCCA(Method):
         labels = canonical_labels(labels)
         self.assign[known] = labels
         full = torch.full_like(self.similarity, float("nan"))
-        index = torch.from_numpy(known)
+        index = torch.from_numpy(known).to(full.device)
         full[index[:, None], index[None, :]] = similarity.to(full)
         self.similarity = full
         weights = torch.from_numpy(self.ctx.train_sizes()[known]).to(self.heads)

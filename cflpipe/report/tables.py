@@ -50,6 +50,8 @@ ACCURACY = TableSpec("accuracy", "Personalized accuracy (%), mean ± std over se
 ARI = TableSpec("ari", "Adjusted Rand index of the clustering vs the ground-truth groups, mean ± std over seeds",
                 "ari", 1.0, 2)
 PAPER_TABLES = (ACCURACY, ARI)
+# Figures a spec's report.tables may list where the smallest value is the best (traffic).
+LOWER_IS_BETTER = ("bytes_down_total", "bytes_up_total", "bytes_total")
 
 
 @dataclass
@@ -137,7 +139,8 @@ def table_specs(entries) -> tuple[TableSpec, ...]:
         return (ACCURACY,)
     figures = [e.figure for e in entries]
     return tuple(TableSpec(e.figure if figures.count(e.figure) == 1 else f"{e.figure}_{i + 1}", e.title,
-                           e.figure, e.scale, e.digits) for i, e in enumerate(entries))
+                           e.figure, e.scale, e.digits, higher_is_better=e.figure not in LOWER_IS_BETTER)
+                 for i, e in enumerate(entries))
 
 
 def paper_tables(summary: pd.DataFrame, scenarios: list[str], methods: list[str],
