@@ -184,14 +184,15 @@ def reconstructions(space: ParamSpace, flows: torch.Tensor, samples: int, genera
     noise = torch.randn(2, samples, module.features, generator=generator, dtype=dtype).to(flows.device)
     noise = noise.repeat(1, labels, 1)  # label-major: rows y·samples … (y+1)·samples − 1
     context = module.onehot(torch.arange(labels, device=flows.device).repeat_interleave(samples), dtype)
-    first, second = [], []
+    context = context.repeat(2, 1)  # ε1's rows, then ε2's: one inversion per client
+    rows = []
     module.eval()
     with torch.no_grad():
         for vector in flows:
             space.load(vector)
-            first.append(module.inverse(noise[0], context).view(labels, samples, -1))
-            second.append(module.inverse(noise[1], context).view(labels, samples, -1))
-    return torch.stack(first), torch.stack(second)
+            rows.append(module.inverse(noise.reshape(-1, module.features), context).view(2, labels, samples, -1))
+    both = torch.stack(rows)
+    return both[:, 0], both[:, 1]
 
 
 @register("fcca", FCCAParams)
@@ -342,8 +343,10 @@ class FCCA(Method):
         return self.cluster_model(int(self.assign[client]))
 
     def eval_models(self) -> tuple[list[torch.Tensor], np.ndarray]:
-        if self.hp.personal:
-            return [self.eval_params(c) for c in range(self.ctx.num_clients)], np.arange(self.ctx.num_clients)
+        if self.hp.personal:  # the global encoder with every client's own classifier, as FedPer's
+            models = self.global_model.repeat(self.ctx.num_clients, 1)
+            models[:, self.head_mask] = self.ctx.clients["head"]
+            return list(models), np.arange(self.ctx.num_clients)
         return [self.cluster_model(k) for k in range(self.hp.clusters)], self.assign.copy()
 
     def assignment(self) -> np.ndarray | None:
