@@ -184,6 +184,42 @@ def test_curves_average_every_round(built):
         assert one.loc[r, "seeds"] == 2
 
 
+def test_cumulative_bytes_are_summed_per_run_then_averaged(built):
+    spec = built["spec"]
+    curves = pd.read_parquet(built["aggregate"] / "curves.parquet")
+    summary = pd.read_parquet(built["aggregate"] / "summary.parquet").set_index(["scenario", "method"])
+    for (scenario, method), one in curves.groupby(["scenario", "method"]):
+        one = one.set_index("round")
+        sent = [pd.read_parquet(spec.run_dir(scenario, method, k) / "rounds.parquet").set_index("round")
+                for k in SEEDS]
+        per_seed = [np.cumsum([int(x.loc[r, "bytes_down"]) + int(x.loc[r, "bytes_up"]) for r in (1, 2, 3)])
+                    for x in sent]
+        for i, r in enumerate((1, 2, 3)):
+            mean, std = mean_std([float(c[i]) for c in per_seed])
+            assert close(one.loc[r, "bytes_cumulative_mean"], mean) and close(one.loc[r, "bytes_cumulative_std"], std)
+        # After the last round: everything the run sent, as in summary.json's totals.
+        assert math.isclose(one.loc[3, "bytes_cumulative_mean"], summary.loc[(scenario, method), "bytes_total_mean"])
+        assert one.loc[3, "bytes_cumulative_mean"] > one.loc[1, "bytes_cumulative_mean"] > 0
+
+
+def test_final_clients_are_the_last_evaluation_of_every_client(built):
+    spec = built["spec"]
+    clients = pd.read_parquet(built["aggregate"] / "final_clients.parquet")
+    assert list(clients.columns) == ["scenario", "method", "seed", "client", "group", "model", "acc", "loss", "n"]
+    assert len(clients) == len(spec.matrix()) * 8
+    for (s, m, k), rows in clients.groupby(["scenario", "method", "seed"], sort=False):
+        final = json.loads((spec.run_dir(s, m, k) / "summary.json").read_text())["final"]
+        metrics = pd.read_parquet(spec.run_dir(s, m, k) / "metrics.parquet")
+        want = metrics[(metrics["split"] == "test") & (metrics["round"] == final["round"])].sort_values("client")
+        assert list(rows["client"]) == list(range(8)) and final["round"] == 3
+        np.testing.assert_array_equal(rows["acc"].to_numpy(), want["acc"].to_numpy())
+        np.testing.assert_array_equal(rows["n"].to_numpy(), want["n"].to_numpy())
+        # The headline figure is the mean over the clients that have test samples.
+        assert math.isclose(rows.loc[rows["n"] > 0, "acc"].mean(), final["acc_macro"], rel_tol=1e-12)
+    swap = clients[(clients["scenario"] == "swap")]
+    assert set(swap["group"]) == {0, 1} and set(clients.loc[clients["scenario"] == "skew", "group"]) == {-1}
+
+
 def test_aggregate_is_deterministic(built):
     from cflpipe.report.aggregate import AGGREGATE_FILES, aggregate
 

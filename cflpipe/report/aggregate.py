@@ -9,7 +9,12 @@ writes `results/aggregate/`, every file atomically:
                      device, config hash; "" for runs written before it existed).
 - `curves.parquet`   scenario × method × round: `<figure>_mean`/`<figure>_std` over seeds of
                      every per-round figure of rounds.parquet (evaluation figures are null on
-                     non-evaluation rounds; `eval` says which rounds were evaluated).
+                     non-evaluation rounds; `eval` says which rounds were evaluated), and of
+                     `bytes_cumulative`: the bytes sent both ways up to and including the round.
+- `final_clients.parquet`
+                     one row per run × client: the client's test accuracy, loss and number of
+                     test samples at the run's final evaluation (metrics.parquet; the mean of
+                     `acc` over clients with test samples is the run's acc_macro).
 - `summary.parquet`, `summary.csv`
                      scenario × method: `<figure>_mean`/`<figure>_std` of the final figures
                      (SUMMARY_FIGURES), `seeds` (how many runs were averaged).
@@ -47,7 +52,7 @@ from cflpipe.spec import Spec, without_threads
 
 STD_DDOF = 1
 AGGREGATE_FILES = ("runs.parquet", "curves.parquet", "summary.parquet", "summary.csv", "timing.parquet",
-                   "metrics.json")
+                   "metrics.json", "final_clients.parquet")
 
 # Final evaluation figures (summary.json's `final`) always present in runs.parquet, in this order;
 # a method's own scalar figures follow, sorted by name.
@@ -67,6 +72,8 @@ PROVENANCE_COLUMNS = {"cflpipe_version": "cflpipe", "torch_version": "torch", "p
                       "device_requested": "device_requested", "config_sha256": "config_sha256"}
 # rounds.parquet columns that are not averaged into curves.parquet.
 _NOT_CURVES = {"round", "sampled", "skipped", "global_models"}
+# final_clients.parquet: metrics.parquet's test rows of the final evaluation round.
+FINAL_CLIENT_COLUMNS = ("client", "group", "model", "acc", "loss", "n")
 
 
 def aggregate_dir(spec: Spec) -> Path:
@@ -82,6 +89,7 @@ def aggregate(spec: Spec) -> Path:
     store.write_parquet(out / "runs.parquet", tables["runs"])
     store.write_parquet(out / "curves.parquet", tables["curves"])
     store.write_parquet(out / "timing.parquet", tables["timing"])
+    store.write_parquet(out / "final_clients.parquet", tables["final_clients"])
     store.write_parquet(out / "summary.parquet", tables["summary"])
     store.write_text(out / "summary.csv", tables["summary"].to_csv(index=False, float_format="%.10g",
                                                                     na_rep="", lineterminator="\n"))
@@ -108,10 +116,13 @@ class RunOutputs:
     """The outputs of one finished run that aggregation needs."""
 
     def __init__(self, scenario: str, method: str, seed: int, run_dir: Path, summary: dict,
-                 rounds: pd.DataFrame, config: dict, timing: dict, summary_sha256: str = ""):
+                 rounds: pd.DataFrame, config: dict, timing: dict, summary_sha256: str = "",
+                 final_clients: pd.DataFrame | None = None):
         self.scenario, self.method, self.seed, self.run_dir = scenario, method, seed, run_dir
         self.summary, self.rounds, self.config, self.timing = summary, rounds, config, timing
         self.summary_sha256 = summary_sha256
+        self.final_clients = final_clients if final_clients is not None else \
+            pd.DataFrame({c: [] for c in FINAL_CLIENT_COLUMNS})
 
 
 def _train_hint(scenario: str, method: str, seed: int) -> str:
@@ -135,7 +146,7 @@ def load_runs(spec: Spec, check_config: bool = True) -> list[RunOutputs]:
     stale = []
     for s, m, k in spec.matrix():
         d = spec.run_dir(s, m, k)
-        for name in ("rounds.parquet", "config.yaml"):
+        for name in ("rounds.parquet", "metrics.parquet", "config.yaml"):
             if not (d / name).is_file():
                 raise CflpipeError(f"{d}: {name} is missing although summary.json exists; re-run "
                                    f"`cflpipe train --config FILE --scenario {s} --method {m} --seed {k} --force`")
@@ -145,19 +156,27 @@ def load_runs(spec: Spec, check_config: bool = True) -> list[RunOutputs]:
             config_text = (d / "config.yaml").read_text()
             config = yaml.safe_load(config_text)
             rounds = store.read_parquet(d / "rounds.parquet")
+            final_clients = _final_clients(store.read_parquet(d / "metrics.parquet"), summary)
             timing = json.loads((d / "timing.json").read_text()) if (d / "timing.json").is_file() else {}
         except (OSError, ValueError, yaml.YAMLError) as exc:
             raise CflpipeError(f"{d}: cannot read the run's outputs ({type(exc).__name__}: {exc}); re-run "
                                f"`cflpipe train --config FILE --scenario {s} --method {m} --seed {k} --force`")
         if check_config and (not isinstance(config, dict) or without_threads(config) != _expected_config(spec, s, m, k)):
             stale.append((s, m, k))
-        runs.append(RunOutputs(s, m, k, d, summary, rounds, config, timing, _sha256(summary_bytes)))
+        runs.append(RunOutputs(s, m, k, d, summary, rounds, config, timing, _sha256(summary_bytes), final_clients))
     if stale:
         s, m, k = stale[0]
         more = f" ({len(stale) - 1} more runs are stale too)" if len(stale) > 1 else ""
         raise CflpipeError(f"{spec.run_dir(s, m, k)}: config.yaml differs from what the spec asks for now "
                            f"(the spec changed since it was trained); {_train_hint(s, m, k)}{more}")
     return runs
+
+
+def _final_clients(metrics: pd.DataFrame, summary: dict) -> pd.DataFrame:
+    """Each client's test figures at the run's final evaluation round (summary.json's final round)."""
+    final = _float((summary.get("final") or {}).get("round"))
+    rows = metrics[(metrics["split"] == "test") & (metrics["round"] == final)] if math.isfinite(final) else metrics[:0]
+    return rows.loc[:, list(FINAL_CLIENT_COLUMNS)].sort_values("client", kind="stable").reset_index(drop=True)
 
 
 def _sha256(data: bytes) -> str:
@@ -285,6 +304,14 @@ def _numeric_rounds(rounds: pd.DataFrame) -> dict[str, np.ndarray]:
         if pd.api.types.is_bool_dtype(series) or not (pd.api.types.is_numeric_dtype(series)):
             continue  # a method's list or text column
         columns[column] = series.to_numpy(dtype="float64", na_value=np.nan)
+    if "bytes_down" in columns and "bytes_up" in columns:
+        # Summed per run before averaging: the mean over seeds of what each run had sent by then
+        # (the x-axis of accuracy vs communication), with its own std over seeds.
+        order = np.argsort(rounds["round"].to_numpy(dtype="int64"), kind="stable")
+        sent = (columns["bytes_down"] + columns["bytes_up"])[order]
+        cumulative = np.empty_like(sent)
+        cumulative[order] = np.cumsum(sent)
+        columns["bytes_cumulative"] = cumulative
     return columns
 
 
@@ -330,11 +357,21 @@ def curves_frame(spec: Spec, runs: list[RunOutputs]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
+def final_clients_frame(runs: list[RunOutputs]) -> pd.DataFrame:
+    frames = [r.final_clients.assign(scenario=r.scenario, method=r.method, seed=r.seed) for r in runs]
+    frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
+        {c: [] for c in ("scenario", "method", "seed", *FINAL_CLIENT_COLUMNS)})
+    frame = frame.loc[:, ["scenario", "method", "seed", *FINAL_CLIENT_COLUMNS]]
+    types = {"seed": "int64", "client": "int64", "group": "int64", "model": "int64", "acc": "float64",
+             "loss": "float64", "n": "int64"}
+    return frame.astype(types)
+
+
 def build_tables(spec: Spec, runs: list[RunOutputs]) -> dict[str, pd.DataFrame]:
     runs_df = runs_frame(spec, runs)
     timing_df = timing_frame(runs)
     return {"runs": runs_df, "timing": timing_df, "summary": summary_frame(spec, runs_df, timing_df),
-            "curves": curves_frame(spec, runs)}
+            "curves": curves_frame(spec, runs), "final_clients": final_clients_frame(runs)}
 
 
 def read_aggregate(spec: Spec) -> dict[str, pd.DataFrame]:
@@ -344,7 +381,8 @@ def read_aggregate(spec: Spec) -> dict[str, pd.DataFrame]:
     for name in AGGREGATE_FILES:
         if not (out / name).is_file():
             raise CflpipeError(f"{out / name}: missing; run `cflpipe aggregate --config FILE` (or snakemake) first")
-    tables = {name: store.read_parquet(out / f"{name}.parquet") for name in ("runs", "curves", "summary", "timing")}
+    tables = {name: store.read_parquet(out / f"{name}.parquet")
+              for name in ("runs", "curves", "summary", "timing", "final_clients")}
     runs = tables["runs"]
     have = sorted(zip(runs["scenario"], runs["method"], runs["seed"].astype(int)))
     want = sorted(spec.matrix())
