@@ -663,3 +663,71 @@ def test_report_states_the_setup_and_uses_labels(built):
     assert "Label swap <2>: personalized accuracy" in titles and "swap: " not in titles.replace("Label swap", "")
     for section in ("overview", "accuracy", "clustering", "communication", "intra-inter"):
         assert f'<h3 id="{section}-swap">Label swap &lt;2&gt;</h3>' in page
+
+
+# --------------------------------------------------------------------------- ranks (Demšar 2006)
+
+
+def test_nemenyi_critical_values_and_cd_match_demsar():
+    from cflpipe.report.ranks import critical_difference, nemenyi_groups, q_alpha
+
+    # Demšar (2006), Table 5: critical values of the two-tailed Nemenyi test, k = 2 … 10.
+    table_05 = (1.960, 2.343, 2.569, 2.728, 2.850, 2.949, 3.031, 3.102, 3.164)
+    table_10 = (1.645, 2.052, 2.291, 2.459, 2.589, 2.693, 2.780, 2.855, 2.920)
+    for k, (q05, q10) in enumerate(zip(table_05, table_10), start=2):
+        # (his table truncates some to 3 decimals: 2.3437 is printed 2.343)
+        assert abs(q_alpha(k, 0.05) - q05) < 1e-3 and abs(q_alpha(k, 0.10) - q10) < 1e-3, k
+    # His example: 4 classifiers on 14 data sets, CD = 2.569 · √(4·5 / (6·14)) = 1.25 (α = 0.05)
+    # and 1.12 at α = 0.10, where C4.5+m+cf (1.964) is better than C4.5 (3.143): 1.179 > 1.12.
+    assert math.isclose(critical_difference(4, 14), 2.569 * math.sqrt(20 / 84), abs_tol=5e-4)
+    assert round(critical_difference(4, 14), 2) == 1.25 and round(critical_difference(4, 14, 0.10), 2) == 1.12
+    average = pd.Series({"C4.5": 3.143, "C4.5+m": 2.000, "C4.5+cf": 2.893, "C4.5+m+cf": 1.964})
+    assert nemenyi_groups(average, critical_difference(4, 14)) == [["C4.5+m+cf", "C4.5+m", "C4.5+cf", "C4.5"]]
+    assert nemenyi_groups(average, critical_difference(4, 14, 0.10)) == [["C4.5+m+cf", "C4.5+m", "C4.5+cf"],
+                                                                         ["C4.5+cf", "C4.5"]]
+    # A difference of exactly CD is significant ("at least CD"); groups inside others are dropped.
+    assert nemenyi_groups(pd.Series({"a": 1.0, "b": 2.0, "c": 3.0}), 2.0) == [["a", "b"], ["b", "c"]]
+    assert nemenyi_groups(pd.Series({"a": 1.0, "b": 1.5, "c": 1.6, "d": 5.0}), 1.0) == [["a", "b", "c"]]
+
+
+def test_rank_methods_hand_computed():
+    from cflpipe.report.ranks import rank_methods
+
+    # Ties share the average rank: in `a`, Y and Z tie for ranks 2 and 3.
+    scores = pd.DataFrame({"X": [0.9, 0.7, 0.9], "Y": [0.8, 0.9, 0.85], "Z": [0.8, 0.6, 0.8], "W": [0.5, 0.5, 0.7]},
+                          index=["a", "b", "c"])
+    r = rank_methods(scores)
+    assert r.ranks.loc["a"].tolist() == [1.0, 2.5, 2.5, 4.0] and r.ranks.loc["b"].tolist() == [2.0, 1.0, 3.0, 4.0]
+    assert np.allclose(r.average.to_numpy(), [4 / 3, 5.5 / 3, 8.5 / 3, 4.0])
+    # χ² = 12 ΣR²/(N k (k+1)) − 3N(k+1) = 12·262.5/60 − 45 = 7.5, over the tie correction
+    # 1 − Σ(t³ − t)/(N(k³ − k)) = 1 − 6/180: 225/29; p from χ²(3): erfc(√(x/2)) + √(2x/π)·e^(−x/2).
+    x = 225 / 29
+    assert math.isclose(r.statistic, x, rel_tol=1e-12)
+    assert math.isclose(r.p_value, math.erfc(math.sqrt(x / 2)) + math.sqrt(2 * x / math.pi) * math.exp(-x / 2),
+                        rel_tol=1e-9)
+    assert not r.significant and r.cd is None and r.groups == []  # p = 0.051: no post-hoc test
+    assert any("does not reject" in n for n in r.notes) and any("rough" in n for n in r.notes)
+    # Lower is better: the ranks turn around.
+    assert rank_methods(scores, higher_is_better=False).average["W"] == 1.0
+    # The same order in 3 scenarios: χ² = 12·3/(3·4)·((1−2)² + (3−2)²) = 6, p = e^−3 < 0.05; then
+    # CD = q(3)·√(3·4/(6·3)) and only the best and the worst differ (2 ≥ CD > 1).
+    perfect = pd.DataFrame({"A": [0.9] * 3, "B": [0.8] * 3, "C": [0.7] * 3}, index=["a", "b", "c"])
+    r = rank_methods(perfect)
+    assert r.statistic == pytest.approx(6.0) and r.p_value == pytest.approx(math.exp(-3)) and r.significant
+    assert r.cd == pytest.approx(2.343701 * math.sqrt(12 / 18), rel=1e-6)
+    assert r.groups == [["A", "B"], ["B", "C"]]
+
+
+def test_rank_methods_says_what_it_cannot_do():
+    from cflpipe.report.ranks import rank_methods
+
+    scores = pd.DataFrame({"A": [0.9, 0.8], "B": [0.8, math.nan], "C": [0.7, 0.6]}, index=["a", "b"])
+    # B misses a scenario and C was excluded by the caller: one method left, nothing to rank.
+    assert rank_methods(scores, excluded={"C": "reference"}) is None
+    r = rank_methods(scores.assign(D=[0.5, 0.9]), excluded={"C": "reference"})
+    assert r.methods == ["A", "D"] and r.excluded == {"C": "reference", "B": "no result on b"}
+    assert not r.tested and r.cd is None and "at least 3 methods and 2 scenarios" in r.notes[0]
+    one = rank_methods(pd.DataFrame({"A": [0.9], "B": [0.8], "C": [0.7]}, index=["a"]))
+    assert one.average.tolist() == [1.0, 2.0, 3.0] and not one.tested and "(here 3 methods on 1 scenario)" in one.notes[0]
+    tied = rank_methods(pd.DataFrame({"A": [0.5, 0.6], "B": [0.5, 0.6], "C": [0.5, 0.6]}, index=["a", "b"]))
+    assert tied.average.tolist() == [2.0, 2.0, 2.0] and not tied.tested and "ties all methods" in tied.notes[0]
