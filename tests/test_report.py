@@ -401,7 +401,8 @@ def test_paper_table_rules():
 # --------------------------------------------------------------------------- html
 
 
-SECTION_IDS = ("setup", "overview", "accuracy", "comparison", "clustering", "communication", "intra-inter", "sweeps")
+SECTION_IDS = ("setup", "accuracy", "comparison", "ranking", "clients", "clustering", "communication", "intra-inter",
+               "sweeps", "overview")
 
 
 def test_report_is_one_self_contained_file(built):
@@ -413,8 +414,7 @@ def test_report_is_one_self_contained_file(built):
     assert not re.search(r"<link[^>]*\bhref\s*=\s*[\"']?(https?:)?//", html, re.I)
     assert not re.search(r"<(img|iframe|source|video|audio)[^>]*\bsrc\s*=\s*[\"']?(https?:)?//", html, re.I)
     assert not re.search(r"@import|url\(\s*[\"']?(https?:)?//", html.split("<script>")[0], re.I)
-    for section in SECTION_IDS:
-        assert f'<section id="{section}">' in html
+    assert re.findall(r'<section id="([^"]+)">', html) == list(SECTION_IDS)  # results first, partitions last
     figures = re.findall(r'<div class="cfl-fig" id="([^"]+)"', html)
     assert len(figures) == len(set(figures)) > 10
     for fid in figures:  # every figure has valid JSON with data and layout
@@ -661,8 +661,9 @@ def test_report_states_the_setup_and_uses_labels(built):
     assert "FedProx (μ = 0.01)" in bars and "prox-lo" not in bars
     titles = " ".join(str(f["layout"].get("title", {}).get("text", "")) for f in figures)
     assert "Label swap <2>: personalized accuracy" in titles and "swap: " not in titles.replace("Label swap", "")
-    for section in ("overview", "accuracy", "clustering", "communication", "intra-inter"):
+    for section in ("overview", "accuracy", "clients", "clustering", "communication", "intra-inter"):
         assert f'<h3 id="{section}-swap">Label swap &lt;2&gt;</h3>' in page
+    assert "<th>Label swap &lt;2&gt;</th>" in page.split('id="ranking-table"')[1]
 
 
 # --------------------------------------------------------------------------- ranks (Demšar 2006)
@@ -731,3 +732,127 @@ def test_rank_methods_says_what_it_cannot_do():
     assert one.average.tolist() == [1.0, 2.0, 3.0] and not one.tested and "(here 3 methods on 1 scenario)" in one.notes[0]
     tied = rank_methods(pd.DataFrame({"A": [0.5, 0.6], "B": [0.5, 0.6], "C": [0.5, 0.6]}, index=["a", "b"]))
     assert tied.average.tolist() == [2.0, 2.0, 2.0] and not tied.tested and "ties all methods" in tied.notes[0]
+
+
+# --------------------------------------------------------------------------- new views
+
+
+def page_figures(html: str) -> dict[str, dict]:
+    """{figure id: its plotly JSON} of a report page."""
+    return {fid: json.loads(text) for fid, text in
+            re.findall(r'<script type="application/json" id="([^"]+)-data">(.*?)</script>', html, re.S)}
+
+
+def figure_titled(figures: dict[str, dict], title: str) -> dict:
+    found = [f for f in figures.values() if f["layout"].get("title", {}).get("text", "") == title]
+    assert len(found) == 1, (title, [f["layout"].get("title", {}).get("text") for f in figures.values()])
+    return found[0]
+
+
+def test_byte_units():
+    from cflpipe.report.build import byte_unit
+
+    assert byte_unit(0) == (1.0, "B") and byte_unit(999) == (1.0, "B") and byte_unit(math.nan) == (1.0, "B")
+    assert byte_unit(1000) == (1e-3, "kB") and byte_unit(2.2e6) == (1e-6, "MB") and byte_unit(3e9) == (1e-9, "GB")
+
+
+def test_ranking_section_ranks_the_summary_means(built):
+    from scipy.stats import friedmanchisquare
+
+    html = built["index"].read_text().split("</head>", 1)[1]
+    section = re.search(r'<section id="ranking">.*?</section>', html, re.S).group(0)
+    summary = pd.read_parquet(built["aggregate"] / "summary.parquet").set_index(["scenario", "method"])
+    ranked = ["fedavg", "prox-lo", "prox-hi"]  # the oracle is a reference (and misses skew)
+    means = {s: {m: summary.loc[(s, m), "acc_macro_mean"] for m in ranked} for s in SCENARIOS}
+    ranks = {s: {m: 1 + sum(v > means[s][m] for v in means[s].values())
+                 + (sum(v == means[s][m] for v in means[s].values()) - 1) / 2 for m in ranked} for s in SCENARIOS}
+    average = {m: np.mean([ranks[s][m] for s in SCENARIOS]) for m in ranked}
+    rows = re.findall(r'<tr><th scope="row">([^<]+)</th><td><strong>([^<]+)</strong></td>(.*?)</tr>', section)
+    assert [r[0] for r in rows] == sorted(ranked, key=lambda m: average[m])  # stable: spec order for ties
+    for method, avg, cells in rows:
+        assert avg == f"{average[method]:.2f}"
+        got = re.findall(r'<td>([0-9.]+) <span class="muted">\(([0-9.]+)\)</span></td>', cells)
+        assert got == [(f"{ranks[s][method]:g}", f"{means[s][method] * 100:.1f}") for s in SCENARIOS]
+    p = friedmanchisquare(*([means[s][m] for s in SCENARIOS] for m in ranked)).pvalue
+    assert f"χ²(2) = " in section and f"p = {p:.3g}" in section
+    # Three methods on two scenarios can never reach p < 0.05 (χ² ≤ N(k − 1) = 4): no diagram.
+    assert p >= 0.135 and "no critical-difference diagram is drawn" in section and "cfl-fig" not in section
+    assert "Not ranked: reference (told the true groups): oracle." in section
+
+
+def test_client_accuracy_boxes_are_the_clients_seed_means(built):
+    html = built["index"].read_text()
+    figures = page_figures(html)
+    clients = pd.read_parquet(built["aggregate"] / "final_clients.parquet")
+    summary = pd.read_parquet(built["aggregate"] / "summary.parquet").set_index(["scenario", "method"])
+    from cflpipe.report.styles import assign_styles
+
+    spec = built["spec"]
+    styles = assign_styles([(m, spec.method_type(m)) for m in spec.methods])
+    for scenario in SCENARIOS:
+        fig = figure_titled(figures, f"{scenario}: final accuracy of each client (its mean over seeds)")
+        boxes = {t["name"]: t for t in fig["data"]}
+        assert all(t["type"] == "box" and t["orientation"] == "h" and t["boxmean"] is True for t in boxes.values())
+        want = [m for m in ("oracle", "fedavg", "prox-lo", "prox-hi") if (scenario, m) in summary.index]
+        assert list(boxes) == want  # family order: the reference first
+        for m, t in boxes.items():
+            rows = clients[(clients["scenario"] == scenario) & (clients["method"] == m) & (clients["n"] > 0)]
+            per_client = rows.groupby("client")["acc"].mean() * 100
+            np.testing.assert_allclose(t["x"], per_client.to_numpy(), rtol=1e-12)
+            assert t["text"] == [f"client {c}" for c in per_client.index]
+            # The dashed mean line is the table's acc macro.
+            assert math.isclose(np.mean(t["x"]), summary.loc[(scenario, m), "acc_macro_mean"] * 100, rel_tol=1e-9)
+            assert t["line"]["color"] == styles[m].color and t["marker"]["symbol"] == styles[m].marker
+
+
+def test_training_loss_and_accuracy_vs_bytes(built):
+    html = built["index"].read_text()
+    figures = page_figures(html)
+    curves = pd.read_parquet(built["aggregate"] / "curves.parquet")
+    for scenario in SCENARIOS:
+        rows = curves[curves["scenario"] == scenario]
+        loss = [f for f in figures.values() if f["layout"]["title"]["text"].startswith(f"{scenario}: training loss")]
+        assert len(loss) == 1
+        traces = {t["name"]: t for t in loss[0]["data"] if t.get("mode") == "lines+markers"}
+        values = rows["train_loss_mean"].to_numpy(dtype=float)
+        log = values.min() > 0 and values.max() / values.min() >= 10
+        assert (loss[0]["layout"]["yaxis"].get("type") == "log") == log
+        for name, t in traces.items():
+            one = rows[rows["method"] == name]
+            assert t["x"] == one["round"].tolist() == [1, 2, 3]  # every round, not only evaluated ones
+            np.testing.assert_allclose(t["y"], one["train_loss_mean"].to_numpy(), rtol=1e-12)
+
+        fig = figure_titled(figures, f"{scenario}: personalized accuracy vs bytes sent so far (mean over seeds)")
+        largest = rows.loc[rows["eval"], "bytes_cumulative_mean"].max()
+        assert 1e6 <= largest < 1e9, largest  # the tiny runs send megabytes: the axis says MB
+        assert fig["layout"]["xaxis"]["title"]["text"] == "MB sent up to the round (down + up)"
+        assert fig["layout"]["xaxis"]["rangemode"] == "tozero"
+        for t in fig["data"]:
+            one = rows[(rows["method"] == t["name"]) & rows["eval"]]
+            assert t["customdata"] == [2, 3]
+            np.testing.assert_allclose(t["x"], one["bytes_cumulative_mean"].to_numpy() / 1e6, rtol=1e-12)
+            np.testing.assert_allclose(t["y"], one["acc_macro_mean"].to_numpy() * 100, rtol=1e-12)
+        # Per-round bytes: from 0, so equal models sent by every method are not blown up to full scale.
+        largest = max(rows["bytes_down_mean"].max(), rows["bytes_up_mean"].max())
+        scale, unit = (1e-6, "MB") if largest >= 1e6 else (1e-3, "kB")
+        assert largest >= 1e3
+        for direction in ("down", "up"):
+            per_round = [f for f in figures.values()
+                         if f["layout"]["title"]["text"].startswith(f"{scenario}: bytes {direction} per round")][0]
+            assert per_round["layout"]["yaxis"]["rangemode"] == "tozero"
+            assert per_round["layout"]["yaxis"]["title"]["text"] == unit
+            for t in per_round["data"]:
+                one = rows[rows["method"] == t["name"]]
+                np.testing.assert_allclose(t["y"], one[f"bytes_{direction}_mean"].to_numpy() * scale, rtol=1e-12)
+
+
+def test_label_histograms_are_collapsed_below_the_results(built):
+    html = built["index"].read_text().split("</head>", 1)[1]
+    overview = re.search(r'<section id="overview">.*?</section>', html, re.S)
+    assert overview.start() > html.index('<section id="sweeps">')
+    details = re.findall(r'<details class="labels" id="labels-([^"]+)">(.*?)</details>', overview.group(0), re.S)
+    assert [d[0] for d in details] == list(SCENARIOS)
+    for _, inner in details:
+        assert "label share of each client" in inner and 'class="cfl-fig"' in inner
+    assert "<details open" not in html  # collapsed until the reader opens one
+    assert html.count('class="cfl-fig"') - sum(d[1].count('class="cfl-fig"') for d in details) > 10

@@ -6,11 +6,17 @@ aggregate`), each scenario's partition `stats.parquet`, and one seed's `clusters
 clustered method. It never trains. The page works offline: the plotly.js bundle is inlined once,
 every figure is a `<div class="cfl-fig">` plus a JSON `<script type="application/json">` drawn by
 one small script at the end of the page (a figure that fails to draw logs `console.error` and
-shows the error in place). Figure ids are derived from their content's position, and no
-timestamp is written, so the same inputs give the same bytes (wall-clock figures aside).
+shows the error in place; figures inside a collapsed `<details>` are drawn when it is first
+opened). Figure ids are derived from their content's position, and no timestamp is written, so
+the same inputs give the same bytes (wall-clock figures aside).
 
-Sections (element ids): setup, overview, accuracy, comparison, clustering, communication,
-intra-inter, sweeps. The setup section states what was trained (per scenario: model, local
+Sections (element ids), results first: setup, accuracy (personalized and global accuracy and
+training loss per round), comparison (paper tables), ranking (average rank over scenarios,
+Friedman test, Nemenyi critical-difference diagram; report/ranks.py), clients (each client's
+final accuracy per method), clustering, communication (accuracy vs cumulative bytes, bytes per
+round and in total, time), intra-inter, sweeps, and last overview: each scenario's facts with its
+label histogram collapsed. Byte axes start at 0 in the unit (B, kB, MB, GB) that fits their
+largest value. The setup section states what was trained (per scenario: model, local
 steps, lr, batch, clients per round, momentum, rounds, partition seed; per method: its training
 overrides and hyper-parameters, those from the scenario's `hyperparams` apart), how (cflpipe,
 torch and python versions, requested and used devices, the spec's hash) and when and from which
@@ -33,14 +39,22 @@ import pandas as pd
 from cflpipe import __version__, store
 from cflpipe.errors import CflpipeError
 from cflpipe.report.aggregate import aggregate_dir, per_seed_frame, read_aggregate
+from cflpipe.report.ranks import Ranking, q_alpha, rank_methods
 from cflpipe.report.styles import FAMILIES, assign_styles, family_order
 from cflpipe.report.tables import (ALPHA, DASH, TIE_MARK, PaperTable, format_mean_std, is_reference, mark_best,
                                    paper_tables, seed_values, table_specs, write_tables)
 from cflpipe.spec import TRAINING_KEYS, Spec, Training, merge_training, spec_sha256
 
-SECTIONS = (("setup", "Setup"), ("overview", "Scenarios"), ("accuracy", "Accuracy vs round"), ("comparison", "Final comparison"),
-            ("clustering", "Clustering"), ("communication", "Communication & time"),
-            ("intra-inter", "Intra- vs inter-cluster accuracy"), ("sweeps", "Hyper-parameter sweeps"))
+SECTIONS = (("setup", "Setup"), ("accuracy", "Accuracy & loss vs round"), ("comparison", "Final comparison"),
+            ("ranking", "Average rank"), ("clients", "Per-client accuracy"), ("clustering", "Clustering"),
+            ("communication", "Communication & time"), ("intra-inter", "Intra- vs inter-cluster accuracy"),
+            ("sweeps", "Hyper-parameter sweeps"), ("overview", "Scenarios & label histograms"))
+# The figure methods are ranked by across scenarios (mean over seeds; higher is better).
+RANK_FIGURE, RANK_FIGURE_TITLE = "acc_macro", "personalized accuracy (acc macro)"
+# Per-client box plots draw every client as a point up to this many clients, outliers only beyond.
+MAX_BOX_POINTS = 200
+# Decimal units for byte axes: the largest that shows the figure's largest value as at least 1.
+BYTE_UNITS = ((1e9, "GB"), (1e6, "MB"), (1e3, "kB"))
 # Hyper-parameters named here are swept first and titled with their symbol.
 SWEEP_SYMBOLS = {"beta": "β", "mu": "μ", "alpha": "α", "lambda": "λ", "lam": "λ", "tau": "τ"}
 # Colours of traces that are not methods (bytes down/up, a sweep's accuracy and ARI); every
@@ -80,17 +94,18 @@ class Figures:
     def __init__(self):
         self.count = 0
 
-    def add(self, fig, name: str, height: int = 380) -> Figure:
+    def add(self, fig, name: str, height: int = 380, margin: dict | None = None) -> Figure:
         import plotly.io as pio
 
         self.count += 1
         slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
-        fig.update_layout(template=_TEMPLATE, margin=dict(l=60, r=20, t=50, b=50))
+        margin = {"l": 60, "r": 20, "t": 50, "b": 50, **(margin or {})}
+        fig.update_layout(template=_TEMPLATE, margin=margin)
         entries = [t.name or "" for t in fig.data if t.showlegend is not False and t.type not in ("heatmap",)]
         if entries and fig.layout.showlegend is not False:
             legend, extra = legend_below(entries)
             height += extra
-            fig.update_layout(legend=legend, margin=dict(b=50 + extra))
+            fig.update_layout(legend=legend, margin=dict(b=margin["b"] + extra))
         fig.update_layout(height=height)
         text = pio.to_json(fig, validate=False, pretty=False, remove_uids=True)
         # Inside <script type="application/json">: never let the text close the element.
@@ -152,6 +167,14 @@ def _clean(values) -> list:
     return [None if not math.isfinite(v) else float(v) for v in _finite(values)]
 
 
+def byte_unit(largest: float) -> tuple[float, str]:
+    """(scale, unit name) for an axis of byte counts whose largest value is `largest`."""
+    for size, name in BYTE_UNITS:
+        if math.isfinite(largest) and largest >= size:
+            return 1 / size, name
+    return 1.0, "B"
+
+
 # Round figures that only some methods record (rounds.parquet), plotted in the clustering section
 # for the methods that have them: title, y-axis title, y-axis settings.
 METHOD_CURVES: dict[str, tuple[str, str, dict | None]] = {
@@ -172,8 +195,8 @@ class Report:
         if _TEMPLATE is None:
             _TEMPLATE = _template()
         self.spec = spec
-        self.runs, self.curves, self.summary, self.timing = (tables[k] for k in ("runs", "curves", "summary",
-                                                                                  "timing"))
+        self.runs, self.curves, self.summary, self.timing, self.final_clients = (
+            tables[k] for k in ("runs", "curves", "summary", "timing", "final_clients"))
         self.per_seed = per_seed_frame(self.runs, self.timing)
         self.figures = Figures()
         self.methods = list(spec.methods)
@@ -384,20 +407,27 @@ class Report:
     def communication_figures(self, scenario: str) -> list[Figure]:
         import plotly.graph_objects as go
 
-        figs = [self.curve_figure(scenario, "bytes_down", f"{self.scenario_labels[scenario]}: bytes down per round (server → clients)",
-                                  "MB", 1e-6, eval_only=False, band=False, height=330),
+        # Axes start at 0 in a unit that fits the largest value: methods that send the same model
+        # differ by a few bytes of bookkeeping at most, which must not fill the plot's height.
+        scale, unit = byte_unit(max(self.largest(scenario, "bytes_down"), self.largest(scenario, "bytes_up")))
+        figs = [self.accuracy_bytes_figure(scenario),
+                self.curve_figure(scenario, "bytes_down", f"{self.scenario_labels[scenario]}: bytes down per round (server → clients)",
+                                  unit, scale, eval_only=False, band=False, height=330, yaxis=dict(rangemode="tozero")),
                 self.curve_figure(scenario, "bytes_up", f"{self.scenario_labels[scenario]}: bytes up per round (clients → server)",
-                                  "MB", 1e-6, eval_only=False, band=False, height=330)]
+                                  unit, scale, eval_only=False, band=False, height=330, yaxis=dict(rangemode="tozero"))]
         methods = self.methods_on(scenario)
         names = [self.label(m) for m in methods]
         rows = [self.summary_row(scenario, m) for m in methods]
+        scale, unit = byte_unit(max([float(r[f"bytes_{d}_total_mean"]) for r in rows for d in ("down", "up")
+                                     if math.isfinite(float(r[f"bytes_{d}_total_mean"]))] + [0.0]))
         fig = go.Figure()
         for direction, colour in (("down", "#4e79a7"), ("up", "#f28e2b")):
-            fig.add_trace(go.Bar(x=names, y=_clean([r[f"bytes_{direction}_total_mean"] * 1e-6 for r in rows]),
+            fig.add_trace(go.Bar(x=names, y=_clean([r[f"bytes_{direction}_total_mean"] * scale for r in rows]),
                                  name=direction, marker_color=colour,
-                                 error_y=dict(type="data", array=_clean([r[f"bytes_{direction}_total_std"] * 1e-6
+                                 error_y=dict(type="data", array=_clean([r[f"bytes_{direction}_total_std"] * scale
                                                                         for r in rows]))))
-        fig.update_layout(title=f"{self.scenario_labels[scenario]}: total bytes over all rounds", yaxis_title="MB", barmode="group")
+        fig.update_layout(title=f"{self.scenario_labels[scenario]}: total bytes over all rounds", yaxis_title=unit,
+                          yaxis_rangemode="tozero", barmode="group")
         figs.append(self.figures.add(fig, f"{scenario}-bytes-total", 330))
         fig = go.Figure(go.Bar(x=names, y=_clean([r["seconds_per_round_mean"] for r in rows]),
                                marker_color=[self.color[m] for m in methods],
@@ -468,6 +498,198 @@ class Report:
         fig.update_yaxes(title_text="personalized accuracy %", secondary_y=False)
         fig.update_layout(title=f"{self.scenario_labels[sweep.scenario]}: {sweep.method_type} vs {sweep.symbol}")
         return self.figures.add(fig, f"{sweep.scenario}-{sweep.method_type}-{sweep.param}-sweep", 360)
+
+    def largest(self, scenario: str, figure: str) -> float:
+        """The largest per-round mean of `figure` of any method on `scenario` (0 when none)."""
+        rows = self.curves[self.curves["scenario"] == scenario] if len(self.curves) else self.curves
+        if f"{figure}_mean" not in rows.columns:
+            return 0.0
+        values = rows[f"{figure}_mean"].to_numpy(dtype=float)
+        values = values[np.isfinite(values)]
+        return float(values.max()) if len(values) else 0.0
+
+    def loss_figure(self, scenario: str) -> Figure | None:
+        """Training loss per round; on a log axis when it spans a decade or more (then without
+        bands: mean − std is often below 0 there)."""
+        values = []
+        for m in self.methods_on(scenario):
+            rows = self.curve(scenario, m, "train_loss", eval_only=False)
+            if rows is not None:
+                values += [v for v in rows["train_loss_mean"].to_numpy(dtype=float) if math.isfinite(v)]
+        if not values:
+            return None
+        log = min(values) > 0 and max(values) / min(values) >= 10
+        return self.curve_figure(scenario, "train_loss", f"{self.scenario_labels[scenario]}: training loss (mean over seeds"
+                                 + (")" if log else " ± std)"),
+                                 "training loss" + (" (log scale)" if log else ""), eval_only=False, band=not log,
+                                 yaxis=dict(type="log", dtick=1) if log else dict(rangemode="tozero"))
+
+    def accuracy_bytes_figure(self, scenario: str) -> Figure | None:
+        """Personalized accuracy at each evaluated round against the bytes sent (up + down) up to it."""
+        import plotly.graph_objects as go
+
+        series = [(m, rows) for m in self.plot_order(self.methods_on(scenario))
+                  if (rows := self.curve(scenario, m, "acc_macro")) is not None and "bytes_cumulative_mean" in rows.columns]
+        if not series:
+            return None
+        scale, unit = byte_unit(max(float(np.nanmax(rows["bytes_cumulative_mean"].to_numpy(dtype=float)))
+                                    for _, rows in series))
+        fig = go.Figure()
+        for m, rows in series:
+            style, name = self.styles[m], self.label(m)
+            fig.add_trace(go.Scatter(
+                x=_clean(rows["bytes_cumulative_mean"].to_numpy(dtype=float) * scale),
+                y=_clean(rows["acc_macro_mean"].to_numpy(dtype=float) * 100), mode="lines+markers", name=name,
+                legendgroup=m, line=dict(color=style.color, width=2, dash=style.dash),
+                marker=dict(size=7, symbol=style.marker, color=style.color), cliponaxis=False,  # Local's 0 bytes
+                customdata=rows["round"].astype(int).tolist(),
+                hovertemplate=f"{_hover(name)}<br>round %{{customdata}}<br>%{{x:.4g}} {unit} sent<br>%{{y:.2f}}%"
+                              "<extra></extra>"))
+        fig.update_layout(title=f"{self.scenario_labels[scenario]}: personalized accuracy vs bytes sent so far (mean over seeds)",
+                          showlegend=True, xaxis=dict(title=f"{unit} sent up to the round (down + up)", rangemode="tozero"),
+                          yaxis=dict(title="accuracy %"))
+        return self.figures.add(fig, f"{scenario}-accuracy-bytes")
+
+    def client_accuracy(self, scenario: str, method: str) -> pd.Series:
+        """Each client's final test accuracy (%), mean over seeds; clients without test samples left out."""
+        rows = self.final_clients[(self.final_clients["scenario"] == scenario) & (self.final_clients["method"] == method)
+                                  & (self.final_clients["n"] > 0)]
+        return rows.groupby("client", sort=True)["acc"].mean() * 100
+
+    def client_accuracy_figure(self, scenario: str) -> Figure | None:
+        """One horizontal box per method of its clients' final accuracy; the box's dashed line is
+        the mean over clients, i.e. acc macro (mean over seeds)."""
+        import plotly.graph_objects as go
+
+        fig = go.Figure()
+        for m in self.plot_order(self.methods_on(scenario)):
+            values = self.client_accuracy(scenario, m)
+            if not len(values):
+                continue
+            style, name = self.styles[m], self.label(m)
+            fig.add_trace(go.Box(
+                x=values.to_numpy(dtype=float).tolist(), y=[name] * len(values), name=name, orientation="h",
+                boxmean=True, boxpoints="all" if len(values) <= MAX_BOX_POINTS else "outliers", jitter=0.6,
+                pointpos=0, line=dict(color=style.color, width=1.5), fillcolor=_rgba(style.color, 0.12),
+                marker=dict(color=style.color, symbol=style.marker, size=5, opacity=0.75),
+                text=[f"client {int(c)}" for c in values.index], hoveron="boxes+points",
+                hoverinfo="x+text", showlegend=False))
+        if not fig.data:
+            return None
+        fig.update_layout(title=f"{self.scenario_labels[scenario]}: final accuracy of each client (its mean over seeds)",
+                          showlegend=False, xaxis=dict(title="client accuracy %"),
+                          yaxis=dict(type="category", autorange="reversed", title=None))
+        return self.figures.add(fig, f"{scenario}-client-accuracy", 110 + 30 * len(fig.data))
+
+    def rank_scores(self) -> tuple[pd.DataFrame, dict[str, str]]:
+        """scenarios × methods means of RANK_FIGURE over seeds, and the methods left out and why."""
+        scenarios = list(self.spec.scenarios)
+        ran = [m for m in self.methods if any(m in self.methods_on(s) for s in scenarios)]
+        excluded = {m: "reference (told the true groups)" for m in ran if is_reference(self.method_types[m])}
+        for m in ran:
+            missing = [self.scenario_labels[s] for s in scenarios if m not in self.methods_on(s)]
+            if missing and m not in excluded:
+                excluded[m] = f"not run on {', '.join(missing)}"
+        scores = pd.DataFrame({m: [float(self.summary_row(s, m)[f"{RANK_FIGURE}_mean"]) if m in self.methods_on(s)
+                                   else math.nan for s in scenarios] for m in ran}, index=scenarios, dtype="float64")
+        return scores, excluded
+
+    def ranking(self) -> dict[str, Any]:
+        scores, excluded = self.rank_scores()
+        ranking = rank_methods(scores, excluded, RANK_FIGURE) if scores.shape[1] else None
+        out: dict[str, Any] = {"figure_title": RANK_FIGURE_TITLE, "alpha": None, "rows": [], "scenarios": [],
+                               "test": None, "notes": [], "figure": None,
+                               "excluded": self._by_reason(excluded)}
+        if ranking is None:
+            out["notes"].append("Fewer than two methods ran on every scenario: there is nothing to rank.")
+            return out
+        out["excluded"] = self._by_reason(ranking.excluded)
+        out["scenarios"] = [self.scenario_labels.get(s, s) for s in ranking.scenarios]
+        out["alpha"] = f"{ranking.alpha:g}"
+        for m in ranking.average.sort_values(kind="stable").index:
+            out["rows"].append({"method": self.label(m), "average": f"{ranking.average[m]:.2f}",
+                                "cells": [(f"{ranking.ranks.loc[s, m]:g}", f"{ranking.scores.loc[s, m] * 100:.1f}")
+                                          for s in ranking.scenarios]})
+        k, n = len(ranking.methods), len(ranking.scenarios)
+        if ranking.tested:
+            text = f"Friedman test over {n} scenarios and {k} methods: χ²({k - 1}) = {ranking.statistic:.3g}, " \
+                   f"p = {ranking.p_value:.3g}"
+            if ranking.cd is not None:
+                text += (f"; Nemenyi critical difference CD = q·√(k(k+1)/(6N)) = {q_alpha(k, ranking.alpha):.3f}·"
+                         f"√({k}·{k + 1}/(6·{n})) = {ranking.cd:.2f} at α = {ranking.alpha:g}")
+            out["test"] = text + "."
+        out["notes"] = list(ranking.notes)
+        if ranking.cd is not None:
+            out["figure"] = self.cd_diagram(ranking)
+        return out
+
+    def _by_reason(self, excluded: dict[str, str]) -> list[tuple[str, str]]:
+        """(reason, methods) with the methods that share a reason listed together."""
+        groups: dict[str, list[str]] = {}
+        for m, why in excluded.items():
+            groups.setdefault(why, []).append(self.label(m))
+        return [(why, ", ".join(names)) for why, names in groups.items()]
+
+    def cd_diagram(self, ranking: Ranking) -> Figure:
+        """Demšar's critical-difference diagram: the rank axis (1 = best, left), each method's
+        average rank joined to its label (the better half on the left, the worse on the right),
+        and a thick bar under every group of methods that do not differ significantly."""
+        import plotly.graph_objects as go
+
+        order = ranking.average.sort_values(kind="stable")
+        k = len(order)
+        names = list(order.index)
+        half = math.ceil(k / 2)
+        # Top to bottom: the outermost method first, so no label line crosses another one's.
+        sides = [("left", m, i) for i, m in enumerate(names[:half])] + \
+                [("right", m, i) for i, m in enumerate(names[half:][::-1])]
+        lo, hi, pad = 1.0, float(k), 0.3
+        bar_y = [-0.3 - 0.22 * i for i in range(len(ranking.groups))]
+        top_row = min(bar_y, default=-0.1) - 0.45
+        step = 0.5
+        fig = go.Figure()
+        line = dict(color="#222", width=1.2)
+        shapes = [dict(type="line", x0=lo, x1=hi, y0=0, y1=0, line=line)]
+        annotations = []
+        for i in range(1, k + 1):
+            shapes.append(dict(type="line", x0=i, x1=i, y0=0, y1=0.14, line=line))
+            annotations.append(dict(x=i, y=0.16, text=str(i), showarrow=False, yanchor="bottom"))
+            if i < k:
+                shapes.append(dict(type="line", x0=i + 0.5, x1=i + 0.5, y0=0, y1=0.07, line=line))
+        cd_end = min(lo + ranking.cd, hi + pad)
+        cd_y = 0.75
+        shapes += [dict(type="line", x0=lo, x1=cd_end, y0=cd_y, y1=cd_y, line=dict(color="#222", width=2)),
+                   dict(type="line", x0=lo, x1=lo, y0=cd_y - 0.07, y1=cd_y + 0.07, line=line),
+                   dict(type="line", x0=cd_end, x1=cd_end, y0=cd_y - 0.07, y1=cd_y + 0.07, line=line)]
+        annotations.append(dict(x=(lo + cd_end) / 2, y=cd_y + 0.05, text=f"CD = {ranking.cd:.2f}", showarrow=False,
+                                yanchor="bottom"))
+        for group, y in zip(ranking.groups, bar_y):
+            shapes.append(dict(type="line", x0=float(order[group[0]]) - 0.04, x1=float(order[group[-1]]) + 0.04, y0=y,
+                               y1=y, line=dict(color="#222", width=4)))
+        for side, m, i in sides:
+            rank, y = float(order[m]), top_row - step * i
+            edge = lo - pad if side == "left" else hi + pad
+            style, name = self.styles[m], self.label(m)
+            fig.add_trace(go.Scatter(x=[rank, rank, edge], y=[0, y, y], mode="lines+markers", name=name,
+                                     showlegend=False, line=dict(color=style.color, dash=style.dash, width=1.5),
+                                     marker=dict(symbol=style.marker, color=style.color, size=[10, 0, 0]),
+                                     hovertemplate=f"{_hover(name)}: average rank {rank:.2f}<extra></extra>"))
+            annotations.append(dict(x=edge, y=y, text=f"{name} ({rank:.2f})" if side == "left" else f"({rank:.2f}) {name}",
+                                    showarrow=False, xanchor="right" if side == "left" else "left",
+                                    xshift=-4 if side == "left" else 4))
+        bottom = top_row - step * (half - 1) - 0.3
+        label = int(16 + LEGEND_FONT_PX * max(len(self.label(m)) + 7 for m in names))
+        fig.update_layout(title=f"Average rank by {RANK_FIGURE_TITLE} over {len(ranking.scenarios)} scenarios "
+                                f"(Nemenyi, α = {ranking.alpha:g}; bars join methods that do not differ)",
+                          showlegend=False, shapes=shapes, annotations=annotations,
+                          xaxis=dict(visible=False, range=[lo - pad, hi + pad], fixedrange=True),
+                          yaxis=dict(visible=False, range=[bottom, 1.2], fixedrange=True))
+        height = int(70 + 60 * (1.2 - bottom))
+        return self.figures.add(fig, "ranking-cd", height, margin=dict(l=label, r=label, t=50, b=10))
+
+    def clients(self) -> list[dict[str, Any]]:
+        return [{"scenario": s, "label": self.scenario_labels[s], "figure": self.client_accuracy_figure(s)}
+                for s in self.spec.scenarios]
 
     # ------------------------------------------------------------------ sections
 
@@ -622,7 +844,8 @@ class Report:
             figs = [self.curve_figure(s, "acc_macro", f"{self.scenario_labels[s]}: personalized accuracy (mean ± std over seeds)",
                                       "accuracy %", 100),
                     self.curve_figure(s, "global_acc_mean", f"{self.scenario_labels[s]}: global accuracy (mean ± std over seeds)",
-                                      "accuracy %", 100)]
+                                      "accuracy %", 100),
+                    self.loss_figure(s)]
             out.append({"scenario": s, "label": self.scenario_labels[s], "figures": [f for f in figs if f is not None]})
         return out
 
@@ -862,10 +1085,11 @@ def render_report(spec: Spec, tables: dict[str, pd.DataFrame]) -> tuple[str, lis
         "setup": setup,
         "title": "cflpipe report", "description": spec.description or "", "version": __version__,
         "plotly_version": plotly.__version__, "sections": SECTIONS, "seeds": list(spec.seeds),
-        "n_runs": len(report.runs), "scenarios": report.overview(), "accuracy": report.accuracy(),
-        "paper_tables": paper, "details": details, "clustering": report.clustering(),
+        "n_runs": len(report.runs), "accuracy": report.accuracy(),
+        "paper_tables": paper, "details": details, "ranking": report.ranking(), "clients": report.clients(),
+        "clustering": report.clustering(),
         "communication": report.communication(), "intra_inter": report.intra_inter(),
-        "sweeps": report.sweeps(), "plot_config": json.dumps(PLOT_CONFIG, sort_keys=True),
+        "sweeps": report.sweeps(), "scenarios": report.overview(), "plot_config": json.dumps(PLOT_CONFIG, sort_keys=True),
         "alpha": f"{ALPHA:g}", "tie_mark": TIE_MARK,
         "reference_types": sorted({t for t in report.method_types.values() if is_reference(t)}), "results_dir": spec.results_dir,
     }
