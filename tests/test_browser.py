@@ -9,15 +9,20 @@ record
   `Log.entryAdded` of level error (e.g. a resource that failed to load);
 - `Network.requestWillBeSent`: every URL the page asked for, which must all be file: or data:
   (the page is self-contained and works offline).
-After the load event we poll the DOM until every `div.cfl-fig` holds plotly's rendered
-`svg.main-svg` (scripts ran and drew), then take a 1400×2400 screenshot with
-`Page.captureScreenshot` and check it is not blank (pixel variance, share of non-white pixels).
-Then, on the drawn page, the Setup section (its tables, provenance and the key of method
-styles) is there and visible, every legend fits (plotly draws a scrollbar when a legend is
-taller than its room), and the styles plotly actually drew (`_fullData` of every figure) give a
-method one colour × dash × marker in every figure and two methods never the same one: on the
-tiny report of test_report.py, and on a one-seed report of 20 method entries (families with more
-entries than colours, so dashes and markers must tell them apart).
+After the load event we poll the DOM until every `div.cfl-fig` outside a collapsed `<details>`
+holds plotly's rendered `svg.main-svg` (scripts ran and drew) while those inside one (the label
+histograms) are not drawn yet, then open every `<details>` and wait for the rest to draw at their
+container's width. Then take a 1400×2400 screenshot with `Page.captureScreenshot` and check it
+is not blank (pixel variance, share of non-white pixels). Then, on the drawn page, the Setup
+section (its tables, provenance and the key of method styles) is there and visible, the new
+views are drawn with what the aggregate holds (training loss per round, accuracy against
+cumulative bytes on an axis from 0, per-client accuracy boxes, the ranking table; a
+critical-difference diagram on a page whose ranking the Friedman test rejects), every legend
+fits (plotly draws a scrollbar when a legend is taller than its room), and the styles plotly
+actually drew (`_fullData` of every figure, box plots and the CD diagram included) give a method
+one colour × dash × marker in every figure and two methods never the same one: on the tiny report
+of test_report.py, and on a one-seed report of 20 method entries (families with more entries
+than colours, so dashes and markers must tell them apart).
 
 Skipped when no Chromium binary is installed, except under CI=true, where that is a failure (CI
 installs Debian's `chromium`; a browser test that silently skips there checks nothing).
@@ -171,18 +176,12 @@ def open_in_browser(binary: str, page: Path, profile: Path, screenshot: Path, pr
         tools.send("Page.navigate", {"url": page.resolve().as_uri()}, session)
         loaded = tools.wait_event("Page.loadEventFired", 60)
         assert loaded is not None, "the page never fired its load event"
-        probe = ("JSON.stringify({figures: document.querySelectorAll('div.cfl-fig').length,"
-                 " drawn: document.querySelectorAll('div.cfl-fig svg.main-svg').length ? "
-                 "Array.from(document.querySelectorAll('div.cfl-fig')).filter("
-                 "d => d.querySelector('svg.main-svg')).length : 0,"
-                 " failed: document.querySelectorAll('.fig-error').length,"
-                 " plotly: typeof Plotly === 'undefined' ? null : Plotly.version,"
-                 " sections: Array.from(document.querySelectorAll('main > section')).map(s => s.id)})")
-        state = json.loads(tools.evaluate(probe, session))
-        end = time.monotonic() + 30
-        while state["drawn"] + state["failed"] < state["figures"] and time.monotonic() < end:
-            tools.wait_event("__never__", 0.3)  # let events arrive while the figures draw
-            state = json.loads(tools.evaluate(probe, session))
+        state = _wait_drawn(tools, session, "visible")
+        # Figures in collapsed <details> wait for the reader; opening them draws them.
+        state["collapsed"] = json.loads(tools.evaluate(COLLAPSED_PROBE, session))
+        tools.evaluate("document.querySelectorAll('details').forEach(d => { d.open = true; })", session)
+        state = {**_wait_drawn(tools, session, "figures"), "collapsed": state["collapsed"],
+                 "drawn_before_opening": state["drawn"], "visible_before_opening": state["visible"]}
         tools.wait_event("__never__", 0.5)  # late console messages
         shot = tools.send("Page.captureScreenshot", {"format": "png"}, session)
         screenshot.write_bytes(base64.b64decode(shot["data"]))
@@ -190,6 +189,33 @@ def open_in_browser(binary: str, page: Path, profile: Path, screenshot: Path, pr
         return {"state": state, "events": list(tools.events), **found}
     finally:
         tools.close()
+
+
+FIGURES_PROBE = ("JSON.stringify({figures: document.querySelectorAll('div.cfl-fig').length,"
+                 " visible: Array.from(document.querySelectorAll('div.cfl-fig')).filter("
+                 "d => !d.closest('details:not([open])')).length,"
+                 " drawn: Array.from(document.querySelectorAll('div.cfl-fig')).filter("
+                 "d => d.querySelector('svg.main-svg')).length,"
+                 " failed: document.querySelectorAll('.fig-error').length,"
+                 " plotly: typeof Plotly === 'undefined' ? null : Plotly.version,"
+                 " sections: Array.from(document.querySelectorAll('main > section')).map(s => s.id)})")
+# Figures inside closed <details> at load: how many, and how many of them plotly drew already.
+COLLAPSED_PROBE = """JSON.stringify((() => {
+  const inside = Array.from(document.querySelectorAll('details:not([open]) div.cfl-fig'));
+  return {details: document.querySelectorAll('details').length,
+          open: document.querySelectorAll('details[open]').length, figures: inside.length,
+          drawn: inside.filter(d => d.querySelector('svg.main-svg')).length};
+})())"""
+
+
+def _wait_drawn(tools: "DevTools", session: str, target: str, seconds: float = 30) -> dict:
+    """Poll until `target` (the key of FIGURES_PROBE: visible or all figures) are drawn or failed."""
+    state = json.loads(tools.evaluate(FIGURES_PROBE, session))
+    end = time.monotonic() + seconds
+    while state["drawn"] + state["failed"] < state[target] and time.monotonic() < end:
+        tools.wait_event("__never__", 0.3)  # let events arrive while the figures draw
+        state = json.loads(tools.evaluate(FIGURES_PROBE, session))
+    return state
 
 
 def console_problems(events: list[dict]) -> list[str]:
@@ -211,9 +237,10 @@ def requested_urls(events: list[dict]) -> list[str]:
     return [e["params"]["request"]["url"] for e in events if e["method"] == "Network.requestWillBeSent"]
 
 
-# Drawn styles of every scatter trace (plotly's resolved `_fullData`), bands and error bars aside.
+# Drawn styles of every scatter and box trace (plotly's resolved `_fullData`), bands and error
+# bars aside; a box has no dash, so it counts as a marker-only trace (colour and marker).
 STYLES_PROBE = """JSON.stringify(Array.from(document.querySelectorAll('div.cfl-fig')).flatMap(d =>
-  (d._fullData || []).filter(t => t.type === 'scatter' && t.fill !== 'toself' && t.name).map(t => ({
+  (d._fullData || []).filter(t => (t.type === 'scatter' || t.type === 'box') && t.fill !== 'toself' && t.name).map(t => ({
     figure: d.id, name: t.name, color: (t.line || {}).color || (t.marker || {}).color,
     dash: (t.line || {}).dash || null, symbol: (t.marker || {}).symbol || null,
     mode: t.mode}))))"""
@@ -238,7 +265,43 @@ SETUP_PROBE = """JSON.stringify((() => {
           text: s.innerText, key_drawn: !!(key && key.querySelector('svg.main-svg')),
           key_traces: key && key._fullData ? key._fullData.length : 0};
 })())"""
-PROBES = {"styles": STYLES_PROBE, "legends": LEGENDS_PROBE, "setup": SETUP_PROBE}
+# The new views as drawn: per figure its section, title, drawn width, traces (type, name, x, y of
+# the resolved data) and axis ranges; the ranking section's table and notes; the label histograms.
+VIEWS_PROBE = """JSON.stringify((() => {
+  const figures = Array.from(document.querySelectorAll('div.cfl-fig')).map(d => {
+    const layout = d._fullLayout || {};
+    return {id: d.id, section: d.closest('section').id, title: (layout.title || {}).text || '',
+            width: d.getBoundingClientRect().width, height: d.getBoundingClientRect().height,
+            drawn: !!d.querySelector('svg.main-svg'),
+            xrange: layout.xaxis ? layout.xaxis.range : null, yrange: layout.yaxis ? layout.yaxis.range : null,
+            ytype: layout.yaxis ? layout.yaxis.type : null,
+            traces: (d._fullData || []).map(t => ({type: t.type, name: t.name, x: t.x ? Array.from(t.x) : null,
+                                                  y: t.y ? Array.from(t.y) : null, visible: t.visible}))};
+  });
+  const ranking = document.getElementById('ranking');
+  return {figures: figures,
+          ranking: {visible: ranking.getBoundingClientRect().height > 100,
+                    rows: Array.from(ranking.querySelectorAll('#ranking-table tbody tr')).map(tr =>
+                      Array.from(tr.children).map(c => c.textContent.trim())),
+                    notes: Array.from(ranking.querySelectorAll('p.note')).map(p => p.textContent)},
+          labels: Array.from(document.querySelectorAll('details.labels')).map(d => ({id: d.id, open: d.open}))};
+})())"""
+# The critical-difference diagram as drawn: its traces (the methods' lines from the axis to their
+# labels), thick group bars (shapes), label annotations, and whether every label lies inside the
+# figure (the margins make room for them).
+CD_PROBE = """JSON.stringify((() => {
+  const d = document.querySelector('#ranking div.cfl-fig'); if (!d) return null;
+  const box = d.getBoundingClientRect();
+  const labels = Array.from(d.querySelectorAll('g.annotation')).map(a => {
+    const r = a.getBoundingClientRect();
+    return {text: a.textContent, inside: r.left >= box.left - 1 && r.right <= box.right + 1};
+  });
+  return {drawn: !!d.querySelector('svg.main-svg'),
+          traces: d._fullData.map(t => ({name: t.name, x: Array.from(t.x), y: Array.from(t.y)})),
+          bars: d._fullLayout.shapes.filter(s => s.line.width === 4).map(s => [s.x0, s.x1]),
+          labels: labels};
+})())"""
+PROBES = {"styles": STYLES_PROBE, "legends": LEGENDS_PROBE, "setup": SETUP_PROBE, "views": VIEWS_PROBE}
 
 
 def require_chromium() -> str:
@@ -257,7 +320,7 @@ def method_styles(drawn: list[dict], labels: list[str]) -> dict[str, set]:
     styles: dict[str, set] = {}
     for t in drawn:
         if t["name"] in labels:
-            dash = t["dash"] if "lines" in (t["mode"] or "") else None
+            dash = t["dash"] if "lines" in (t.get("mode") or "") else None  # a box has no mode
             styles.setdefault(t["name"], set()).add((t["color"], dash, t["symbol"]))
     return styles
 
@@ -291,9 +354,13 @@ def _report_helpers():
 
 
 @pytest.fixture(scope="module")
-def report_page(tmp_path_factory) -> Path:
-    helpers = _report_helpers()
-    return helpers.built_report(tmp_path_factory)["index"]
+def built_report_dir(tmp_path_factory) -> dict:
+    return _report_helpers().built_report(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def report_page(built_report_dir) -> Path:
+    return built_report_dir["index"]
 
 
 def test_report_renders_in_chromium(report_page, tmp_path):
@@ -306,11 +373,14 @@ def test_report_renders_in_chromium(report_page, tmp_path):
     outside = [u for u in requested_urls(events) if not u.startswith(("file:", "data:", "about:"))]
     assert outside == [], f"the page requested non-local resources: {outside}"
     assert state["plotly"], "plotly.js was not defined on the page"
-    assert state["sections"] == ["setup", "overview", "accuracy", "comparison", "clustering", "communication",
-                                 "intra-inter", "sweeps"]
+    assert state["sections"] == ["setup", "accuracy", "comparison", "ranking", "clients", "clustering",
+                                 "communication", "intra-inter", "sweeps", "overview"]
     assert state["figures"] > 10
     assert state["failed"] == 0
     assert state["drawn"] == state["figures"], state
+    # The two label histograms were collapsed and undrawn until opened.
+    assert state["collapsed"] == {"details": 2, "open": 0, "figures": 2, "drawn": 0}
+    assert state["drawn_before_opening"] == state["visible_before_opening"] == state["figures"] - 2
 
     from matplotlib.image import imread
 
@@ -332,6 +402,102 @@ def test_report_renders_in_chromium(report_page, tmp_path):
     assert setup["key_drawn"] and setup["key_traces"] == 4
     check_styles(seen["styles"], ["fedavg", "oracle", "prox-lo", "prox-hi"])
     check_legends(seen["legends"])
+    check_views(seen["views"], report_page)
+
+
+def check_views(views: dict, page: Path) -> None:
+    """The new sections, as drawn, show what the aggregate next to the page holds."""
+    import numpy as np
+    import pandas as pd
+
+    aggregate = page.parent.parent / "aggregate"
+    curves = pd.read_parquet(aggregate / "curves.parquet")
+    clients = pd.read_parquet(aggregate / "final_clients.parquet")
+    figures = views["figures"]
+    assert all(f["drawn"] and f["width"] > 400 for f in figures), [f["id"] for f in figures if not f["drawn"]]
+
+    def titled(start: str) -> list[dict]:
+        return [f for f in figures if f["title"].startswith(start)]
+
+    for scenario in ("swap", "skew"):
+        rows = curves[curves["scenario"] == scenario]
+        # Training loss: one line per method over every round.
+        (loss,) = titled(f"{scenario}: training loss")
+        assert loss["section"] == "accuracy"
+        lines = {t["name"]: t for t in loss["traces"] if t["type"] == "scatter" and t["y"] and len(t["x"]) == 3}
+        assert set(lines) == set(rows["method"])
+        for name, t in lines.items():
+            want = rows.loc[rows["method"] == name, "train_loss_mean"].to_numpy()
+            np.testing.assert_allclose(t["y"], want, rtol=1e-9)
+        # Accuracy vs cumulative bytes; the x-axis starts at 0 (or just left of it, for markers).
+        (acc_bytes,) = titled(f"{scenario}: personalized accuracy vs bytes sent so far")
+        assert acc_bytes["section"] == "communication" and acc_bytes["xrange"][0] <= 0
+        assert acc_bytes["xrange"][0] > -0.1 * acc_bytes["xrange"][1]
+        for t in acc_bytes["traces"]:
+            want = rows.loc[(rows["method"] == t["name"]) & rows["eval"], "bytes_cumulative_mean"].to_numpy() / 1e6
+            np.testing.assert_allclose(t["x"], want, rtol=1e-9)
+        # Bytes per round start at 0: equal models are not blown up to the plot's full height.
+        for direction in ("down", "up"):
+            (per_round,) = titled(f"{scenario}: bytes {direction} per round")
+            top = max(max(v for v in t["y"] if v is not None) for t in per_round["traces"])
+            assert per_round["yrange"][0] <= 0 and per_round["yrange"][1] < 1.5 * top
+        # Per-client accuracy: one box per method with one point per client (mean over seeds).
+        (boxes,) = titled(f"{scenario}: final accuracy of each client")
+        assert boxes["section"] == "clients" and {t["type"] for t in boxes["traces"]} == {"box"}
+        for t in boxes["traces"]:
+            one = clients[(clients["scenario"] == scenario) & (clients["method"] == t["name"]) & (clients["n"] > 0)]
+            np.testing.assert_allclose(sorted(t["x"]), sorted(one.groupby("client")["acc"].mean() * 100), rtol=1e-9)
+    # The ranking: a visible table of the three non-reference methods, and why there is no diagram.
+    ranking = views["ranking"]
+    assert ranking["visible"] and sorted(r[0] for r in ranking["rows"]) == ["fedavg", "prox-hi", "prox-lo"]
+    assert all(len(r) == 4 for r in ranking["rows"])  # method, average rank, one cell per scenario
+    assert any("no critical-difference diagram is drawn" in n for n in ranking["notes"])
+    assert not [f for f in figures if f["section"] == "ranking"]
+    # The label histograms, opened by the test, drew at their container's width.
+    assert [d["id"] for d in views["labels"]] == ["labels-swap", "labels-skew"] and all(d["open"] for d in views["labels"])
+    assert [f["width"] > 400 for f in figures if f["section"] == "overview"] == [True, True]
+
+
+def test_critical_difference_diagram_renders(built_report_dir, tmp_path, monkeypatch):
+    """A ranking the Friedman test rejects (12 scenarios, one order with noise), drawn in Chromium:
+    each method's line starts at its average rank, one bar per Nemenyi group, labels inside."""
+    import numpy as np
+    import pandas as pd
+
+    from cflpipe.report import build
+    from cflpipe.report.aggregate import read_aggregate
+    from cflpipe.report.ranks import rank_methods
+
+    binary = require_chromium()
+    spec = built_report_dir["spec"]
+    methods = ["fedavg", "oracle", "prox-lo", "prox-hi"]
+    rng = np.random.default_rng(3)
+    scores = pd.DataFrame({m: 0.9 - 0.03 * i + 0.02 * rng.standard_normal(12) for i, m in enumerate(methods)},
+                          index=[f"s{i}" for i in range(12)])
+    want = rank_methods(scores)
+    assert want.significant and want.groups and len(want.groups) < len(methods)
+    monkeypatch.setattr(build.Report, "rank_scores", lambda self: (scores, {}))
+    html, _ = build.render_report(spec, read_aggregate(spec))
+    page = tmp_path / "cd.html"
+    page.write_text(html)
+    seen = open_in_browser(binary, page, tmp_path / "profile", tmp_path / "cd.png",
+                           {"cd": CD_PROBE, "styles": STYLES_PROBE})
+    assert console_problems(seen["events"]) == []
+    cd = seen["cd"]
+    assert cd and cd["drawn"]
+    starts = {t["name"]: t["x"][0] for t in cd["traces"]}
+    assert starts == pytest.approx(want.average.to_dict())
+    assert all(t["y"][0] == 0 for t in cd["traces"])  # every line starts on the rank axis
+    order = want.average
+    bars = sorted((order[g[0]] - 0.04, order[g[-1]] + 0.04) for g in want.groups)
+    assert [x for bar in sorted(cd["bars"]) for x in bar] == pytest.approx([x for bar in bars for x in bar])
+    assert [lab for lab in cd["labels"] if not lab["inside"]] == []
+    # The better half labelled on the left ("name (rank)"), the worse half on the right.
+    ranked = list(order.sort_values().index)
+    assert sorted(lab["text"] for lab in cd["labels"] if "(" in lab["text"]) == sorted(
+        [f"{m} ({order[m]:.2f})" for m in ranked[:2]] + [f"({order[m]:.2f}) {m}" for m in ranked[2:]])
+    assert any(lab["text"] == f"CD = {want.cd:.2f}" for lab in cd["labels"])
+    check_styles(seen["styles"], methods)
 
 
 # 20 entries: 8 baselines (more than the family's 6 colours), 7 of the seed papers' methods (as
