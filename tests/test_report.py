@@ -774,7 +774,7 @@ def test_ranking_section_ranks_the_summary_means(built):
         got = re.findall(r'<td>([0-9.]+) <span class="muted">\(([0-9.]+)\)</span></td>', cells)
         assert got == [(f"{ranks[s][method]:g}", f"{means[s][method] * 100:.1f}") for s in SCENARIOS]
     p = friedmanchisquare(*([means[s][m] for s in SCENARIOS] for m in ranked)).pvalue
-    assert f"χ²(2) = " in section and f"p = {p:.3g}" in section
+    assert "χ²(2) = " in section and f"p = {p:.3g}" in section
     # Three methods on two scenarios can never reach p < 0.05 (χ² ≤ N(k − 1) = 4): no diagram.
     assert p >= 0.135 and "no critical-difference diagram is drawn" in section and "cfl-fig" not in section
     assert "Not ranked: reference (told the true groups): oracle." in section

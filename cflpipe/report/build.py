@@ -48,7 +48,7 @@ from cflpipe.spec import TRAINING_KEYS, Spec, Training, merge_training, spec_sha
 SECTIONS = (("setup", "Setup"), ("accuracy", "Accuracy & loss vs round"), ("comparison", "Final comparison"),
             ("ranking", "Average rank"), ("clients", "Per-client accuracy"), ("clustering", "Clustering"),
             ("communication", "Communication & time"), ("intra-inter", "Intra- vs inter-cluster accuracy"),
-            ("sweeps", "Hyper-parameter sweeps"), ("overview", "Scenarios & label histograms"))
+            ("sweeps", "Hyper-parameter sweeps"), ("overview", "Scenarios & labels"))
 # The figure methods are ranked by across scenarios (mean over seeds; higher is better).
 RANK_FIGURE, RANK_FIGURE_TITLE = "acc_macro", "personalized accuracy (acc macro)"
 # Per-client box plots draw every client as a point up to this many clients, outliers only beyond.
