@@ -856,3 +856,20 @@ def test_label_histograms_are_collapsed_below_the_results(built):
         assert "label share of each client" in inner and 'class="cfl-fig"' in inner
     assert "<details open" not in html  # collapsed until the reader opens one
     assert html.count('class="cfl-fig"') - sum(d[1].count('class="cfl-fig"') for d in details) > 10
+
+
+def test_ranking_leaves_out_a_method_without_a_result(built):
+    from cflpipe.report.aggregate import read_aggregate
+    from cflpipe.report.build import render_report
+
+    spec = built["spec"]
+    tables = read_aggregate(spec)
+    summary = tables["summary"]
+    # As if every seed of prox-hi diverged on skew: its mean is undefined there.
+    summary.loc[(summary["scenario"] == "skew") & (summary["method"] == "prox-hi"), "acc_macro_mean"] = math.nan
+    html, _ = render_report(spec, tables)
+    section = re.search(r'<section id="ranking">.*?</section>', html, re.S).group(0)
+    assert "Not ranked: reference (told the true groups): oracle; no acc_macro on skew: prox-hi." in section
+    assert re.findall(r'<tr><th scope="row">([^<]+)</th>', section.split('id="ranking-table"')[1]) \
+        in (["fedavg", "prox-lo"], ["prox-lo", "fedavg"])
+    assert "at least 3 methods and 2 scenarios (here 2 methods on 2 scenarios)" in section

@@ -592,6 +592,11 @@ class Report:
                 excluded[m] = f"not run on {', '.join(missing)}"
         scores = pd.DataFrame({m: [float(self.summary_row(s, m)[f"{RANK_FIGURE}_mean"]) if m in self.methods_on(s)
                                    else math.nan for s in scenarios] for m in ran}, index=scenarios, dtype="float64")
+        for m in ran:
+            undefined = [self.scenario_labels[s] for s in scenarios if m in self.methods_on(s)
+                         and not math.isfinite(scores.loc[s, m])]
+            if undefined and m not in excluded:  # e.g. every seed diverged there
+                excluded[m] = f"no {RANK_FIGURE} on {', '.join(undefined)}"
         return scores, excluded
 
     def ranking(self) -> dict[str, Any]:
