@@ -5,12 +5,13 @@
 rule aggregate:
     input:
         spec=ancient(SPEC_FILE),
-        runs=run_files("summary.json", "rounds.parquet", "config.yaml", "timing.json"),
+        runs=run_files("summary.json", "rounds.parquet", "metrics.parquet", "config.yaml", "timing.json"),
     output:
         runs=f"{AGGREGATE}/runs.parquet",
         summary=f"{AGGREGATE}/summary.parquet",
         curves=f"{AGGREGATE}/curves.parquet",
         timing=f"{AGGREGATE}/timing.parquet",
+        final_clients=f"{AGGREGATE}/final_clients.parquet",
         metrics=f"{AGGREGATE}/metrics.json",
         csv=report(
             f"{AGGREGATE}/summary.csv",
