@@ -107,6 +107,19 @@ def test_kmeans_from_given_centers_and_empty_clusters():
         kmeans(x, 5)
 
 
+def test_kmeans_stops_after_max_iter_lloyd_steps():
+    # Hand-computed Lloyd steps from centers 0 and 1: {0} | {1, 2, 3, 10, 11} -> 0, 5.4;
+    # {0, 1, 2} | {3, 10, 11} -> 1, 8; {0, 1, 2, 3} | {10, 11} -> 1.5, 10.5, then stable.
+    x = torch.tensor([[0.0], [1.0], [2.0], [3.0], [10.0], [11.0]], dtype=torch.float64)
+    start = torch.tensor([[0.0], [1.0]], dtype=torch.float64)
+    steps = {n: kmeans(x, 2, init=start, max_iter=n) for n in (1, 2, 100)}
+    assert steps[1].centers.flatten().tolist() == pytest.approx([0.0, 5.4])
+    assert steps[1].iterations == 1 and steps[1].labels.tolist() == [0, 0, 0, 1, 1, 1]
+    assert steps[2].centers.flatten().tolist() == pytest.approx([1.0, 8.0]) and steps[2].iterations == 2
+    assert steps[100].centers.flatten().tolist() == pytest.approx([1.5, 10.5])
+    assert steps[100].labels.tolist() == [0, 0, 0, 0, 1, 1] and steps[100].inertia == pytest.approx(5.5)
+
+
 def test_kmeans_plus_plus():
     centers = torch.tensor([[0.0, 0.0], [20.0, 0.0]], dtype=torch.float64)
     x, truth = blobs(centers, 15, 1.0)

@@ -20,6 +20,8 @@ check_estimator): a method that registers itself is checked here without being n
 from __future__ import annotations
 
 import json
+import math
+import typing
 from pathlib import Path
 
 import numpy as np
@@ -150,10 +152,12 @@ def test_evaluating_more_often_does_not_change_training(name, reference_runs, tm
         json.loads((reference_runs[name] / "summary.json").read_text())["final"]
 
 
-def play(run, rounds: int, poison: bool = False) -> None:
-    """Engine rounds without outputs; with `poison`, every server tensor the method checkpoints
-    is NaN while the clients plan and finish (restored before aggregation)."""
+def play(run, rounds: int, poison: bool = False) -> list[dict]:
+    """Engine rounds without outputs, returning the method's round metrics; with `poison`, every
+    server tensor the method checkpoints is NaN while the clients plan and finish (restored
+    before aggregation)."""
     method, ctx = run.method, run.ctx
+    reported = []
     for r in range(rounds):
         ctx.round = r
         sampled = run.sample(r)
@@ -177,6 +181,8 @@ def play(run, rounds: int, poison: bool = False) -> None:
                 f"client {c} of round {r + 1} used server state that was not in its payload"
             assert not update.result.diverged
         method.receive(updates)
+        reported.append(method.round_metrics())
+    return reported
 
 
 @pytest.mark.parametrize("name", METHODS)
@@ -253,3 +259,149 @@ def test_batched_trainer_equals_sequential(name, tmp_path):
     for name in sa:
         scale = max(float(sa[name].abs().max()), 1e-12)
         assert float((sa[name] - sb[name]).abs().max()) <= 1e-5 * scale, name
+
+
+# --- every hyper-parameter has an effect ---------------------------------------------------------
+# A hyper-parameter that silently loses its effect leaves every other check green, so each one is
+# changed from the fixture's value and the trained state must change. The change is generic
+# (flip a bool, another Literal choice, an int + 1, a float doubled, or halved at its upper
+# bound); a new method's parameters are checked without being named here.
+
+# Values where the generic change would not act within ROUNDS rounds on the fixture; a class of
+# None applies to every method with that parameter.
+EFFECTIVE_VALUE = {
+    ("CFL", "eps1"): 1e-6,        # EARLY splits at once (eps1 100); a tiny eps1 never splits
+    ("CFL", "eps2"): 100.0,       # EARLY's eps2 1e-6 always splits; 100 never does
+    ("CFL", "warmup"): 3,
+    ("CFL", "min_members"): 4,
+    ("CFL", "gamma_max"): 0.99,   # refuses any bipartition whose halves are not near-opposite
+    ("FedAC", "pca_every"): 1,
+    ("FedAC", "max_clusters"): 1,
+    ("FedAC", "components"): 1,
+    ("FedAC", "cnt_start"): ROUNDS + 1,  # the fixture's CNT acts in the last round only
+    ("FLHC", "cluster_round"): 2,
+    ("FLHC", "distance_threshold"): 1e-6,
+    ("FLHC", "linkage"): "single",
+    ("FLHC", "metric"): "cityblock",
+    ("KMeansCFL", "cluster_start"): 2,
+    ("FedGroup", "pretrain_scale"): 3,
+    ("FedGroup", "kmeans_init"): 1,  # one k-means start instead of EARLY's several
+    ("FeSEM", "init_restarts"): 1,
+    ("Ditto", "personal_steps"): 1,
+    ("PerFedAvg", "beta"): 0.5,
+    ("FedTSDP", "shared_layers"): 0,
+    ("FedTSDP", "eps_js"): 1.0,              # every client in one stage-1 group
+    ("FedTSDP", "hopkins_threshold"): 0.99,  # the fixture's H (about 0.4) then never clusters
+    ("FedTSDP", "hopkins_fraction"): 1.0,    # 0.1 and 0.2 of 3 clients both round to 1 sample
+    (None, "feature_samples"): 1,            # MCFL: 100 and 101 samples' feature means pick alike
+}
+
+# Settings of the other parameters under which the change can act, applied to both runs; a
+# parameter of None applies to every parameter of the class.
+SETTING = {
+    # EARLY's eps2 always splits; 0.5 splits only when it multiplies the measured scale
+    ("CFL", "thresholds"): {"eps2": 0.5},
+    # EARLY's K decides FL+HC's cut; the distance threshold acts only without it
+    ("FLHC", "distance_threshold"): {"clusters": None},
+    ("FLHC", "threshold"): {"clusters": None, "distance_threshold": 1.0},
+    # FL+HC clusters all 6 clients: two true groups cut in 2 the same way under any linkage
+    ("FLHC", "linkage"): {"clusters": 4},
+    ("FLHC", "metric"): {"clusters": 4, "linkage": "average"},
+    # α weighs the UNKNOWN samples, which exist only with unknown: extra
+    ("FCCA", "alpha"): {"unknown": "extra"},
+    # radii between the fixture's distances (JS about 0.002-0.01, weights 0.17-0.36) for the
+    # stage under test, the other stage's radius taking everything
+    ("FedTSDP", "eps_js"): {"eps_js": 0.003, "eps_weights": 1.0},
+    ("FedTSDP", None): {"eps_js": 1.0, "eps_weights": 0.2},
+}
+
+# Parameters that cannot change the fixture's trained state, each with the reason; they are
+# checked elsewhere where their effect can show.
+NO_EFFECT_HERE: dict[tuple[str, str], str] = {
+    ("FedGroup", "kmeans_iter"): "Lloyd's iterations: k-means of the fixture's 4 pre-trained clients "
+                                 "converges in one; clustering.kmeans's max_iter is tested in test_clustering",
+    ("FeSEM", "init_iter"): "Lloyd's iterations: k-means of the fixture's 3 first models converges in one; "
+                            "clustering.kmeans's max_iter is tested in test_clustering",
+}
+
+
+def _lookup(table: dict, cls_name: str, field_name: str, default=None):
+    for key in ((cls_name, field_name), (None, field_name), (cls_name, None)):
+        if key in table:
+            return table[key]
+    return default
+
+
+def _perturbed(cls_name: str, field_name: str, field, value):
+    if (effective := _lookup(EFFECTIVE_VALUE, cls_name, field_name)) is not None:
+        return effective
+    annotation = field.annotation
+    if annotation is bool:
+        return not value
+    if getattr(annotation, "__origin__", None) is typing.Literal:
+        return next(choice for choice in annotation.__args__ if choice != value)
+    upper = min([m.le for m in field.metadata if hasattr(m, "le")] +
+                [m.lt - 1e-9 for m in field.metadata if hasattr(m, "lt")], default=math.inf)
+    if isinstance(value, bool) or value is None:
+        raise AssertionError(f"{cls_name}.{field_name}: no generic change of {value!r}; add it to EFFECTIVE_VALUE")
+    if isinstance(value, int):
+        return value + 1 if value + 1 <= upper else value - 1
+    changed = value * 2 if value else min(0.5, upper)
+    return changed if changed <= upper else value / 2
+
+
+def _trained_state(tmp_path: Path, name: str, overrides: dict) -> list[torch.Tensor]:
+    overrides = dict(overrides)
+    raw = spec_dict(tmp_path, name, **overrides.pop("training", {}))
+    raw["methods"][name] = hyperparams(name) | overrides
+    run = prepare_run(parse_spec(raw), "s", name, 0)
+    reported = play(run, ROUNDS)
+    vectors, index = run.method.eval_models()
+    parts = [torch.stack(vectors).double(), torch.as_tensor(np.asarray(index, dtype=np.float64))]
+    if (assignment := run.method.assignment()) is not None:
+        parts.append(torch.as_tensor(np.asarray(assignment, dtype=np.float64)))
+    clients = run.ctx.clients.state_dict()
+    parts += [clients[key].double().flatten() for key in sorted(clients)]
+    # what the server keeps (MCFL's uploaded feature means, FedTSDP's sampling weights)
+    parts += _numbers(run.method.state_dict())
+    # what the method reports per round (a Hopkins statistic, a similarity) is an effect too
+    parts += [torch.tensor(np.asarray(value, dtype=np.float64)).flatten()
+              for metrics in reported for _, value in sorted(metrics.items())]
+    return parts
+
+
+def _numbers(value) -> list[torch.Tensor]:
+    if isinstance(value, dict):
+        return [t for key in sorted(value, key=str) for t in _numbers(value[key])]
+    if isinstance(value, (list, tuple)):
+        return [t for item in value for t in _numbers(item)]
+    if isinstance(value, torch.Tensor):
+        return [value.detach().cpu().double().flatten()]
+    if isinstance(value, (np.ndarray, int, float, np.number)) and not isinstance(value, bool):
+        return [torch.as_tensor(np.asarray(value, dtype=np.float64)).flatten()]
+    return []
+
+
+def _same_state(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    return len(a) == len(b) and all(u.shape == v.shape and torch.equal(u, v) for u, v in zip(a, b))
+
+
+# Variants share their base's code: each (class, parameter) is checked once, on its first name.
+EFFECT_CASES = list({(all_methods()[name].cls.__name__, field): (name, field)
+                     for name in reversed(METHODS) for field in all_methods()[name].params.model_fields}.values())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,field_name", EFFECT_CASES)
+def test_every_hyperparameter_changes_training(name, field_name, tmp_path):
+    info = all_methods()[name]
+    cls_name = info.cls.__name__
+    if (cls_name, field_name) in NO_EFFECT_HERE:
+        pytest.skip(NO_EFFECT_HERE[cls_name, field_name])
+    setting = _lookup(SETTING, cls_name, field_name, {})
+    value = getattr(info.params(**hyperparams(name) | {k: v for k, v in setting.items() if k != "training"}),
+                    field_name)
+    changed = _perturbed(cls_name, field_name, info.params.model_fields[field_name], value)
+    reference = _trained_state(tmp_path / "reference", name, setting)
+    ours = _trained_state(tmp_path / "changed", name, setting | {field_name: changed})
+    assert not _same_state(reference, ours), f"{name}: {field_name} {value!r} -> {changed!r} changed nothing"

@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -523,3 +524,23 @@ def test_a_failed_seed_does_not_stop_the_jobs_other_seeds(tmp_path):
     assert done.stderr.count("\n") == 1 and done.stderr.startswith("error: run swap/fedavg/seed0 ")
     assert (spec.run_dir("swap", "fedavg", 1) / "summary.json").is_file()
     assert not (spec.run_dir("swap", "fedavg", 0) / "summary.json").exists()
+
+
+# ---------------------------------------------------------------------------- client sampling
+
+def test_sampling_changes_every_round_and_follows_the_seed(tmp_path):
+    from cflpipe.fl.engine import prepare_run
+
+    spec = parse_spec(tiny_spec(tmp_path, rounds=40, clients_per_round=3))
+    seed0, seed1 = (prepare_run(spec, "swap", "fedavg", seed) for seed in (0, 1))
+    draws = [seed0.sample(r) for r in range(40)]
+    for sampled in draws:
+        assert len(sampled) == 3 and len(set(sampled.tolist())) == 3 and list(sampled) == sorted(sampled)
+        assert 0 <= sampled.min() and sampled.max() < 8
+    # a new draw every round, repeated for the same seed and round, other draws for another seed
+    assert len({tuple(s) for s in draws}) > 20
+    assert all((seed0.sample(r) == draws[r]).all() for r in range(40))
+    assert sum((seed1.sample(r) == draws[r]).all() for r in range(40)) < 10
+    # uniform without replacement: every client is drawn 40 · 3/8 = 15 times in expectation
+    counts = np.bincount(np.concatenate(draws), minlength=8)
+    assert counts.sum() == 120 and counts.min() >= 5 and counts.max() <= 25
