@@ -35,11 +35,15 @@ class Strict(BaseModel):
 
 # --------------------------------------------------------------------------- training
 
+# cflpipe.models' built-in networks (that module imports torch, this one must not).
+MODEL_NAMES = ("mlp", "cnn", "cnn_tsdp", "resnet18")
+
 
 class Training(Strict):
     """Training settings shared by every run; a scenario or method may override any key."""
 
-    model: Literal["mlp", "cnn", "cnn_tsdp", "resnet18"] = Field("cnn", description="network (cflpipe.models)")
+    model: str = Field("cnn", description="network: built in (cflpipe.models), a plugin's (entry point group "
+                                          "cflpipe.models) or a module:Class reference")
     rounds: int = Field(40, ge=1, le=MAX_COUNT, description="communication rounds")
     clients_per_round: int = Field(10, ge=1, description="clients sampled each round")
     local_steps: int | None = Field(5, ge=1, description="local SGD iterations per round")
@@ -62,6 +66,18 @@ class Training(Strict):
     on_divergence: Literal["stop", "skip"] = Field(
         "stop", description="NaN/inf loss: stop the run, or skip that client's update"
     )
+
+    @field_validator("model")
+    @classmethod
+    def _model_name(cls, value: str) -> str:
+        # Names only (no torch here): whether a plugin's model imports is checked by parse_spec.
+        from cflpipe.plugins import MODELS_GROUP, entry_point_names, is_reference
+
+        names = [*MODEL_NAMES, *(n for n in entry_point_names(MODELS_GROUP) if n not in MODEL_NAMES)]
+        if value in names or is_reference(value):
+            return value
+        raise ValueError(f"must be one of {', '.join(map(repr, names))} or a module:Class reference, "
+                         f"got {_short(value)}")
 
     @model_validator(mode="before")
     @classmethod
@@ -591,10 +607,30 @@ def parse_spec(data: Any, *, check_methods: bool = True, check_datasets: bool = 
             problems += _check_method(spec, method)
     if check_methods:
         problems += _check_scenario_hyperparams(spec)
+        problems += _check_models(spec)
     if problems:
         # A bad scenario override would otherwise be reported once per method.
         raise SpecError("\n".join(dict.fromkeys(problems)))
     return spec
+
+
+def _check_models(spec: Spec) -> list[str]:
+    """Models that are not built in (a plugin's, a module:Class reference) import: one line at the
+    key that names them when they do not (the names themselves are checked by Training)."""
+    from cflpipe.models import model_factory
+
+    layers = [("training", spec.training.model_dump())]
+    layers += [(f"scenarios.{name}.training", sc.training) for name, sc in spec.scenarios.items()]
+    layers += [(f"methods.{name}.training", entry.training) for name, entry in spec.methods.items()]
+    problems = []
+    for where, layer in layers:
+        model = layer.get("model")
+        if isinstance(model, str) and model not in MODEL_NAMES:
+            try:
+                model_factory(model, f"{where}.model")
+            except SpecError as exc:
+                problems.append(str(exc))
+    return problems
 
 
 def _check_labels(spec: Spec) -> list[str]:
@@ -754,17 +790,22 @@ def _check_method(spec: Spec, method: str) -> list[str]:
 def _check_scenario_hyperparams(spec: Spec) -> list[str]:
     """A scenario's `hyperparams` key that no method running on it takes, or that every such method
     overrides, would silently do nothing: an error, not a no-op."""
-    from cflpipe.methods import all_methods
+    from cflpipe.methods import method_info
 
-    methods = all_methods()
+    def info(name: str):
+        try:  # unknown types and plugins that fail to load are reported by _check_method
+            return method_info(spec.method_type(name))
+        except (KeyError, SpecError):
+            return None
+
     problems = []
     for scenario, sc in spec.scenarios.items():
         known: set[str] = set()
         used: set[str] = set()
         for name in spec.methods:
-            if not spec.runs_on(name, scenario) or spec.method_type(name) not in methods:
+            if not spec.runs_on(name, scenario) or info(name) is None:
                 continue
-            has = set(methods[spec.method_type(name)].params.model_fields)
+            has = set(info(name).params.model_fields)
             known |= has
             used |= has - set(spec.methods[name].hyperparams)
         for key in sc.hyperparams:
