@@ -228,23 +228,22 @@ def register_model(name: str):
     `name`; for plugins, which may equally just name the class in a `cflpipe.models` entry point."""
 
     def decorate(factory: ModelFactory) -> ModelFactory:
+        from cflpipe.plugins import describe_object
+
         old = MODELS.get(name)
         if old is not None and old is not factory:
-            raise ValueError(f"model name {name!r} is already registered by {_qualname(old)}; choose another name")
+            raise ValueError(f"model name {name!r} is already registered by {describe_object(old)}; choose another name")
         MODELS[name] = factory
         return factory
 
     return decorate
 
 
-def _qualname(obj) -> str:
-    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"
-
-
 def model_factory(name: str, field_path: str = "model") -> ModelFactory:
     """What builds model `name`: built in, an installed plugin's (`cflpipe.models` entry point)
     or a `module:Class` reference; plugins are imported here, the first time they are named."""
-    from cflpipe.plugins import MODELS_GROUP, entry_point_names, is_reference, load_entry_point, load_reference
+    from cflpipe.plugins import (MODELS_GROUP, describe_object, entry_point_names, is_reference, load_entry_point,
+                                 load_reference)
 
     if name in MODELS:
         return MODELS[name]
@@ -257,7 +256,7 @@ def model_factory(name: str, field_path: str = "model") -> ModelFactory:
         allowed = ", ".join([*BUILTIN_MODELS, *(n for n in entry_point_names(MODELS_GROUP) if n not in MODELS)])
         raise ModelError(f"{field_path}: unknown model {name!r}; allowed: {allowed} (or a module:Class reference)")
     if not callable(factory) or isinstance(factory, type) and not issubclass(factory, LayeredModel):
-        raise ModelError(f"{field_path}: {name!r} is {_qualname(factory)}, not a cflpipe.models.LayeredModel "
+        raise ModelError(f"{field_path}: {name!r} is {describe_object(factory)}, not a cflpipe.models.LayeredModel "
                          f"subclass or a function (input_shape, num_classes) -> LayeredModel")
     MODELS[name] = factory
     return factory

@@ -98,7 +98,9 @@ def load_reference(reference: str, where: str | None = None) -> Any:
     return obj
 
 
-def one_of(names: list[str] | tuple[str, ...]) -> str:
-    """`'a', 'b' or 'c'`, as pydantic lists the values of a Literal."""
-    quoted = [repr(n) for n in names]
-    return quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} or {quoted[-1]}"
+def describe_object(obj: Any) -> str:
+    """What a reference turned out to name, for an error line."""
+    name = getattr(obj, "__qualname__", None) if isinstance(obj, type) or callable(obj) else None
+    if name:
+        return f"{getattr(obj, '__module__', '?')}.{name}"
+    return f"an object of type {type(obj).__qualname__}"

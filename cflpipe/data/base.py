@@ -101,14 +101,15 @@ def dataset_info(name: str, field_path: str = "dataset") -> DatasetInfo:
     `cflpipe.datasets`, pointing to a DatasetInfo or to a module that registers one) or a
     `module:ATTR` reference to a DatasetInfo; plugins are imported the first time they are named."""
     from cflpipe import data  # noqa: F401  (importing the package registers every dataset)
-    from cflpipe.plugins import DATASETS_GROUP, entry_point_names, is_reference, load_entry_point, load_reference
+    from cflpipe.plugins import (DATASETS_GROUP, describe_object, entry_point_names, is_reference, load_entry_point,
+                                 load_reference)
 
     if name in DATASETS:
         return DATASETS[name]
     if is_reference(name):
         info = load_reference(name, field_path)
         if not isinstance(info, DatasetInfo):
-            raise SpecError(f"{field_path}: {name!r} is a {type(info).__name__}, not a cflpipe.data.DatasetInfo")
+            raise SpecError(f"{field_path}: {name!r} is {describe_object(info)}, not a cflpipe.data.DatasetInfo")
         DATASETS[name] = info
         return info
     if name in entry_point_names(DATASETS_GROUP):
