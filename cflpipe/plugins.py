@@ -104,3 +104,29 @@ def describe_object(obj: Any) -> str:
     if name:
         return f"{getattr(obj, '__module__', '?')}.{name}"
     return f"an object of type {type(obj).__qualname__}"
+
+
+def run_plugins(spec, scenario: str, method: str) -> dict[str, str]:
+    """{distribution: version} of the installed packages a run's method, model and dataset come
+    from when they are not cflpipe's own: part of the run's definition (its config.yaml), so that
+    a new release of a plugin re-runs what it trained, as a new cflpipe release does. A module
+    that belongs to no installed distribution (a folder on PYTHONPATH) has no version to record."""
+    from cflpipe.data.base import dataset_info
+    from cflpipe.methods import method_info
+    from cflpipe.models import model_factory
+
+    objects = (method_info(spec.method_type(method)).cls, model_factory(spec.resolved_training(scenario, method).model),
+               dataset_info(spec.scenarios[scenario].dataset.name).load)
+    found: dict[str, str] = {}
+    for obj in objects:
+        top = (getattr(obj, "__module__", None) or "").partition(".")[0]
+        if top in ("", "cflpipe"):
+            continue
+        for dist in _packages_distributions().get(top, []):
+            found[dist] = metadata.version(dist)
+    return dict(sorted(found.items()))
+
+
+@lru_cache(maxsize=None)
+def _packages_distributions() -> dict[str, list[str]]:
+    return metadata.packages_distributions()

@@ -127,6 +127,10 @@ def test_the_example_spec_runs_end_to_end_with_a_sweep_and_the_plugin(tmp_path):
     assert (config["method_type"], config["hyperparams"]) == \
         ("fedavgm", {"server_momentum": 0.5, "server_lr": 1.0, "nesterov": False})
     assert config["training"]["model"] == "tiny_cnn"
+    # the plugin's release is part of what a run is: a new release re-runs it
+    assert config["plugins"] == {PLUGIN: metadata.version(PLUGIN)}
+    builtin = yaml.safe_load((results / "runs/blobs-swap2/ifca/seed0/config.yaml").read_text())
+    assert builtin["plugins"] == {PLUGIN: metadata.version(PLUGIN)}  # the plugin's dataset
     summary = pd.read_parquet(results / "aggregate/summary.parquet")
     assert len(summary) == 10 and summary["acc_macro_mean"].between(0, 1).all()
     fedavg = summary.set_index(["scenario", "method"])["acc_macro_mean"]
@@ -198,6 +202,7 @@ def test_module_attr_references_name_a_method_a_model_and_a_dataset(tmp_path, re
     config = yaml.safe_load((run / "config.yaml").read_text())
     assert (config["method_type"], config["hyperparams"], config["training"]["model"]) == \
         ("my_cfl_refs:HalfProx", {"mu": 0.5}, "my_cfl_refs:narrow_mlp")
+    assert "plugins" not in config  # a module of no installed distribution has no version to record
     assert json.loads((run / "summary.json").read_text())["rounds"] == 4
 
 
@@ -344,3 +349,11 @@ def test_registering_a_taken_name_is_refused():
         register("fedprox")(type("Impostor", (FedAvg,), {"__doc__": "x"}))
     with pytest.raises(ValueError, match="model name 'mlp' is already registered by cflpipe.models.MLP"):
         register_model("mlp")(lambda shape, classes: MLP(shape, classes))
+
+
+def test_runs_of_built_in_methods_models_and_datasets_record_no_plugins(tmp_path):
+    """Their config.yaml stays as before plugins existed, so no finished run is redone."""
+    from cflpipe.plugins import run_plugins
+
+    spec = parse_spec(small_spec(tmp_path, {"fedavg": {}, "cfl_awcfl": {}}, model="cnn"))
+    assert [run_plugins(spec, "s", m) for m in spec.methods] == [{}, {}]
