@@ -85,6 +85,12 @@ def test_the_plugins_entry_points_give_a_method_a_model_and_a_dataset():
     data = blobs.load(blobs.params(classes=3, dimension=5, samples=100), Path("unused"))
     assert data.x_train.shape == (80, 5) and data.x_test.shape == (20, 5) and data.num_classes == 3
     assert set(plugins.entry_point_names(plugins.MODELS_GROUP)) >= {"tiny_cnn"}
+    # Imported before cflpipe loads its own methods (a user's script, a test), the plugin is still a plugin.
+    code = ("import cflpipe_plugin_example.fedavgm\nfrom cflpipe.methods import all_methods\n"
+            "print(all_methods()['fedavgm'].cls.__name__)")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert (done.returncode, done.stdout.strip()) == (0, "FedAvgM"), done.stderr
 
 
 def test_fedavgm_without_momentum_is_fedavg_and_momentum_changes_training(tmp_path):

@@ -65,24 +65,32 @@ def _add(info: MethodInfo) -> None:
     METHODS[info.name] = info
 
 
-_BUILTIN: set[str] = set()
+_BUILTIN_LOADED = False
 _PLUGINS_LOADED = False
 
 
 def _load_all() -> None:
     """Import the built-in methods (each registers itself)."""
-    if _BUILTIN:
+    global _BUILTIN_LOADED
+    if _BUILTIN_LOADED:
         return
     for module in pkgutil.iter_modules(__path__):
         if not module.name.startswith("_"):
             importlib.import_module(f"{__name__}.{module.name}")
-    _BUILTIN.update(METHODS)
+    _BUILTIN_LOADED = True
+
+
+def _is_builtin(name: str) -> bool:
+    # By the defining module, not by registration order: a plugin may be imported before these.
+    info = METHODS.get(name)
+    return info is not None and info.cls.__module__.startswith(f"{__name__}.")
 
 
 def _load_entry_point(name: str, where: str | None = None) -> None:
     from cflpipe.plugins import METHODS_GROUP, PluginError, load_entry_point
 
-    if name in _BUILTIN:
+    _load_all()
+    if _is_builtin(name):
         raise PluginError(f"{where + ': ' if where else ''}entry point {name!r} of group {METHODS_GROUP} has the "
                           f"name of a built-in method; give it another name")
     obj = load_entry_point(METHODS_GROUP, name, where)
@@ -155,9 +163,8 @@ def validate_method_entry(method_type: str, hyperparams: dict[str, Any], where: 
                           type_field: str | None = None) -> list[str]:
     """Problems with one `methods:` entry, as YAML-path lines; `type_field` is where the method
     type was written (the entry's `method:` key, or the entry name itself)."""
-    from cflpipe.spec import errors_to_lines
-
     from cflpipe.errors import SpecError
+    from cflpipe.spec import errors_to_lines
 
     try:
         info = method_info(method_type, type_field or where)
