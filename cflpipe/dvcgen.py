@@ -57,8 +57,10 @@ def dvc_runs(config: str | Path) -> dict:
             source = EMBEDDED_SOURCE
         partitions[name] = {"data": source}
     # One stage trains all seeds of a scenario × method in one process, as a Snakemake job does.
+    # `entry` is the method's key in the spec file (a sweep's entry for the entries it expands
+    # into): DVC tracks params only under keys written in the file.
     seeds = " ".join(str(seed) for seed in spec.seeds)
-    jobs = {job_name(s, m): {"scenario": s, "method": m, "seeds": seeds}
+    jobs = {job_name(s, m): {"scenario": s, "method": m, "entry": spec.method_entry(m), "seeds": seeds}
             for s, m in dict.fromkeys((s, m) for s, m, _ in spec.matrix())}
     return {"config": config, "results": spec.results_dir, "data": spec.data_dir,
             "downloads": downloads, "partitions": partitions, "jobs": jobs}

@@ -212,28 +212,78 @@ class ResNet18(LayeredModel):
 
 # --------------------------------------------------------------------------- registry
 
-MODELS: dict[str, Callable[[tuple[int, ...], int], LayeredModel]] = {
+ModelFactory = Callable[[tuple[int, ...], int], LayeredModel]
+
+MODELS: dict[str, ModelFactory] = {
     "mlp": MLP,
     "cnn": CNN,
     "cnn_tsdp": CNNTSDP,
     "resnet18": ResNet18,
 }
+BUILTIN_MODELS = tuple(MODELS)
+
+
+def register_model(name: str):
+    """Register a model class (or any `factory(input_shape, num_classes) -> LayeredModel`) under
+    `name`; for plugins, which may equally just name the class in a `cflpipe.models` entry point."""
+
+    def decorate(factory: ModelFactory) -> ModelFactory:
+        from cflpipe.plugins import describe_object
+
+        old = MODELS.get(name)
+        if old is not None and old is not factory:
+            raise ValueError(f"model name {name!r} is already registered by {describe_object(old)}; choose another name")
+        MODELS[name] = factory
+        return factory
+
+    return decorate
+
+
+def model_factory(name: str, field_path: str = "model") -> ModelFactory:
+    """What builds model `name`: built in, an installed plugin's (`cflpipe.models` entry point)
+    or a `module:Class` reference; plugins are imported here, the first time they are named."""
+    from cflpipe.plugins import (MODELS_GROUP, describe_object, entry_point_names, is_reference, load_entry_point,
+                                 load_reference)
+
+    if name in MODELS:
+        return MODELS[name]
+    if is_reference(name):
+        factory = load_reference(name, field_path)
+    elif name in entry_point_names(MODELS_GROUP):
+        factory = load_entry_point(MODELS_GROUP, name, field_path)
+        factory = MODELS.get(name, factory)  # the entry point may name a module that registers it
+    else:
+        allowed = ", ".join([*BUILTIN_MODELS, *(n for n in entry_point_names(MODELS_GROUP) if n not in MODELS)])
+        raise ModelError(f"{field_path}: unknown model {name!r}; allowed: {allowed} (or a module:Class reference)")
+    if not callable(factory) or isinstance(factory, type) and not issubclass(factory, LayeredModel):
+        raise ModelError(f"{field_path}: {name!r} is {describe_object(factory)}, not a cflpipe.models.LayeredModel "
+                         f"subclass or a function (input_shape, num_classes) -> LayeredModel")
+    MODELS[name] = factory
+    return factory
 
 
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int,
                 field_path: str = "model") -> LayeredModel:
     """A freshly initialised model; call `torch.manual_seed` first for a reproducible init."""
-    if name not in MODELS:
-        allowed = ", ".join(sorted(MODELS))
-        raise ModelError(f"{field_path}: unknown model {name!r}; allowed: {allowed}")
+    factory = model_factory(name, field_path)
     input_shape = tuple(int(d) for d in input_shape)
     if not input_shape or any(d < 1 for d in input_shape):
         raise ModelError(f"{field_path}: input shape must be non-empty and positive, "
                          f"got {input_shape}")
     if int(num_classes) < 1:
         raise ModelError(f"{field_path}: number of classes must be at least 1, got {num_classes}")
-    model = MODELS[name](input_shape, int(num_classes))
-    _check_layers(model)
+    model = factory(input_shape, int(num_classes))
+    if name in BUILTIN_MODELS:
+        _check_layers(model)
+        return model
+    # A plugin's model that breaks the layer conventions is the user's input, reported in one line.
+    if not isinstance(model, LayeredModel):
+        raise ModelError(f"{field_path}: model {name!r} built a {type(model).__name__}, not a "
+                         f"cflpipe.models.LayeredModel")
+    try:
+        _check_layers(model)
+    except (RuntimeError, IndexError, AttributeError) as exc:  # no layers, or a layer name that is no module
+        raise ModelError(f"{field_path}: model {name!r}: {exc}") from None
     return model
 
 

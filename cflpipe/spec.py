@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from cflpipe.errors import SpecError
 
@@ -35,11 +35,15 @@ class Strict(BaseModel):
 
 # --------------------------------------------------------------------------- training
 
+# cflpipe.models' built-in networks (that module imports torch, this one must not).
+MODEL_NAMES = ("mlp", "cnn", "cnn_tsdp", "resnet18")
+
 
 class Training(Strict):
     """Training settings shared by every run; a scenario or method may override any key."""
 
-    model: Literal["mlp", "cnn", "cnn_tsdp", "resnet18"] = Field("cnn", description="network (cflpipe.models)")
+    model: str = Field("cnn", description="network: built in (cflpipe.models), a plugin's (entry point group "
+                                          "cflpipe.models) or a module:Class reference")
     rounds: int = Field(40, ge=1, le=MAX_COUNT, description="communication rounds")
     clients_per_round: int = Field(10, ge=1, description="clients sampled each round")
     local_steps: int | None = Field(5, ge=1, description="local SGD iterations per round")
@@ -62,6 +66,18 @@ class Training(Strict):
     on_divergence: Literal["stop", "skip"] = Field(
         "stop", description="NaN/inf loss: stop the run, or skip that client's update"
     )
+
+    @field_validator("model")
+    @classmethod
+    def _model_name(cls, value: str) -> str:
+        # Names only (no torch here): whether a plugin's model imports is checked by parse_spec.
+        from cflpipe.plugins import MODELS_GROUP, entry_point_names, is_reference
+
+        names = [*MODEL_NAMES, *(n for n in entry_point_names(MODELS_GROUP) if n not in MODEL_NAMES)]
+        if value in names or is_reference(value):
+            return value
+        raise ValueError(f"must be one of {', '.join(map(repr, names))} or a module:Class reference, "
+                         f"got {_short(value)}")
 
     @model_validator(mode="before")
     @classmethod
@@ -376,6 +392,8 @@ class Spec(Strict):
     results_dir: str = Field("results", min_length=1)
     data_dir: str = Field("resources/datasets", min_length=1)
     report: ReportOptions = Field(default_factory=ReportOptions)
+    # {expanded entry: the `sweep:` entry it comes from}; not a field, so no dump or hash sees it.
+    _sweeps: dict[str, SweepOrigin] = PrivateAttr(default_factory=dict)
 
     @field_validator("seeds")
     @classmethod
@@ -400,6 +418,12 @@ class Spec(Strict):
 
     def method_type(self, method: str) -> str:
         return self.methods[method].method or method
+
+    def method_entry(self, method: str) -> str:
+        """The key in the spec file's `methods:` that defines `method`: its own name, or for an
+        entry expanded from a `sweep:`, the sweeping entry's (what DVC tracks as a param)."""
+        origin = self._sweeps.get(method)
+        return origin.entry if origin is not None else method
 
     def method_label(self, method: str) -> str:
         """What the report calls the method entry: its `label`, else its name."""
@@ -560,6 +584,165 @@ def _keys_at(annotation: Any, loc: tuple) -> list[str] | None:
     return list(models[0].model_fields) if len(models) == 1 else None
 
 
+# --------------------------------------------------------------------------- sweeps
+
+# A method entry's `sweep:` expands into one entry per combination of values when the spec is
+# loaded, so every consumer (Snakemake, `cflpipe dvc-runs`, `train --method`, the report) sees
+# ordinary entries, each identical to the same entry written out by hand (nothing re-trains when
+# a spec switches between the two). An explicit key rather than list values: a hyper-parameter
+# may itself take a list.
+SWEEP_KEY = "sweep"
+# A typo such as `{from: 1, to: 100000}` should not turn into a hundred thousand training jobs.
+MAX_SWEEP_ENTRIES = 1000
+HYPERPARAM_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+class SweepOrigin(BaseModel):
+    """Where an expanded entry comes from: the entry of the spec file and its swept values."""
+
+    model_config = ConfigDict(frozen=True)
+    entry: str
+    values: dict[str, Any]
+
+
+def _sweep_values(key: str, spec: Any, where: str) -> list[Any]:
+    """A sweep's values: a list, or an integer range `{from: A, to: B, step: S}` (B included)."""
+    if isinstance(spec, dict):
+        unknown = sorted(set(spec) - {"from", "to", "step"}, key=str)
+        if unknown:
+            raise SpecError(f"{where}.{unknown[0]}: unknown key; allowed: from, to, step")
+        bounds = {k: spec.get(k, 1 if k == "step" else None) for k in ("from", "to", "step")}
+        for k, v in bounds.items():
+            if not isinstance(v, int) or isinstance(v, bool):
+                raise SpecError(f"{where}.{k}: must be an integer, got {_short(v)}" if v is not None
+                                else f"{where}.{k}: is required (a range is {{from: A, to: B, step: S}})")
+        if bounds["step"] < 1:
+            raise SpecError(f"{where}.step: must be >= 1, got {bounds['step']}")
+        if bounds["to"] < bounds["from"]:
+            raise SpecError(f"{where}.to: must be >= from ({bounds['from']}), got {bounds['to']}")
+        count = (bounds["to"] - bounds["from"]) // bounds["step"] + 1
+        if count > MAX_SWEEP_ENTRIES:
+            raise SpecError(f"{where}: a range of {count} values; a sweep has at most {MAX_SWEEP_ENTRIES} entries")
+        return list(range(bounds["from"], bounds["to"] + 1, bounds["step"]))
+    if not isinstance(spec, list) or not spec:
+        raise SpecError(f"{where}: must be a non-empty list of values or a range {{from: A, to: B, step: S}}, "
+                        f"got {_short(spec)}")
+    for index, value in enumerate(spec):
+        if value is not None and not isinstance(value, (bool, int, float, str)):
+            raise SpecError(f"{where}[{index}]: a swept value must be a number, a string, true/false or null "
+                            f"(it names an entry), got {_short(value)}")
+    return list(spec)
+
+
+def _sweep_token(value: Any) -> str:
+    """A value as part of an entry name ([a-z0-9_-]): 0.5 -> 0p5, -2 -> m2, 1e-05 -> 1e-05."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        text = repr(value).replace("+", "")  # shortest round-trip form: 0.1, 1e-05, 1e20
+        return ("m" + text[1:] if text.startswith("-") else text).replace(".", "p")
+    return re.sub(r"[^a-z0-9_-]", "_", value.lower()) or "_"
+
+
+def _sweep_text(value: Any) -> str:
+    """A value as a label shows it."""
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def expand_sweeps(data: Any) -> tuple[Any, dict[str, SweepOrigin]]:
+    """The spec data with every `methods.NAME.sweep` expanded, and {expanded name: origin}.
+
+    `NAME: {method: T, sweep: {k1: [a, b], k2: [c]}, ...}` becomes one entry per combination (the
+    Cartesian product, in the order written), named `NAME-k1a-k2c` and labelled
+    `LABEL (k1=a, k2=c)` (LABEL: the entry's label, else NAME), with `method: T` (T defaults to
+    NAME) and every other key of the entry. Anything malformed that is not the sweep's own
+    business is left to the normal validation, which reports it at the entry's path."""
+    import itertools
+
+    methods = data.get("methods") if isinstance(data, dict) else None
+    if not isinstance(methods, dict) or not any(isinstance(e, dict) and SWEEP_KEY in e for e in methods.values()):
+        return data, {}
+    written = {name for name, entry in methods.items() if not (isinstance(entry, dict) and SWEEP_KEY in entry)}
+    expanded: dict[Any, Any] = {}
+    origins: dict[str, SweepOrigin] = {}
+    for name, entry in methods.items():
+        if not (isinstance(entry, dict) and SWEEP_KEY in entry) or not isinstance(name, str) \
+                or not NAME_PATTERN.fullmatch(name):
+            expanded[name] = entry  # a bad name is reported by Spec as it was written
+            continue
+        where = f"methods.{name}.{SWEEP_KEY}"
+        sweep = entry[SWEEP_KEY]
+        if not isinstance(sweep, dict) or not sweep:
+            raise SpecError(f"{where}: must be a mapping of hyper-parameter to values, e.g. {{beta: [0, 0.5, 1]}}, "
+                            f"got {_short(sweep)}")
+        axes: list[tuple[str, list[Any]]] = []
+        for key, values in sweep.items():
+            if not isinstance(key, str) or not HYPERPARAM_NAME.fullmatch(key) or key in MethodEntry.model_fields:
+                reserved = f" ({key} is not a hyper-parameter)" if key in MethodEntry.model_fields else ""
+                raise SpecError(f"{where}.{key}: a sweep varies hyper-parameters of the method{reserved}; "
+                                f"`cflpipe methods` lists them")
+            if key in entry:
+                raise SpecError(f"methods.{name}.{key}: also swept in {where}.{key}; give it in one place")
+            values = _sweep_values(key, values, f"{where}.{key}")
+            # Distinct as values (1 and 1.0 would train the same entry twice) and as names ('A', 'a').
+            tokens = [_sweep_token(v) for v in values]
+            for i, value in enumerate(values):
+                same = [w for w, t in zip(values[:i], tokens[:i]) if t == tokens[i] or
+                        (w == value and isinstance(w, bool) == isinstance(value, bool))]
+                if same:
+                    raise SpecError(f"{where}.{key}: values must be distinct, got {_short(same[0])} and "
+                                    f"{_short(value)}")
+            axes.append((key, values))
+        count = math.prod(len(values) for _, values in axes)
+        if count > MAX_SWEEP_ENTRIES:
+            raise SpecError(f"{where}: expands to {count} entries; a sweep has at most {MAX_SWEEP_ENTRIES}")
+        base = {k: v for k, v in entry.items() if k != SWEEP_KEY}
+        base["method"] = entry.get("method") or name
+        label = entry.get("label")
+        for combination in itertools.product(*(values for _, values in axes)):
+            chosen = dict(zip((key for key, _ in axes), combination))
+            new_name = name + "".join(f"-{key.lower()}{_sweep_token(v)}" for key, v in chosen.items())
+            if new_name in written or new_name in origins:
+                other = f"methods.{origins[new_name].entry}.{SWEEP_KEY}" if new_name in origins else f"methods.{new_name}"
+                raise SpecError(f"{where}: expands to the entry name {new_name!r}, which {other} gives too; rename "
+                                f"one of the two")
+            new_entry = {**base, **chosen}
+            if label is None or isinstance(label, str):
+                text = f"{label or name} ({', '.join(f'{k}={_sweep_text(v)}' for k, v in chosen.items())})"
+                if len(text) <= LABEL_MAX:
+                    new_entry["label"] = text
+                elif label is not None:
+                    raise SpecError(f"methods.{name}.label: with the swept values appended, {text!r} is longer "
+                                    f"than {LABEL_MAX} characters; shorten the label")
+            expanded[new_name] = new_entry
+            origins[new_name] = SweepOrigin(entry=name, values=chosen)
+    return {**data, "methods": expanded}, origins
+
+
+def _sweep_paths(lines: list[str], origins: dict[str, SweepOrigin]) -> list[str]:
+    """Error lines about expanded entries, pointed at what the spec file says: `methods.E.k` of a
+    swept `k` becomes `methods.NAME.sweep.k`, any other `methods.E…` becomes `methods.NAME…`.
+    Lines that become the same (a bad `training:` of the entry, once per expanded entry) merge."""
+    out = []
+    for line in lines:
+        for new_name, origin in origins.items():
+            prefix = f"methods.{new_name}"
+            if line.startswith(prefix) and line[len(prefix):len(prefix) + 1] in ("", ".", ":", "["):
+                rest = line[len(prefix):]
+                key = re.match(r"\.([A-Za-z0-9_]+)", rest)
+                if key and key.group(1) in origin.values:
+                    # the value of one expanded entry would read as the whole sweep's
+                    rest = f".{SWEEP_KEY}{re.sub(r': unknown key, got .*?; allowed:', ': unknown key; allowed:', rest)}"
+                line = f"methods.{origin.entry}{rest}"
+                break
+        out.append(line)
+    return list(dict.fromkeys(out))
+
+
 # --------------------------------------------------------------------------- loading
 
 
@@ -569,10 +752,12 @@ def parse_spec(data: Any, *, check_methods: bool = True, check_datasets: bool = 
     non_finite = list(_non_finite_numbers(data, ""))
     if non_finite:
         raise SpecError("\n".join(f"{where}: must be a finite number, got {value}" for where, value in non_finite))
+    data, origins = expand_sweeps(data)
     try:
         spec = Spec(**data)
     except ValidationError as exc:
-        raise SpecError("\n".join(errors_to_lines(exc, data, model=Spec))) from None
+        raise SpecError("\n".join(_sweep_paths(errors_to_lines(exc, data, model=Spec), origins))) from None
+    spec._sweeps = origins
     problems: list[str] = _check_labels(spec)
     for name, scenario in spec.scenarios.items():
         base = f"scenarios.{name}"
@@ -591,10 +776,30 @@ def parse_spec(data: Any, *, check_methods: bool = True, check_datasets: bool = 
             problems += _check_method(spec, method)
     if check_methods:
         problems += _check_scenario_hyperparams(spec)
+        problems += _check_models(spec)
     if problems:
         # A bad scenario override would otherwise be reported once per method.
-        raise SpecError("\n".join(dict.fromkeys(problems)))
+        raise SpecError("\n".join(_sweep_paths(problems, origins)))
     return spec
+
+
+def _check_models(spec: Spec) -> list[str]:
+    """Models that are not built in (a plugin's, a module:Class reference) import: one line at the
+    key that names them when they do not (the names themselves are checked by Training)."""
+    from cflpipe.models import model_factory
+
+    layers = [("training", spec.training.model_dump())]
+    layers += [(f"scenarios.{name}.training", sc.training) for name, sc in spec.scenarios.items()]
+    layers += [(f"methods.{name}.training", entry.training) for name, entry in spec.methods.items()]
+    problems = []
+    for where, layer in layers:
+        model = layer.get("model")
+        if isinstance(model, str) and model not in MODEL_NAMES:
+            try:
+                model_factory(model, f"{where}.model")
+            except SpecError as exc:
+                problems.append(str(exc))
+    return problems
 
 
 def _check_labels(spec: Spec) -> list[str]:
@@ -754,17 +959,22 @@ def _check_method(spec: Spec, method: str) -> list[str]:
 def _check_scenario_hyperparams(spec: Spec) -> list[str]:
     """A scenario's `hyperparams` key that no method running on it takes, or that every such method
     overrides, would silently do nothing: an error, not a no-op."""
-    from cflpipe.methods import all_methods
+    from cflpipe.methods import method_info
 
-    methods = all_methods()
+    def info(name: str):
+        try:  # unknown types and plugins that fail to load are reported by _check_method
+            return method_info(spec.method_type(name))
+        except (KeyError, SpecError):
+            return None
+
     problems = []
     for scenario, sc in spec.scenarios.items():
         known: set[str] = set()
         used: set[str] = set()
         for name in spec.methods:
-            if not spec.runs_on(name, scenario) or spec.method_type(name) not in methods:
+            if not spec.runs_on(name, scenario) or info(name) is None:
                 continue
-            has = set(methods[spec.method_type(name)].params.model_fields)
+            has = set(info(name).params.model_fields)
             known |= has
             used |= has - set(spec.methods[name].hyperparams)
         for key in sc.hyperparams:

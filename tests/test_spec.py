@@ -151,14 +151,15 @@ def test_local_epochs_override_replaces_the_default_local_steps():
 
 
 def test_model_names_are_checked_by_validate_and_match_the_registry():
-    from typing import get_args
+    from cflpipe.models import BUILTIN_MODELS
+    from cflpipe.plugins import MODELS_GROUP, entry_point_names
+    from cflpipe.spec import MODEL_NAMES
 
-    from cflpipe.models import MODELS
-    from cflpipe.spec import Training
-
-    assert set(get_args(Training.model_fields["model"].annotation)) == set(MODELS)
+    assert MODEL_NAMES == BUILTIN_MODELS
+    plugins = "".join(f", {name!r}" for name in entry_point_names(MODELS_GROUP))  # installed plugins' models
     message = error_of(with_change("training.model", "vgg"))
-    assert message == "training.model: must be one of 'mlp', 'cnn', 'cnn_tsdp' or 'resnet18', got 'vgg'"
+    assert message == (f"training.model: must be one of 'mlp', 'cnn', 'cnn_tsdp', 'resnet18'{plugins} or a "
+                       f"module:Class reference, got 'vgg'")
 
 
 def test_em_methods_need_no_more_clusters_than_clients():

@@ -88,17 +88,40 @@ DATASETS: dict[str, DatasetInfo] = {}
 
 
 def register(info: DatasetInfo) -> DatasetInfo:
+    # A plugin registering a taken name would silently replace a dataset (and every result on it).
+    old = DATASETS.get(info.name)
+    if old is not None and old != info:
+        raise ValueError(f"dataset name {info.name!r} is already registered; choose another name")
     DATASETS[info.name] = info
     return info
 
 
 def dataset_info(name: str, field_path: str = "dataset") -> DatasetInfo:
+    """The dataset a spec names: built in, an installed plugin's (entry point group
+    `cflpipe.datasets`, pointing to a DatasetInfo or to a module that registers one) or a
+    `module:ATTR` reference to a DatasetInfo; plugins are imported the first time they are named."""
     from cflpipe import data  # noqa: F401  (importing the package registers every dataset)
+    from cflpipe.plugins import (DATASETS_GROUP, describe_object, entry_point_names, is_reference, load_entry_point,
+                                 load_reference)
 
-    if name not in DATASETS:
-        allowed = ", ".join(sorted(DATASETS))
-        raise SpecError(f"{field_path}: unknown dataset {name!r}; allowed: {allowed}")
-    return DATASETS[name]
+    if name in DATASETS:
+        return DATASETS[name]
+    if is_reference(name):
+        info = load_reference(name, field_path)
+        if not isinstance(info, DatasetInfo):
+            raise SpecError(f"{field_path}: {name!r} is {describe_object(info)}, not a cflpipe.data.DatasetInfo")
+        DATASETS[name] = info
+        return info
+    if name in entry_point_names(DATASETS_GROUP):
+        obj = load_entry_point(DATASETS_GROUP, name, field_path)
+        if isinstance(obj, DatasetInfo) and obj.name == name:
+            register(obj)
+        if name not in DATASETS:
+            raise SpecError(f"{field_path}: entry point {name!r} of group {DATASETS_GROUP} gives no dataset of that "
+                            f"name; point it to a cflpipe.data.DatasetInfo(name={name!r}, ...)")
+        return DATASETS[name]
+    allowed = ", ".join(sorted({*DATASETS, *entry_point_names(DATASETS_GROUP)} - {n for n in DATASETS if ":" in n}))
+    raise SpecError(f"{field_path}: unknown dataset {name!r}; allowed: {allowed} (or a module:ATTR reference)")
 
 
 def load_dataset(name: str, params: dict | BaseModel | None, data_dir: str | Path) -> Dataset:

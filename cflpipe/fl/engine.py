@@ -27,6 +27,7 @@ from cflpipe.methods import method_info, resolved_hyperparams
 from cflpipe.metrics import (clustering_scores, device_f1, intra_inter_accuracy, per_client_accuracy,
                              per_client_f1, per_client_mean, personalized_summary, f1_macro_over_classes)
 from cflpipe.models import build_model
+from cflpipe.plugins import run_plugins
 from cflpipe.spec import Spec, Training, dump_yaml, spec_sha256, without_threads
 from cflpipe import store
 
@@ -103,6 +104,7 @@ def resolved_config(spec: Spec, scenario: str, method: str, seed: int, threads: 
         "scenario_spec": spec.scenarios[scenario].definition(),
         "data_dir": spec.data_dir,
         **({"inputs_sha256": digests} if (digests := input_digests(spec, scenario)) else {}),
+        **({"plugins": versions} if (versions := run_plugins(spec, scenario, method)) else {}),
         **({} if threads is None else {"threads": threads}),
     }
 

@@ -1,6 +1,9 @@
 """Method registry. Each method lives in its own module and registers itself by name together
 with a pydantic model of its hyper-parameters (validated up front, like scikit-learn's
-estimators), so `cflpipe validate` and `cflpipe methods` know every method without running it."""
+estimators), so `cflpipe validate` and `cflpipe methods` know every method without running it.
+
+Methods from other packages register the same way and are found through the entry point group
+`cflpipe.methods` or a `module:Class` reference as a spec's method type (cflpipe/plugins.py)."""
 
 from __future__ import annotations
 
@@ -39,7 +42,7 @@ def register(name: str, params: type[HyperParams] = HyperParams):
     def decorate(cls: type) -> type:
         doc = (cls.__doc__ or "").strip().splitlines()
         description = doc[0] if doc else ""
-        METHODS[name] = MethodInfo(name, cls, params, description)
+        _add(MethodInfo(name, cls, params, description))
         cls.name = name
         for variant, extra, what in (cls.variants(name) if hasattr(cls, "variants") else []):
             # A variant's parameters either add fields (a mixin) or subclass the method's own
@@ -47,27 +50,112 @@ def register(name: str, params: type[HyperParams] = HyperParams):
             merged = extra if params is HyperParams or issubclass(extra, params) else \
                 type(f"{params.__name__}{extra.__name__}", (params, extra), {})
             head, _, rest = description.partition(":")
-            METHODS[variant] = MethodInfo(variant, cls, merged, f"{head} + {what}: {rest.strip()}")
+            _add(MethodInfo(variant, cls, merged, f"{head} + {what}: {rest.strip()}"))
         return cls
 
     return decorate
 
 
+def _add(info: MethodInfo) -> None:
+    # A plugin registering a taken name would silently replace a method (and every result of it).
+    old = METHODS.get(info.name)
+    if old is not None and (old.cls.__module__, old.cls.__qualname__) != (info.cls.__module__, info.cls.__qualname__):
+        raise ValueError(f"method name {info.name!r} is already registered by "
+                         f"{old.cls.__module__}.{old.cls.__qualname__}; choose another name")
+    METHODS[info.name] = info
+
+
+_BUILTIN_LOADED = False
+_PLUGINS_LOADED = False
+
+
 def _load_all() -> None:
+    """Import the built-in methods (each registers itself)."""
+    global _BUILTIN_LOADED
+    if _BUILTIN_LOADED:
+        return
     for module in pkgutil.iter_modules(__path__):
         if not module.name.startswith("_"):
             importlib.import_module(f"{__name__}.{module.name}")
+    _BUILTIN_LOADED = True
 
 
-def method_info(name: str) -> MethodInfo:
+def _is_builtin(name: str) -> bool:
+    # By the defining module, not by registration order: a plugin may be imported before these.
+    info = METHODS.get(name)
+    return info is not None and info.cls.__module__.startswith(f"{__name__}.")
+
+
+def _load_entry_point(name: str, where: str | None = None) -> None:
+    from cflpipe.plugins import METHODS_GROUP, PluginError, load_entry_point
+
     _load_all()
+    if _is_builtin(name):
+        raise PluginError(f"{where + ': ' if where else ''}entry point {name!r} of group {METHODS_GROUP} has the "
+                          f"name of a built-in method; give it another name")
+    obj = load_entry_point(METHODS_GROUP, name, where)
+    registered = getattr(obj, "name", None) if isinstance(obj, type) else None
+    if name not in METHODS:
+        what = f"registers {registered!r}" if registered in METHODS else "registers no method of that name"
+        raise PluginError(f"{where + ': ' if where else ''}entry point {name!r} of group {METHODS_GROUP} "
+                          f"{what}; decorate its class with @cflpipe.methods.register({name!r}, PARAMS)")
+
+
+def _load_plugins() -> None:
+    """Import every installed method plugin (entry points), once."""
+    global _PLUGINS_LOADED
+    if _PLUGINS_LOADED:
+        return
+    from cflpipe.plugins import METHODS_GROUP, entry_point_names
+
+    _load_all()
+    for name in entry_point_names(METHODS_GROUP):
+        _load_entry_point(name)
+    _PLUGINS_LOADED = True
+
+
+def _from_reference(reference: str, where: str | None) -> MethodInfo:
+    """A `module:Class` method type: the registered method of that class, under the reference."""
+    from cflpipe.plugins import PluginError, load_reference
+
+    obj = load_reference(reference, where)
+    info = METHODS.get(getattr(obj, "name", None)) if isinstance(obj, type) else None
+    if info is None or info.cls is not obj:
+        raise PluginError(f"{where + ': ' if where else ''}{reference!r} is not a method class registered with "
+                          f"@cflpipe.methods.register(NAME, PARAMS)")
+    METHODS[reference] = info
+    return info
+
+
+def method_info(name: str, where: str | None = None) -> MethodInfo:
+    """The method a spec's type names: built in, an installed plugin's, or a `module:Class`
+    reference (KeyError when there is none). Plugins are imported only for a name that is not
+    built in, so a broken plugin does not break specs that do not use it."""
+    from cflpipe.plugins import METHODS_GROUP, entry_point_names, is_reference
+
+    _load_all()
+    if name in METHODS:
+        return METHODS[name]
+    if is_reference(name):
+        return _from_reference(name, where)
+    if name in entry_point_names(METHODS_GROUP):
+        _load_entry_point(name, where)
+    else:  # a variant a plugin's class registers (`<name>_awcfl`), or an unknown name
+        _load_plugins()
     if name not in METHODS:
         raise KeyError(name)
     return METHODS[name]
 
 
+def method_names() -> list[str]:
+    """Every method name a spec may use (built in and plugins'; references aside), sorted."""
+    _load_plugins()
+    return sorted(name for name in METHODS if ":" not in name)
+
+
 def all_methods() -> dict[str, MethodInfo]:
-    _load_all()
+    """Every registered method, plugins included (each imported now)."""
+    _load_plugins()
     return dict(sorted(METHODS.items()))
 
 
@@ -75,15 +163,20 @@ def validate_method_entry(method_type: str, hyperparams: dict[str, Any], where: 
                           type_field: str | None = None) -> list[str]:
     """Problems with one `methods:` entry, as YAML-path lines; `type_field` is where the method
     type was written (the entry's `method:` key, or the entry name itself)."""
+    from cflpipe.errors import SpecError
     from cflpipe.spec import errors_to_lines
 
-    methods = all_methods()
-    if method_type not in methods:
-        return [f"{type_field or where}: unknown method {method_type!r}; allowed: {', '.join(methods)}"]
     try:
-        methods[method_type].params(**hyperparams)
+        info = method_info(method_type, type_field or where)
+    except KeyError:
+        return [f"{type_field or where}: unknown method {method_type!r}; allowed: {', '.join(method_names())} "
+                f"(or a module:Class reference)"]
+    except SpecError as exc:  # a plugin that does not load
+        return [str(exc)]
+    try:
+        info.params(**hyperparams)
     except ValidationError as exc:
-        return errors_to_lines(exc, hyperparams, where, model=methods[method_type].params)
+        return errors_to_lines(exc, hyperparams, where, model=info.params)
     return []
 
 

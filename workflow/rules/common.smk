@@ -125,11 +125,13 @@ def run_params(wildcards):
     """What a training run depends on besides its partition: method type, hyper-parameters and
     the resolved training settings."""
     from cflpipe.methods import resolved_hyperparams  # imports torch: only where a run's params are needed
+    from cflpipe.plugins import run_plugins
 
     s, m = wildcards.scenario, wildcards.method
-    # The resolved hyper-parameters (defaults included) and cflpipe's version: a release that
-    # changes a default or a definition re-runs what it changes.
-    return json.dumps({"method": SPEC.method_type(m), "cflpipe": __version__,
+    # The resolved hyper-parameters (defaults included) and cflpipe's version (and the versions of
+    # plugins the run uses): a release that changes a default or a definition re-runs what it changes.
+    plugins = run_plugins(SPEC, s, m)  # absent without plugins: older runs keep their params
+    return json.dumps({"method": SPEC.method_type(m), "cflpipe": __version__, **({"plugins": plugins} if plugins else {}),
                        "hyperparams": resolved_hyperparams(SPEC, s, m).model_dump(mode="json"),
                        "training": SPEC.resolved_training(s, m).model_dump(mode="json")},
                       sort_keys=True)
