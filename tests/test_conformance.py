@@ -405,3 +405,31 @@ def test_every_hyperparameter_changes_training(name, field_name, tmp_path):
     reference = _trained_state(tmp_path / "reference", name, setting)
     ours = _trained_state(tmp_path / "changed", name, setting | {field_name: changed})
     assert not _same_state(reference, ours), f"{name}: {field_name} {value!r} -> {changed!r} changed nothing"
+
+
+# Training settings every method's local work must honour: (setting, a value, another).
+TRAINING_CHANGES = [("lr", 0.05, 0.1), ("momentum", 0.5, 0.0), ("weight_decay", 0.0, 0.01),
+                    ("local_steps", 2, 3), ("batch_size", 8, 16), ("lr_decay", 1.0, 0.5)]
+CLASS_CASES = list({all_methods()[name].cls.__name__: name for name in reversed(METHODS)}.values())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", CLASS_CASES)
+@pytest.mark.parametrize("setting,value,other", TRAINING_CHANGES)
+def test_every_training_setting_changes_training(name, setting, value, other, tmp_path):
+    reference = _trained_state(tmp_path / "reference", name, {"training": {setting: value}})
+    ours = _trained_state(tmp_path / "changed", name, {"training": {setting: other}})
+    assert not _same_state(reference, ours), f"{name}: training.{setting} {value!r} -> {other!r} changed nothing"
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_training_changes_the_evaluated_models(name, tmp_path):
+    """Every client that trained is evaluated with a model other than the initial one (a method
+    whose clients' work never reaches what is evaluated trains nothing)."""
+    run = prepare_run(parse_spec(spec_dict(tmp_path, name)), "s", name, 0)
+    play(run, 3)
+    trained = np.unique(np.concatenate([run.sample(r) for r in range(3)]))
+    vectors, index = run.method.eval_models()
+    initial = run.ctx.init
+    unchanged = [int(c) for c in trained if torch.equal(vectors[index[c]], initial)]
+    assert not unchanged, f"{name}: clients {unchanged} trained but are evaluated with the initial model"
