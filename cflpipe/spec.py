@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from cflpipe.errors import SpecError
 
@@ -373,9 +373,13 @@ class Spec(Strict):
     training: Training = Field(default_factory=Training)
     scenarios: dict[str, Scenario] = Field(min_length=1)
     methods: dict[str, MethodEntry] = Field(min_length=1)
+    # A spec read from a file defaults to results/<file stem> (load_spec), so two specs never share
+    # one folder by accident; "results" is the default of a spec built in code.
     results_dir: str = Field("results", min_length=1)
     data_dir: str = Field("resources/datasets", min_length=1)
     report: ReportOptions = Field(default_factory=ReportOptions)
+    # The file the spec was read from (load_spec), for the report to say which spec it covers.
+    _source: str | None = PrivateAttr(None)
 
     @field_validator("seeds")
     @classmethod
@@ -842,7 +846,16 @@ def load_spec(path: str | Path, **kwargs: Any) -> Spec:
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or "not valid YAML"
         raise SpecError(f"{path}: {problem}{where}") from None
-    return parse_spec(data, **kwargs)
+    if isinstance(data, dict) and "results_dir" not in data:
+        data = {**data, "results_dir": default_results_dir(path)}
+    spec = parse_spec(data, **kwargs)
+    spec._source = str(path)
+    return spec
+
+
+def default_results_dir(path: str | Path) -> str:
+    """Where a spec file without `results_dir` writes: results/<its name without .yaml>."""
+    return f"results/{Path(path).stem}"
 
 
 def dump_yaml(obj: Any) -> str:

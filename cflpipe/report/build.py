@@ -868,6 +868,7 @@ def render_report(spec: Spec, tables: dict[str, pd.DataFrame]) -> tuple[str, lis
         "sweeps": report.sweeps(), "plot_config": json.dumps(PLOT_CONFIG, sort_keys=True),
         "alpha": f"{ALPHA:g}", "tie_mark": TIE_MARK,
         "reference_types": sorted({t for t in report.method_types.values() if is_reference(t)}), "results_dir": spec.results_dir,
+        "spec_file": spec._source or "",
     }
     html = _environment().get_template("index.html.j2").render(plotly_js=plotly_bundle(), **context)
     return html, paper
