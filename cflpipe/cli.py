@@ -130,6 +130,33 @@ def cmd_methods(args) -> int:
     return 0
 
 
+def cmd_clean(args) -> int:
+    from cflpipe.fl.engine import clean_runs
+
+    from cflpipe.spec import load_spec
+
+    spec = load_spec(args.config, check_methods=False)
+    verb = "would free" if args.dry_run else "freed"
+    cleaned = clean_runs(spec, dry_run=args.dry_run)
+    for run in cleaned:
+        if run.freed is None:
+            print(f"{run.run_dir}: another process is writing this run; left alone")
+        else:
+            print(f"{run.run_dir}/state: {verb} {_size(run.freed)}")
+    freed = [run.freed for run in cleaned if run.freed is not None]
+    print(f"{args.config}: {verb} {_size(sum(freed))} in {len(freed)} finished runs of "
+          f"{len(spec.matrix())} ({spec.results_dir}/runs)")
+    return 0
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "kB", "MB", "GB"):
+        if abs(n) < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n} B"  # unreachable: GB returns above
+
+
 def cmd_aggregate(args) -> int:
     from cflpipe.report.aggregate import aggregate
     from cflpipe.spec import load_spec
@@ -213,6 +240,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("methods", help="list methods with their hyper-parameters and defaults")
     p.set_defaults(func=cmd_methods)
+
+    p = sub.add_parser("clean", help="cut down the checkpoints of the spec's finished runs (models dropped)")
+    _add_config(p)
+    p.add_argument("--dry-run", action="store_true", help="say what would be freed; change nothing")
+    p.set_defaults(func=cmd_clean)
 
     p = sub.add_parser("dvc-runs", help="write workflow/dvc-runs.yaml, the run list dvc.yaml loops over")
     from cflpipe.dvcgen import add_arguments

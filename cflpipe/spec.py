@@ -62,6 +62,9 @@ class Training(Strict):
     on_divergence: Literal["stop", "skip"] = Field(
         "stop", description="NaN/inf loss: stop the run, or skip that client's update"
     )
+    keep_state: bool = Field(
+        False, description="keep a finished run's whole checkpoint (models, method state); false cuts it down "
+                           "to the tables its outputs are written from")
 
     @model_validator(mode="before")
     @classmethod
@@ -78,7 +81,15 @@ class Training(Strict):
         return self
 
 
+    def definition(self) -> dict[str, Any]:
+        """The settings that make a run what it is (its config.yaml and workflow params): all but
+        what only says what to keep of it afterwards, so changing that redoes no run."""
+        return self.model_dump(mode="json", exclude=set(TRAINING_NOT_IN_RUN))
+
+
 TRAINING_KEYS = tuple(Training.model_fields)
+# Training keys that change what is kept of a run, not its results.
+TRAINING_NOT_IN_RUN = ("keep_state",)
 
 
 def merge_training(layers: list[dict[str, Any]]) -> dict[str, Any]:
@@ -874,9 +885,13 @@ def spec_sha256(spec: Spec) -> str:
     import json
 
     data = spec.model_dump(mode="json", exclude=set(SPEC_HASH_EXCLUDES))
+    for key in TRAINING_NOT_IN_RUN:
+        data["training"].pop(key, None)
     for key in ("scenarios", "methods"):
         for entry in data[key].values():
             entry.pop("label", None)
+            for name in TRAINING_NOT_IN_RUN:
+                entry.get("training", {}).pop(name, None)
     text = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(text.encode()).hexdigest()
 

@@ -131,7 +131,7 @@ def run_params(wildcards):
     # changes a default or a definition re-runs what it changes.
     return json.dumps({"method": SPEC.method_type(m), "cflpipe": __version__,
                        "hyperparams": resolved_hyperparams(SPEC, s, m).model_dump(mode="json"),
-                       "training": SPEC.resolved_training(s, m).model_dump(mode="json")},
+                       "training": SPEC.resolved_training(s, m).definition()},
                       sort_keys=True)
 
 
