@@ -32,6 +32,7 @@ import pandas as pd
 
 from cflpipe import __version__, store
 from cflpipe.errors import CflpipeError
+from cflpipe.partition import small_test_sets
 from cflpipe.report.aggregate import aggregate_dir, per_seed_frame, read_aggregate
 from cflpipe.report.styles import FAMILIES, assign_styles, family_order
 from cflpipe.report.tables import (ALPHA, DASH, TIE_MARK, PaperTable, format_mean_std, is_reference, mark_best,
@@ -609,7 +610,7 @@ class Report:
             if stats is not None:
                 labels = [c for c in stats.columns if c.startswith("label_")]
                 item.update(classes=len(labels), n_train=int(stats["n_train"].sum()),
-                            n_test=int(stats["n_test"].sum()))
+                            n_test=int(stats["n_test"].sum()), note=small_test_sets(stats))
             else:
                 item["note"] = (f"{self.spec.partition_dir(name) / 'stats.parquet'} is missing; run "
                                 f"`cflpipe partition --config FILE --scenario {name}`")
