@@ -80,7 +80,6 @@ class Training(Strict):
             raise ValueError("give exactly one of local_steps and local_epochs")
         return self
 
-
     def definition(self) -> dict[str, Any]:
         """The settings that make a run what it is (its config.yaml and workflow params): all but
         what only says what to keep of it afterwards, so changing that redoes no run."""
@@ -874,7 +873,8 @@ def dump_yaml(obj: Any) -> str:
 
 
 # Left out of a spec's hash: what it only shows (labels, description, report tables) and where it
-# keeps files (results_dir, data_dir), so the same experiment has one hash wherever it runs.
+# keeps files (results_dir, data_dir), so the same experiment has one hash wherever it runs; also
+# what it keeps of finished runs (TRAINING_NOT_IN_RUN).
 SPEC_HASH_EXCLUDES = ("description", "report", "results_dir", "data_dir")
 
 
