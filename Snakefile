@@ -6,8 +6,9 @@
 #   snakemake --workflow-profile workflow/profiles/slurm  # on a SLURM cluster
 #   snakemake --report results/snakemake-report.html
 #
-# Outputs go to the spec's results_dir (default results/): partitions/, runs/, aggregate/,
-# report/, with logs/ and benchmarks/ of every job.
+# Outputs go to the spec's results_dir (results/ for config/config.yaml; a spec without one:
+# results/<file name>): partitions/, runs/, aggregate/, report/, with logs/ and benchmarks/ of
+# every job. Default options (all cores, failed jobs' logs shown) come from profiles/default/.
 
 from snakemake.utils import min_version
 

@@ -4,6 +4,7 @@ done by the modules each subcommand calls."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
@@ -13,10 +14,6 @@ from cflpipe.errors import CflpipeError, SpecError
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one line and exit 2, like every other bad input
         raise SpecError(f"{self.prog}: {message}")
-
-
-def _add_config(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", required=True, metavar="FILE", help="experiment spec (YAML)")
 
 
 def _scenario(spec, name: str) -> str:
@@ -38,13 +35,24 @@ def _seed(spec, seed: int) -> int:
     return seed
 
 
-def cmd_validate(args) -> int:
+def _load(args, **kwargs):
+    """The spec of --config; the default file missing gets its own line (the usual cause: running
+    outside the checkout)."""
+    from pathlib import Path
+
     from cflpipe.spec import load_spec
 
-    spec = load_spec(args.config)
+    if args.config == DEFAULT_CONFIG and not Path(DEFAULT_CONFIG).is_file():
+        raise SpecError(f"--config: no {DEFAULT_CONFIG} in {Path.cwd()} (the default spec); run from the "
+                        f"cflpipe checkout or give --config FILE")
+    return load_spec(args.config, **kwargs)
+
+
+def cmd_validate(args) -> int:
+    spec = _load(args)
     runs = len(spec.matrix())
     print(f"{args.config}: ok ({runs} runs: {len(spec.scenarios)} scenarios, {len(spec.methods)} methods, "
-          f"{len(spec.seeds)} seeds)")
+          f"{len(spec.seeds)} seeds; results in {spec.results_dir}/)")
     return 0
 
 
@@ -74,17 +82,21 @@ def cmd_download(args) -> int:
 
 def cmd_partition(args) -> int:
     from cflpipe.fl.data import partition_scenario
-    from cflpipe.spec import load_spec
 
-    spec = load_spec(args.config, check_methods=False)
+    from cflpipe.partition import small_test_sets
+    from cflpipe.store import read_parquet
+
+    spec = _load(args, check_methods=False)
     out = partition_scenario(spec, _scenario(spec, args.scenario), force=True)
     print(f"partition of {args.scenario} written to {out}")
+    note = small_test_sets(read_parquet(out / "stats.parquet"))
+    if note:
+        print(f"warning: scenarios.{args.scenario}: {note}", file=sys.stderr)
     return 0
 
 
 def cmd_train(args) -> int:
     from cflpipe.fl.engine import train_run
-    from cflpipe.spec import load_spec
 
     cpus = os.cpu_count() or 1
     if not 1 <= args.threads <= cpus:
@@ -92,7 +104,7 @@ def cmd_train(args) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    spec = load_spec(args.config)
+    spec = _load(args)
     scenario, method = _scenario(spec, args.scenario), _method(spec, args.method)
     seeds = [_seed(spec, seed) for seed in args.seed]
     twice = sorted({seed for seed in seeds if seeds.count(seed) > 1})
@@ -120,30 +132,88 @@ def cmd_train(args) -> int:
 def cmd_methods(args) -> int:
     from cflpipe.methods import all_methods
 
-    for name, info in all_methods().items():
-        print(f"{name}: {info.description}")
-        if info.capabilities.summary():
-            print(f"    [{info.capabilities.summary()}]")
-        for field, f in info.params.model_fields.items():
-            doc = f" — {f.description}" if f.description else ""
-            print(f"    {field} = {f.default!r}{doc}")
+    methods = all_methods()
+    if args.name is None:
+        for name, info in methods.items():
+            print(f"{name}: {info.description}")
+            if info.capabilities.summary():
+                print(f"    [{info.capabilities.summary()}]")
+            for field, f in info.params.model_fields.items():
+                doc = f" — {f.description}" if f.description else ""
+                print(f"    {field} = {f.default!r}{doc}")
+        return 0
+    if args.name not in methods:
+        raise SpecError(f"NAME: unknown method {args.name!r}; allowed: {', '.join(methods)}")
+    info = methods[args.name]
+    print(f"{args.name}: {info.description}")
+    if info.capabilities.summary():
+        print(f"capabilities: {info.capabilities.summary()}")
+    fields = info.params.model_fields
+    print("hyper-parameters (default):" if fields else "hyper-parameters: none")
+    for field, f in fields.items():
+        doc = f" — {f.description}" if f.description else ""
+        print(f"  {field} = {f.default!r}{doc}")
+    for text in _papers(info):
+        print(f"paper: {text}")
+    example = next((f"{name}: {json.dumps(f.default)}" for name, f in fields.items()
+                    if isinstance(f.default, (bool, int, float, str))), "")
+    print(f"in a spec: methods: {{{args.name}: {{{example}}}}}")
     return 0
+
+
+def _papers(info) -> list[str]:
+    """The first paragraph of the docstring of each module that defines the method or one of its
+    options' parameters: where cflpipe names the paper (and reference code) it follows."""
+    import sys
+    import textwrap
+
+    modules = [info.cls.__module__] + [c.__module__ for c in info.params.__mro__
+                                      if c.__module__.startswith("cflpipe.methods.")]
+    texts = []
+    for name in dict.fromkeys(modules):
+        doc = (getattr(sys.modules.get(name), "__doc__", None) or "").strip()
+        if doc:
+            texts.append(" ".join(textwrap.dedent(doc).split("\n\n")[0].split()))
+    return texts
+
+
+def cmd_clean(args) -> int:
+    from cflpipe.fl.engine import clean_runs
+
+    spec = _load(args, check_methods=False)
+    verb = "would free" if args.dry_run else "freed"
+    cleaned = clean_runs(spec, dry_run=args.dry_run)
+    for run in cleaned:
+        if run.freed is None:
+            print(f"{run.run_dir}: another process is writing this run; left alone")
+        else:
+            print(f"{run.run_dir}/state: {verb} {_size(run.freed)}")
+    freed = [run.freed for run in cleaned if run.freed is not None]
+    print(f"{args.config}: {verb} {_size(sum(freed))} in {len(freed)} finished runs of "
+          f"{len(spec.matrix())} ({spec.results_dir}/runs)")
+    return 0
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "kB", "MB", "GB"):
+        if abs(n) < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n} B"  # unreachable: GB returns above
 
 
 def cmd_aggregate(args) -> int:
     from cflpipe.report.aggregate import aggregate
-    from cflpipe.spec import load_spec
 
-    out = aggregate(load_spec(args.config))
+    out = aggregate(_load(args))
     print(f"aggregate written to {out}")
     return 0
 
 
 def cmd_report(args) -> int:
     from cflpipe.report.build import build_report
-    from cflpipe.spec import load_spec
 
-    out = build_report(load_spec(args.config))
+    out = build_report(_load(args))
     print(f"report written to {out}")
     return 0
 
@@ -166,65 +236,155 @@ def cmd_bench(args) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="cflpipe", description=__doc__)
-    parser.add_argument("--version", action="version", version=_version())
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+DEFAULT_CONFIG = "config/config.yaml"
 
-    p = sub.add_parser("validate", help="check a spec; one line per problem")
+_DESCRIPTION = """\
+cflpipe: reproducible benchmarks of clustered federated learning. A YAML spec names datasets,
+partition scenarios, methods and seeds; each command below is one step from the spec to the
+report, and Snakemake (`snakemake --cores 2`) or DVC (`dvc repro`) runs them all."""
+
+_TOP_EPILOG = f"""\
+a benchmark, step by step (the Snakefile and dvc.yaml call exactly these):
+  cflpipe validate
+  cflpipe partition --scenario digits-swap4
+  cflpipe train     --scenario digits-swap4 --method fedavg --seed 0
+  cflpipe aggregate
+  cflpipe report
+
+every --config defaults to {DEFAULT_CONFIG}; `cflpipe COMMAND --help` describes each command.
+"""
+
+
+def _sub(sub, name: str, summary: str, description: str, example: str) -> argparse.ArgumentParser:
+    """A subcommand with a one-line summary (in `cflpipe --help`), a description and examples."""
+    return sub.add_parser(name, help=summary, description=f"{summary[0].upper()}{summary[1:]}.\n\n{description}",
+                          epilog="example:\n" + example, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def _add_config(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", default=DEFAULT_CONFIG, metavar="FILE",
+                   help=f"experiment spec (YAML; default: {DEFAULT_CONFIG})")
+
+
+def _add_quiet(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quiet", action="store_true", help="no progress bar (logs of workflow jobs)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="cflpipe", description=_DESCRIPTION, epilog=_TOP_EPILOG,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=_version(), help="print cflpipe's version")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
+
+    p = _sub(sub, "validate", "check a spec; one line per problem",
+             "Reads the spec as every other command does and prints one line per problem (YAML path, value,\n"
+             "what is allowed), exit code 2; on success the number of runs and where their results go.",
+             "  cflpipe validate --config config/experiments/fesem.yaml\n")
     _add_config(p)
     p.set_defaults(func=cmd_validate)
 
-    p = sub.add_parser("download", help="fetch and verify a dataset into resources/datasets/NAME")
-    p.add_argument("name", metavar="NAME")
-    p.add_argument("--data-dir", default="resources/datasets")
+    p = _sub(sub, "download", "fetch and verify a dataset into resources/datasets/NAME",
+             "Downloads a dataset's files from their official hosts, checks their md5 and marks the folder\n"
+             "complete. Embedded datasets (digits, synthetic) need nothing; LEAF's FEMNIST and CelebA are\n"
+             "placed by hand (the command says how).",
+             "  cflpipe download mnist\n"
+             "  cflpipe download cifar10 --list           # URLs, target paths and checksums, to fetch by hand\n")
+    p.add_argument("name", metavar="NAME", help="dataset name, e.g. mnist, fmnist, emnist, cifar10, svhn")
+    p.add_argument("--data-dir", default="resources/datasets", metavar="DIR",
+                   help="folder holding one subfolder per dataset (default: resources/datasets; a spec's "
+                        "data_dir)")
     p.add_argument("--mirror", default=None, metavar="URL",
                    help="base URL that replaces the official hosts (also CFLPIPE_DATASET_MIRROR)")
-    p.add_argument("--list", action="store_true", help="print the files, URLs and checksums")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--list", action="store_true", help="print the files, URLs and checksums; download nothing")
+    _add_quiet(p)
     p.set_defaults(func=cmd_download)
 
-    p = sub.add_parser("partition", help="write results/partitions/SCENARIO/")
+    p = _sub(sub, "partition", "split a scenario's dataset among its clients",
+             "Writes RESULTS/partitions/SCENARIO/: clients.parquet (every sample's client, split, group and\n"
+             "transform), stats.parquet (per-client sizes and label counts), label_hist.png. Fixed per\n"
+             "scenario (its `seed`), whatever the training seeds.",
+             "  cflpipe partition --scenario digits-swap4\n")
     _add_config(p)
-    p.add_argument("--scenario", required=True)
+    p.add_argument("--scenario", required=True, metavar="NAME", help="one of the spec's scenarios")
     p.set_defaults(func=cmd_partition)
 
-    p = sub.add_parser("train", help="run one scenario × method for one or more seeds")
+    p = _sub(sub, "train", "run one scenario × method for one or more seeds",
+             "Writes RESULTS/runs/SCENARIO/METHOD/seedK/ (metrics, clusters, rounds, timing as Parquet,\n"
+             "summary.json, config.yaml). A finished run is skipped, a killed one resumes from its state/\n"
+             "checkpoint and ends with the same bytes; after a run finishes its checkpoint keeps only what\n"
+             "the outputs are made from unless training.keep_state is true. The partition comes first.",
+             "  cflpipe train --scenario digits-swap4 --method fedavg --seed 0\n"
+             "  cflpipe train --config config/experiments/fesem.yaml \\\n"
+             "      --scenario femnist-iid --method fesem-2 --seed 0 1 2\n")
     _add_config(p)
-    p.add_argument("--scenario", required=True)
-    p.add_argument("--method", required=True)
+    p.add_argument("--scenario", required=True, metavar="NAME", help="one of the spec's scenarios")
+    p.add_argument("--method", required=True, metavar="NAME", help="one of the spec's method entries")
     p.add_argument("--seed", required=True, type=int, nargs="+", metavar="SEED",
                    help="one or more of the spec's seeds, run one after the other in this process "
                         "(the workflow passes all of them: start-up is paid once)")
     p.add_argument("--force", action="store_true", help="re-run a finished run from scratch")
-    p.add_argument("--threads", type=int, default=1,
+    p.add_argument("--threads", type=int, default=1, metavar="N",
                    help="CPU threads for torch (default 1, as the workflow's jobs: the bytes of a run depend on "
                         "it, and it is recorded in the run's config.yaml)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    _add_quiet(p)
     p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("aggregate", help="mean ± std over seeds of every finished run")
+    p = _sub(sub, "aggregate", "mean ± std over seeds of the spec's runs",
+             "Reads every run of the spec (its scenarios × methods × seeds, nothing else under RESULTS/runs)\n"
+             "and writes RESULTS/aggregate/: runs, summary, curves and timing as Parquet, summary.csv and\n"
+             "metrics.json (for `dvc metrics show`). Fails with one line when a run is missing or stale.",
+             "  cflpipe aggregate --config config/experiments/fesem.yaml\n")
     _add_config(p)
     p.set_defaults(func=cmd_aggregate)
 
-    p = sub.add_parser("report", help="results/report/index.html and paper-style tables")
+    p = _sub(sub, "report", "the HTML report and paper-style tables",
+             "Writes RESULTS/report/index.html (self-contained, interactive) and\n"
+             "RESULTS/report/tables/summary.{md,tex,csv} from the aggregate (run `cflpipe aggregate` first).",
+             "  cflpipe report && xdg-open results/report/index.html\n")
     _add_config(p)
     p.set_defaults(func=cmd_report)
 
-    p = sub.add_parser("methods", help="list methods with their hyper-parameters and defaults")
+    p = _sub(sub, "methods", "list methods, or describe one",
+             "Without NAME: every registered method type with its hyper-parameters and defaults. With NAME:\n"
+             "that method's description, hyper-parameters, defaults and paper.",
+             "  cflpipe methods\n"
+             "  cflpipe methods fedprox\n")
+    p.add_argument("name", metavar="NAME", nargs="?", default=None,
+                   help="a method type (e.g. ifca, cfl_awcfl); omit to list all")
     p.set_defaults(func=cmd_methods)
 
-    p = sub.add_parser("dvc-runs", help="write workflow/dvc-runs.yaml, the run list dvc.yaml loops over")
+    p = _sub(sub, "clean", "free the checkpoints of the spec's finished runs",
+             "Removes the models and method state from the state/ checkpoint of every finished run of the\n"
+             "spec, keeping what the run's outputs are made from (a few kB), and prints the space freed.\n"
+             "Unfinished runs keep their checkpoints (they resume from them); runs of other specs are\n"
+             "not touched. `training.keep_state: false` (the default) does this as each run finishes.",
+             "  cflpipe clean --dry-run\n"
+             "  cflpipe clean --config config/experiments/fesem.yaml\n")
+    _add_config(p)
+    p.add_argument("--dry-run", action="store_true", help="say what would be freed; change nothing")
+    p.set_defaults(func=cmd_clean)
+
+    p = _sub(sub, "dvc-runs", "write workflow/dvc-runs.yaml, the run list dvc.yaml loops over",
+             "DVC cannot compute a run list, so dvc.yaml's foreach loops read this generated file. Run it\n"
+             "again after adding or removing scenarios, methods, seeds or datasets, or changing\n"
+             "results_dir/data_dir; stage aggregate checks it.",
+             "  cflpipe dvc-runs && dvc repro\n")
     from cflpipe.dvcgen import add_arguments
 
     add_arguments(p)
     p.set_defaults(func=cmd_dvc_runs)
 
-    p = sub.add_parser("bench", help="engine overhead and per-round time on standard workloads")
-    p.add_argument("--workload", action="append", choices=["digits", "synthetic"], default=None)
-    p.add_argument("--rounds", type=int, default=10)
-    p.add_argument("--repeats", type=int, default=3, help="alternating repeats; the fastest counts")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
+    p = _sub(sub, "bench", "engine overhead and per-round time on standard workloads",
+             "Compares the engine's training rounds with a tight loop doing the same SGD steps (the ratio\n"
+             "is the engine's overhead), the batched trainer with the sequential one, and evaluation's\n"
+             "chunk sizes. Minutes on a CPU; figures in docs/performance.md.",
+             "  cflpipe bench --part overhead --workload digits --rounds 5 --output bench.json\n")
+    p.add_argument("--workload", action="append", choices=["digits", "synthetic"], default=None,
+                   help="workload of the overhead part (repeatable; default both)")
+    p.add_argument("--rounds", type=int, default=10, metavar="N", help="rounds per measured run (default 10)")
+    p.add_argument("--repeats", type=int, default=3, metavar="N",
+                   help="alternating repeats; the fastest counts (default 3)")
+    p.add_argument("--threads", type=int, default=None, metavar="N", help="CPU threads for torch (default: torch's)")
     p.add_argument("--output", default=None, metavar="FILE", help="also write the figures as JSON")
     p.add_argument("--part", action="append", choices=["overhead", "trainers", "eval"], default=None,
                    help="what to measure (repeatable; default all): engine overhead, batched vs sequential "

@@ -122,7 +122,8 @@ def _repo_path(config: str | Path) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", required=True, metavar="FILE", help="experiment spec (YAML)")
+    parser.add_argument("--config", default="config/config.yaml", metavar="FILE",
+                        help="experiment spec (YAML; default: config/config.yaml)")
     parser.add_argument("--output", default=DEFAULT_OUTPUT, metavar="FILE",
                         help=f"where to write the lists (default: {DEFAULT_OUTPUT})")
     parser.add_argument("--check", action="store_true",

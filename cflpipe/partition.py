@@ -535,6 +535,25 @@ def _assemble(client, sample, is_test, group_of_client, transforms, seen, num_cl
 # --------------------------------------------------------------------------- files
 
 
+# Fewer test samples than this make a client's accuracy coarse (steps of over 10 %): said when
+# the partition is written and in the report's scenario overview.
+SMALL_TEST_SET = 10
+
+
+def small_test_sets(stats: pd.DataFrame, minimum: int = SMALL_TEST_SET) -> str | None:
+    """One line when some clients hold fewer than `minimum` test samples, else None."""
+    n_test = stats["n_test"].to_numpy()
+    small = n_test < minimum
+    if not small.any():
+        return None
+    fewest = int(n_test.min())
+    step = f", one sample is {100 / fewest:.0f} % of that client's accuracy" if fewest else \
+        " (no accuracy at all for that client)"
+    return (f"{int(small.sum())} of {len(n_test)} clients have fewer than {minimum} test samples (fewest: "
+            f"{fewest}{step}); their per-client accuracies are coarse. More data per client (test_fraction, "
+            f"dirichlet min_size, quantity min) gives finer ones")
+
+
 def write_partition(partition: Partition, out_dir: str | Path, title: str | None = None) -> None:
     """Write clients.parquet, stats.parquet and label_hist.png. Everything is prepared in memory
     first and each file is renamed into place, so an error leaves no new or half-written file."""

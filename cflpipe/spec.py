@@ -66,6 +66,9 @@ class Training(Strict):
     on_divergence: Literal["stop", "skip"] = Field(
         "stop", description="NaN/inf loss: stop the run, or skip that client's update"
     )
+    keep_state: bool = Field(
+        False, description="keep a finished run's whole checkpoint (models, method state); false cuts it down "
+                           "to the tables its outputs are written from")
 
     @field_validator("model")
     @classmethod
@@ -93,8 +96,15 @@ class Training(Strict):
             raise ValueError("give exactly one of local_steps and local_epochs")
         return self
 
+    def definition(self) -> dict[str, Any]:
+        """The settings that make a run what it is (its config.yaml and workflow params): all but
+        what only says what to keep of it afterwards, so changing that redoes no run."""
+        return self.model_dump(mode="json", exclude=set(TRAINING_NOT_IN_RUN))
+
 
 TRAINING_KEYS = tuple(Training.model_fields)
+# Training keys that change what is kept of a run, not its results.
+TRAINING_NOT_IN_RUN = ("keep_state",)
 
 
 def merge_training(layers: list[dict[str, Any]]) -> dict[str, Any]:
@@ -389,11 +399,15 @@ class Spec(Strict):
     training: Training = Field(default_factory=Training)
     scenarios: dict[str, Scenario] = Field(min_length=1)
     methods: dict[str, MethodEntry] = Field(min_length=1)
+    # A spec read from a file defaults to results/<file stem> (load_spec), so two specs never share
+    # one folder by accident; "results" is the default of a spec built in code.
     results_dir: str = Field("results", min_length=1)
     data_dir: str = Field("resources/datasets", min_length=1)
     report: ReportOptions = Field(default_factory=ReportOptions)
     # {expanded entry: the `sweep:` entry it comes from}; not a field, so no dump or hash sees it.
     _sweeps: dict[str, SweepOrigin] = PrivateAttr(default_factory=dict)
+    # The file the spec was read from (load_spec), for the report to say which spec it covers.
+    _source: str | None = PrivateAttr(None)
 
     @field_validator("seeds")
     @classmethod
@@ -1052,7 +1066,16 @@ def load_spec(path: str | Path, **kwargs: Any) -> Spec:
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or "not valid YAML"
         raise SpecError(f"{path}: {problem}{where}") from None
-    return parse_spec(data, **kwargs)
+    if isinstance(data, dict) and "results_dir" not in data:
+        data = {**data, "results_dir": default_results_dir(path)}
+    spec = parse_spec(data, **kwargs)
+    spec._source = str(path)
+    return spec
+
+
+def default_results_dir(path: str | Path) -> str:
+    """Where a spec file without `results_dir` writes: results/<its name without .yaml>."""
+    return f"results/{Path(path).stem}"
 
 
 def dump_yaml(obj: Any) -> str:
@@ -1060,7 +1083,8 @@ def dump_yaml(obj: Any) -> str:
 
 
 # Left out of a spec's hash: what it only shows (labels, description, report tables) and where it
-# keeps files (results_dir, data_dir), so the same experiment has one hash wherever it runs.
+# keeps files (results_dir, data_dir), so the same experiment has one hash wherever it runs; also
+# what it keeps of finished runs (TRAINING_NOT_IN_RUN).
 SPEC_HASH_EXCLUDES = ("description", "report", "results_dir", "data_dir")
 
 
@@ -1071,9 +1095,13 @@ def spec_sha256(spec: Spec) -> str:
     import json
 
     data = spec.model_dump(mode="json", exclude=set(SPEC_HASH_EXCLUDES))
+    for key in TRAINING_NOT_IN_RUN:
+        data["training"].pop(key, None)
     for key in ("scenarios", "methods"):
         for entry in data[key].values():
             entry.pop("label", None)
+            for name in TRAINING_NOT_IN_RUN:
+                entry.get("training", {}).pop(name, None)
     text = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(text.encode()).hexdigest()
 

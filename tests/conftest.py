@@ -64,4 +64,4 @@ def tiny_snakemake_run(tmp_path_factory) -> WorkflowRun:
     spec = write_spec(workdir / "tiny.yaml")
     first = snakemake("--configfile", "tiny.yaml", "--cores", "2", cwd=workdir)
     second = snakemake("--configfile", "tiny.yaml", "--cores", "2", cwd=workdir)
-    return WorkflowRun(workdir, spec, workdir / "results", first, second)
+    return WorkflowRun(workdir, spec, workdir / "results/tiny", first, second)  # results/<spec file name>

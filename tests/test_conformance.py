@@ -131,6 +131,25 @@ def test_resume_after_interruption_is_byte_identical(name, reference_runs, tmp_p
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", METHODS)
+def test_outputs_come_back_from_the_last_checkpoint_alone(name, reference_runs, tmp_path, monkeypatch):
+    """Stopped after its last checkpoint, which holds no models (training.keep_state: false), a
+    run's outputs are rebuilt from that checkpoint's tables: a method's own tables included."""
+    def die(self):
+        raise Killed
+
+    spec = parse_spec(spec_dict(tmp_path, name))
+    with monkeypatch.context() as patch:
+        patch.setattr(engine.Run, "write_outputs", die)
+        with pytest.raises(Killed):
+            train_run(spec, "s", name, 0, progress=False)
+    run_dir = spec.run_dir("s", name, 0)
+    assert torch.load(run_dir / "state/state.pt", weights_only=True)["method"] is None
+    train_run(spec, "s", name, 0, progress=False)
+    same_bytes(reference_runs[name], run_dir)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", METHODS)
 def test_same_seed_gives_identical_bytes(name, reference_runs, tmp_path):
     same_bytes(reference_runs[name], finished(tmp_path, name))
 

@@ -74,7 +74,7 @@ def test_dvc_repro_matches_snakemake_and_is_idempotent(tmp_path, tiny_snakemake_
     assert sorted(line.split("'")[1] for line in first.stdout.splitlines() if line.startswith("Running stage")) \
         == sorted(["partition@swap", "aggregate", "report"] + [f"train@{s}.{m}" for s, m, _ in TINY_RUNS])
 
-    theirs, ours = tiny_snakemake_run.results, repo / "results"
+    theirs, ours = tiny_snakemake_run.results, repo / "results/config"  # results/<spec file name>
     assert tiny_snakemake_run.first.returncode == 0, tiny_snakemake_run.first.stdout
     compared = [f"runs/{s}/{m}/seed{k}/{name}" for s, m, k in TINY_RUNS for name in RUN_FILES]
     compared += [f"partitions/swap/{name}" for name in PARTITION_FILES]
@@ -89,7 +89,7 @@ def test_dvc_repro_matches_snakemake_and_is_idempotent(tmp_path, tiny_snakemake_
     assert "Data and pipelines are up to date." in second.stdout, second.stdout
     shown = run(["dvc", "metrics", "show", "--json"], repo)
     assert shown.returncode == 0, shown.stdout
-    metrics = next(iter(yaml.safe_load(shown.stdout).values()))["data"]["results/aggregate/metrics.json"]["data"]
+    metrics = next(iter(yaml.safe_load(shown.stdout).values()))["data"]["results/config/aggregate/metrics.json"]["data"]
     assert set(metrics["swap"]) == {"fedavg", "fedprox"} and 0 < metrics["swap"]["fedavg"]["acc_macro_mean"] <= 1
 
     # `dvc exp run -S config/config.yaml:methods.fedprox.mu=0.5` edits the spec, then reproduces:

@@ -155,7 +155,7 @@ def test_workflow_on_slurm(slurm_cluster, tmp_path):
     assert out.returncode == 0, out.stdout
     # partition and train went through sbatch; download, aggregate and report are local rules
     assert out.stdout.count("has been submitted with SLURM jobid") == 2, out.stdout
-    results = tmp_path / "results"
+    results = tmp_path / "results/tiny"  # results/<spec file name>
     run_dir = results / "runs/swap/fedavg/seed0"
     for name in ("summary.json", "metrics.parquet", "rounds.parquet", "clusters.parquet", "plots.csv"):
         assert (run_dir / name).is_file(), name

@@ -43,7 +43,7 @@ def test_snakemake_schema_knows_every_spec_key():
 @pytest.mark.slow
 def test_default_spec_dry_run_and_lint(tmp_path):
     # A copy of the workflow and the default spec, so the dry run sees no results of the checkout.
-    for name in ("Snakefile", "workflow", "config"):
+    for name in ("Snakefile", "workflow", "config", "profiles"):
         (shutil.copytree if (ROOT / name).is_dir() else shutil.copy)(ROOT / name, tmp_path / name)
     dry = snakemake("-n", "-p", cwd=tmp_path)
     assert dry.returncode == 0, dry.stdout
@@ -108,3 +108,31 @@ def test_bad_spec_stops_before_any_job(tmp_path):
     assert "error: scenarios.swap.partition[0].alpha: must be > 0, got -1" in out.stdout.splitlines()
     assert "Traceback" not in out.stdout and "Job stats" not in out.stdout
     assert not (tmp_path / "results").exists()
+
+
+def test_default_profile_is_found_beside_the_snakefile():
+    """Snakemake reads profiles/default/ next to the Snakefile by itself (not workflow/profiles/,
+    since this Snakefile is at the top); the SLURM profile, which replaces it, keeps its logs."""
+    profile = yaml.safe_load((ROOT / "profiles/default/config.yaml").read_text())
+    assert profile["show-failed-logs"] is True and profile["cores"] == "all"
+    assert profile["rerun-incomplete"] is True and "rules" not in profile["quiet"]
+    slurm = yaml.safe_load((ROOT / "workflow/profiles/slurm/config.yaml").read_text())
+    assert slurm["show-failed-logs"] is True
+
+
+@pytest.mark.slow
+def test_a_failed_job_shows_its_one_line_cause(tmp_path):
+    """`snakemake` with the default profile and no --cores: a training job that diverges prints
+    cflpipe's one-line error from its log, not only the log's path."""
+    diverging = yaml.safe_load(yaml.safe_dump(TINY_SPEC))
+    diverging["training"]["lr"] = 1.0e30
+    diverging["methods"] = {"fedavg": {}}
+    write_spec(tmp_path / "diverging.yaml", diverging)
+    out = snakemake("--configfile", "diverging.yaml", cwd=tmp_path)
+    assert out.returncode != 0, out.stdout
+    assert "Using workflow specific profile" in out.stdout and "profiles/default" in out.stdout
+    assert "Logfile results/diverging/logs/train/swap/fedavg.log:" in out.stdout
+    lines = out.stdout.splitlines()
+    assert any(line.startswith("error: round 1, client ") and "method fedavg: training loss is nan" in line
+               for line in lines), out.stdout
+    assert "Platform:" not in out.stdout  # quiet: host

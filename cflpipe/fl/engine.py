@@ -100,7 +100,7 @@ def resolved_config(spec: Spec, scenario: str, method: str, seed: int, threads: 
         "method_type": method_type,
         "seed": seed,
         "hyperparams": hp.model_dump(mode="json"),
-        "training": spec.resolved_training(scenario, method).model_dump(mode="json"),
+        "training": spec.resolved_training(scenario, method).definition(),
         "scenario_spec": spec.scenarios[scenario].definition(),
         "data_dir": spec.data_dir,
         **({"inputs_sha256": digests} if (digests := input_digests(spec, scenario)) else {}),
@@ -400,18 +400,18 @@ class Run:
     # ------------------------------------------------------------------ state
 
     def save_state(self, round_number: int) -> None:
+        # A run resumed after its last round plays no round: its outputs come from the tables
+        # alone. So the last checkpoint leaves out the models and the method's state (nearly all
+        # of its size) unless training.keep_state asks for them.
+        final = round_number == self.training.rounds and not self.training.keep_state
         state = {
             "round": round_number,
             "config": self.config_text,
-            "method": self.method.state_dict(),
-            "clients": self.ctx.clients.state_dict(),
+            "method": None if final else self.method.state_dict(),
+            "clients": None if final else self.ctx.clients.state_dict(),
             "tables": {name: dict(cols) for name, cols in self.tables.items()},
         }
-        with store.atomic_path(self.state_path) as tmp:
-            torch.save(state, tmp)
-            # The digest is written before the state is renamed into place: a crash in between
-            # leaves a mismatch (a fresh start), never a state that is used unverified.
-            store.write_text(self.hash_path, f"{store.sha256_of(tmp)}\n")
+        write_state(self.state_path, state)
 
     @property
     def hash_path(self) -> Path:
@@ -420,18 +420,10 @@ class Run:
     def try_resume(self) -> None:
         if not self.state_path.exists():
             return
-        problem = None
-        if not self.hash_path.exists():
-            problem = f"no {STATE_HASH_FILE} beside it"
-        elif self.hash_path.read_text().strip() != store.sha256_of(self.state_path):
-            problem = f"its content does not match {STATE_HASH_FILE} (a truncated or altered file)"
-        if problem is None:
-            try:
-                # Loaded to the CPU: load_state_dict methods move tensors to the device themselves
-                # and read index arrays with .numpy(), which a CUDA tensor refuses.
-                state = torch.load(self.state_path, map_location="cpu", weights_only=True)
-            except Exception as exc:  # a file torch cannot read: same treatment as a bad digest
-                problem = f"unreadable ({type(exc).__name__})"
+        state, problem = read_state(self.state_path)
+        if problem is None and state.get("config") == self.config_text and state.get("method") is None \
+                and int(state["round"]) != self.training.rounds:
+            problem = "a checkpoint without models before the last round"  # cannot be written
         if problem is not None:
             print(f"warning: {self.state_path}: {problem}; starting the run afresh", file=sys.stderr)
             self.state_path.unlink()
@@ -439,8 +431,9 @@ class Run:
             return
         if state.get("config") != self.config_text:
             return  # the spec changed: the old state does not belong to this run
-        self.method.load_state_dict(state["method"])
-        self.ctx.clients.load_state_dict(state["clients"])
+        if state["method"] is not None:  # None: the last round's cut-down checkpoint, no round to play
+            self.method.load_state_dict(state["method"])
+            self.ctx.clients.load_state_dict(state["clients"])
         self.tables = {name: defaultdict(list, cols) for name, cols in state["tables"].items()}
         self.start_round = int(state["round"])
 
@@ -488,6 +481,88 @@ class Run:
         store.write_text(d / "config.yaml", self.config_text)
         store.write_json(d / "summary.json", summary)  # last: its presence marks a finished run
         return summary
+
+
+def write_state(path: Path, state: dict[str, Any]) -> None:
+    with store.atomic_path(path) as tmp:
+        torch.save(state, tmp)
+        # The digest is written before the state is renamed into place: a crash in between
+        # leaves a mismatch (a fresh start), never a state that is used unverified.
+        store.write_text(path.with_name(STATE_HASH_FILE), f"{store.sha256_of(tmp)}\n")
+
+
+def read_state(path: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """A run's checkpoint, verified against its digest: (state, None), or (None, the problem)."""
+    digest = path.with_name(STATE_HASH_FILE)
+    if not digest.exists():
+        return None, f"no {STATE_HASH_FILE} beside it"
+    if digest.read_text().strip() != store.sha256_of(path):
+        return None, f"its content does not match {STATE_HASH_FILE} (a truncated or altered file)"
+    try:
+        # Loaded to the CPU: load_state_dict methods move tensors to the device themselves
+        # and read index arrays with .numpy(), which a CUDA tensor refuses.
+        return torch.load(path, map_location="cpu", weights_only=True), None
+    except Exception as exc:  # a file torch cannot read: same treatment as a bad digest
+        return None, f"unreadable ({type(exc).__name__})"
+
+
+@dataclass(frozen=True)
+class Cleaned:
+    run_dir: Path
+    freed: int | None  # bytes; None: the run is being written by another process, left alone
+
+
+def clean_runs(spec: Spec, dry_run: bool = False) -> list[Cleaned]:
+    """Cut the checkpoints of the spec's finished runs down to their tables (what `keep_state:
+    false` keeps), whatever keep_state they ran with; returns the runs whose checkpoint shrank
+    (or would) and those another process holds.
+
+    A run counts as finished when every output exists and its checkpoint is of its last round and
+    of the run its config.yaml records: such a checkpoint is never resumed into another round, so
+    dropping its models changes nothing a later `cflpipe train` writes. Anything else (a run that
+    is training, was killed, or whose checkpoint is of an earlier definition) is left alone."""
+    from cflpipe.errors import BusyError
+
+    cleaned = []
+    for scenario, method, seed in spec.matrix():
+        run_dir = spec.run_dir(scenario, method, seed)
+        if not (run_dir / "state" / "state.pt").is_file() or \
+                not all((run_dir / name).is_file() for name in OUTPUT_FILES):
+            continue
+        try:
+            with store.exclusive(run_dir / LOCK_FILE, f"run {scenario}/{method}/seed{seed} ({run_dir})"):
+                freed = _cut_down_state(run_dir, dry_run)
+        except BusyError:
+            cleaned.append(Cleaned(run_dir, None))
+            continue
+        if freed is not None:
+            cleaned.append(Cleaned(run_dir, freed))
+    return cleaned
+
+
+def _cut_down_state(run_dir: Path, dry_run: bool) -> int | None:
+    """Bytes freed by dropping the models from a finished run's checkpoint; None when it is not
+    one to cut down (see clean_runs)."""
+    import io
+
+    import yaml
+
+    path = run_dir / "state" / "state.pt"
+    state, problem = read_state(path)
+    config_text = (run_dir / "config.yaml").read_text()
+    if problem is not None or state.get("method") is None or state.get("config") != config_text:
+        return None
+    training = (yaml.safe_load(config_text) or {}).get("training") or {}
+    if int(state["round"]) != training.get("rounds"):
+        return None
+    before = path.stat().st_size
+    cut = {**state, "method": None, "clients": None}
+    if dry_run:
+        buffer = io.BytesIO()
+        torch.save(cut, buffer)
+        return before - buffer.getbuffer().nbytes
+    write_state(path, cut)
+    return before - path.stat().st_size
 
 
 def run_provenance(config: dict, training: Training) -> dict[str, Any]:

@@ -38,6 +38,7 @@ import pandas as pd
 
 from cflpipe import __version__, store
 from cflpipe.errors import CflpipeError
+from cflpipe.partition import small_test_sets
 from cflpipe.report.aggregate import aggregate_dir, per_seed_frame, read_aggregate
 from cflpipe.report.ranks import Ranking, q_alpha, rank_methods
 from cflpipe.report.styles import FAMILIES, assign_styles, family_order
@@ -836,7 +837,7 @@ class Report:
             if stats is not None:
                 labels = [c for c in stats.columns if c.startswith("label_")]
                 item.update(classes=len(labels), n_train=int(stats["n_train"].sum()),
-                            n_test=int(stats["n_test"].sum()))
+                            n_test=int(stats["n_test"].sum()), note=small_test_sets(stats))
             else:
                 item["note"] = (f"{self.spec.partition_dir(name) / 'stats.parquet'} is missing; run "
                                 f"`cflpipe partition --config FILE --scenario {name}`")
@@ -1097,6 +1098,7 @@ def render_report(spec: Spec, tables: dict[str, pd.DataFrame]) -> tuple[str, lis
         "sweeps": report.sweeps(), "scenarios": report.overview(), "plot_config": json.dumps(PLOT_CONFIG, sort_keys=True),
         "alpha": f"{ALPHA:g}", "tie_mark": TIE_MARK,
         "reference_types": sorted({t for t in report.method_types.values() if is_reference(t)}), "results_dir": spec.results_dir,
+        "spec_file": spec._source or "",
     }
     html = _environment().get_template("index.html.j2").render(plotly_js=plotly_bundle(), **context)
     return html, paper

@@ -133,7 +133,7 @@ def run_params(wildcards):
     plugins = run_plugins(SPEC, s, m)  # absent without plugins: older runs keep their params
     return json.dumps({"method": SPEC.method_type(m), "cflpipe": __version__, **({"plugins": plugins} if plugins else {}),
                        "hyperparams": resolved_hyperparams(SPEC, s, m).model_dump(mode="json"),
-                       "training": SPEC.resolved_training(s, m).model_dump(mode="json")},
+                       "training": SPEC.resolved_training(s, m).definition()},
                       sort_keys=True)
 
 

@@ -1,0 +1,81 @@
+"""The command line as a user meets it (issue #14, item 12): every subcommand describes itself
+with an example, every option has help, `cflpipe methods NAME` describes one method, and
+`--config` defaults to config/config.yaml."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from cflpipe.cli import DEFAULT_CONFIG, build_parser, main
+from cflpipe.methods import all_methods
+
+from conftest import ROOT
+
+
+def subcommands() -> dict[str, argparse.ArgumentParser]:
+    parser = build_parser()
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(action.choices)
+
+
+def test_every_subcommand_has_a_description_an_example_and_help_on_every_option():
+    commands = subcommands()
+    assert {"validate", "download", "partition", "train", "aggregate", "report", "methods", "clean",
+            "dvc-runs", "bench"} <= set(commands)
+    for name, parser in commands.items():
+        text = parser.format_help()
+        assert parser.description and len(parser.description.split("\n\n")) >= 2, name  # summary + what it does
+        assert "\nexample:\n  cflpipe " in text, name
+        for action in parser._actions:
+            assert action.help, f"cflpipe {name} {action.option_strings or action.dest}: no help"
+        config = next((a for a in parser._actions if "--config" in a.option_strings), None)
+        if config is not None:
+            assert config.default == DEFAULT_CONFIG and not config.required, name
+    top = build_parser().format_help()
+    assert "cflpipe validate" in top and "clustered federated learning" in top
+
+
+def test_methods_name_describes_one_method(capsys):
+    assert main(["methods", "fedprox"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("fedprox: FedProx")
+    assert "  mu = 0.01 — " in out and "paper: FedProx (Li et al. 2020)" in out
+    assert "in a spec: methods: {fedprox: {mu: 0.01}}" in out
+    assert "fedavg" not in out  # one method, not the list
+
+    assert main(["methods", "cfl_awcfl"]) == 0  # a variant: the method's paper and the option's
+    out = capsys.readouterr().out
+    assert "beta = 0.5" in out and "eps1 = 0.4" in out
+    assert sum(line.startswith("paper: ") for line in out.splitlines()) == 2 and "Sattler" in out
+
+    assert main(["methods"]) == 0
+    listing = capsys.readouterr().out
+    assert all(f"\n{name}: " in f"\n{listing}" for name in all_methods())
+
+
+def test_an_unknown_method_name_is_one_line_listing_the_allowed(capsys):
+    assert main(["methods", "fedprx"]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    assert captured.out == "" and len(lines) == 1
+    assert lines[0].startswith("error: NAME: unknown method 'fedprx'; allowed: ") and "fedprox" in lines[0]
+
+
+def test_config_defaults_to_config_yaml(monkeypatch, tmp_path, capsys):
+    monkeypatch.chdir(ROOT)
+    assert main(["validate"]) == 0
+    assert capsys.readouterr().out.startswith(f"{DEFAULT_CONFIG}: ok (")
+    monkeypatch.chdir(tmp_path)
+    assert main(["validate"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == [f"error: --config: no {DEFAULT_CONFIG} in {tmp_path} (the default spec); run from the cflpipe "
+                   f"checkout or give --config FILE"]
+
+
+@pytest.mark.parametrize("command", ["aggregate", "report", "clean", "partition --scenario s"])
+def test_every_spec_command_takes_the_default(monkeypatch, tmp_path, capsys, command):
+    monkeypatch.chdir(tmp_path)
+    assert main(command.split()) == 2
+    assert capsys.readouterr().err.startswith(f"error: --config: no {DEFAULT_CONFIG} in ")
