@@ -128,7 +128,7 @@ def test_the_example_spec_runs_end_to_end_with_a_sweep_and_the_plugin(tmp_path):
         done = cli(command, "--config", "spec.yaml", cwd=tmp_path)
         assert done.returncode == 0, done.stderr
 
-    results = tmp_path / "results"
+    results = tmp_path / "results" / "spec"  # a spec without results_dir writes to results/<file name>
     config = yaml.safe_load((results / "runs/digits-swap2/fedavgm-server_momentum0p5/seed0/config.yaml").read_text())
     assert (config["method_type"], config["hyperparams"]) == \
         ("fedavgm", {"server_momentum": 0.5, "server_lr": 1.0, "nesterov": False})
