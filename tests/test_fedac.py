@@ -61,10 +61,21 @@ def test_cnt_splits_a_cluster_of_two_far_apart_groups():
     clusters = np.array([0] * 12 + [1] * 6)
     centers = torch.stack([models[:12].mean(0), models[12:].mean(0)])
     assert cluster_ratios(models, centers, clusters)[0] > 0.8
-    new_centers, new_clusters, _ = tune_cluster_number(models, centers, clusters, 0.2, 0.8, 10, nearest)
+    new_centers, new_clusters, ratios = tune_cluster_number(models, centers, clusters, 0.2, 0.8, 10, nearest)
     assert new_centers.shape[0] == 3
     truth = np.array([0] * 6 + [1] * 6 + [2] * 6)
     assert clustering_scores(new_clusters, truth)["ari"] == 1.0
+    assert_centers_are_member_means(models, new_centers, new_clusters)
+    np.testing.assert_array_equal(ratios, cluster_ratios(models, centers, clusters))
+    # no split beyond max_clusters: two clusters exist already
+    capped, capped_clusters, _ = tune_cluster_number(models, centers, clusters, 0.2, 0.8, 2, nearest)
+    assert capped.shape[0] == 2 and (capped_clusters == clusters).all() and torch.equal(capped, centers)
+
+
+def assert_centers_are_member_means(models, centers, clusters) -> None:
+    assert sorted(set(clusters.tolist())) == list(range(centers.shape[0]))
+    for k in range(centers.shape[0]):
+        torch.testing.assert_close(centers[k], models[clusters == k].mean(0))
 
 
 def test_cnt_merges_two_identical_clusters():
@@ -84,6 +95,7 @@ def test_cnt_merges_two_identical_clusters():
     assert len(set(new_clusters[:8])) == 1  # the twins are one cluster
     truth = np.array([0] * 8 + [1] * 8 + [2] * 8)
     assert clustering_scores(new_clusters, truth)["ari"] == 1.0
+    assert_centers_are_member_means(models, new_centers, new_clusters)
 
 
 def test_local_update_without_pulls_is_plain_sgd_and_lambda_moves_only_the_body(tmp_path):

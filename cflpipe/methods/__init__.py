@@ -34,7 +34,8 @@ class MethodInfo:
 METHODS: dict[str, MethodInfo] = {}
 
 
-def register(name: str, params: type[HyperParams] = HyperParams):
+# Runs at import, before mutmut picks a mutant: its mutants could never run (docs/testing.md).
+def register(name: str, params: type[HyperParams] = HyperParams):  # pragma: no mutate block
     """Register a method class under `name`. A class that offers variants (the cluster-model
     base: AWCFL and MCFL) registers them here too, as the same class with the variant's
     hyper-parameters added, so they exist whatever order the modules are imported in."""
