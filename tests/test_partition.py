@@ -560,3 +560,31 @@ def test_pathological_label_sets_cyclic_or_random():
     assert build_partition(default, ds).clients.equals(
         build_partition(scenario(10, {"kind": "pathological", "labels_per_client": 2, "label_sets": "cyclic"}),
                         ds).clients)
+
+
+def test_pathological_sizes_top_up_from_the_clients_other_labels():
+    """A client whose share of one label exceeds what is left of it takes the rest from its other
+    labels; one sample per (client, label) slot stays reserved for clients that fill later."""
+    from types import SimpleNamespace
+
+    from cflpipe.partition import _fill_pathological
+
+    quantity = (1, SimpleNamespace(min=2))
+    # One client, labels 0 (2 samples) and 1 (20): 5 + 5 wanted, label 0 runs out at 2.
+    counts = np.zeros((1, 2), dtype=np.int64)
+    _fill_pathological(counts, np.array([[0, 1]]), np.array([10]), np.array([1, 19]), quantity,
+                       np.random.default_rng(0), "s.partition[0]", "scenarios.s")
+    assert counts.tolist() == [[2, 8]]
+    # An uneven size splits as evenly as it can: 10 over 3 labels is 4 + 3 + 3.
+    counts = np.zeros((1, 3), dtype=np.int64)
+    _fill_pathological(counts, np.array([[0, 1, 2]]), np.array([10]), np.array([9, 9, 9]), (1, SimpleNamespace(min=3)),
+                       np.random.default_rng(0), "s.partition[0]", "scenarios.s")
+    assert counts.tolist() == [[4, 3, 3]]
+    # Two clients share labels 0 (3 samples) and 1 (30); whoever fills first leaves the other its
+    # reserved sample of label 0, and both get their full size.
+    for seed in range(4):
+        counts = np.zeros((2, 2), dtype=np.int64)
+        _fill_pathological(counts, np.array([[0, 1], [0, 1]]), np.array([12, 12]), np.array([1, 28]), quantity,
+                           np.random.default_rng(seed), "s.partition[0]", "scenarios.s")
+        assert counts.sum(axis=1).tolist() == [12, 12] and (counts >= 1).all()
+        assert counts[:, 0].sum() == 3 and counts[:, 1].sum() == 21
