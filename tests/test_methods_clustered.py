@@ -372,8 +372,13 @@ def test_fedgroup_decomposed_similarity_separates_planted_groups_and_cold_starts
     assert (group.assignment() >= 0).all()
     assert adjusted_rand_score(truth, group.assignment()) == 1.0
     assert row["off_round_bytes_down"] == len(newcomers) * 60 * 4
+    # Every assigned client is sent its own group's model (group 0 included), nothing else.
+    for client in range(10):
+        sent = group.payload(client).tensors["model"]
+        assert torch.equal(sent, group.centers[group.assignment()[client]]), client
     # Unassigned clients are evaluated with the mean of the group models.
     fresh = FedGroup(FakeContext(FedGroupParams(clusters=2), 10, 60, deltas))
+    assert torch.equal(fresh.payload(0).tensors["model"], fresh.centers.mean(0))
     models, index = fresh.eval_models()
     assert len(models) == 3 and (index == 2).all()
 
