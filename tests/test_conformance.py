@@ -338,10 +338,30 @@ SETTING = {
 # checked elsewhere where their effect can show.
 NO_EFFECT_HERE: dict[tuple[str, str], str] = {
     ("FedGroup", "kmeans_iter"): "Lloyd's iterations: k-means of the fixture's 4 pre-trained clients "
-                                 "converges in one; clustering.kmeans's max_iter is tested in test_clustering",
+                                 "converges in one; test_iteration_caps_reach_kmeans checks it is passed on",
     ("FeSEM", "init_iter"): "Lloyd's iterations: k-means of the fixture's 3 first models converges in one; "
-                            "clustering.kmeans's max_iter is tested in test_clustering",
+                            "test_iteration_caps_reach_kmeans checks it is passed on",
 }
+
+
+@pytest.mark.parametrize("name,field_name", [("fedgroup", "kmeans_iter"), ("fesem", "init_iter")])
+def test_iteration_caps_reach_kmeans(name, field_name, tmp_path, monkeypatch):
+    """The parameters of NO_EFFECT_HERE reach the k-means call (whose max_iter test_clustering
+    checks with hand-computed Lloyd steps); the real k-means runs."""
+    import importlib
+
+    module = importlib.import_module(f"cflpipe.methods.{name}")
+    real, caps = module.kmeans, []
+
+    def recording(*args, **kwargs):
+        caps.append(kwargs.get("max_iter"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, "kmeans", recording)
+    raw = spec_dict(tmp_path, name)
+    raw["methods"][name] = hyperparams(name) | {field_name: 7}
+    play(prepare_run(parse_spec(raw), "s", name, 0), ROUNDS)
+    assert caps and set(caps) == {7}
 
 
 def _lookup(table: dict, cls_name: str, field_name: str, default=None):

@@ -873,3 +873,13 @@ def test_ranking_leaves_out_a_method_without_a_result(built):
     assert re.findall(r'<tr><th scope="row">([^<]+)</th>', section.split('id="ranking-table"')[1]) \
         in (["fedavg", "prox-lo"], ["prox-lo", "fedavg"])
     assert "at least 3 methods and 2 scenarios (here 2 methods on 2 scenarios)" in section
+
+
+def test_the_report_shows_one_spelling_of_the_spec_path(tmp_path, monkeypatch):
+    from cflpipe.report.build import shown_spec_path
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "config").mkdir()
+    spellings = ["config/x.yaml", "./config/x.yaml", str(tmp_path / "config" / "x.yaml"), "config/../config/x.yaml"]
+    assert {shown_spec_path(p) for p in spellings} == {"config/x.yaml"}
+    assert shown_spec_path("/elsewhere/y.yaml") == "/elsewhere/y.yaml" and shown_spec_path(None) == ""

@@ -27,6 +27,7 @@ style for the whole report (report/styles.py), shown in a key there.
 from __future__ import annotations
 
 import json
+import os
 import math
 import re
 from dataclasses import dataclass
@@ -1098,7 +1099,7 @@ def render_report(spec: Spec, tables: dict[str, pd.DataFrame]) -> tuple[str, lis
         "sweeps": report.sweeps(), "scenarios": report.overview(), "plot_config": json.dumps(PLOT_CONFIG, sort_keys=True),
         "alpha": f"{ALPHA:g}", "tie_mark": TIE_MARK,
         "reference_types": sorted({t for t in report.method_types.values() if is_reference(t)}), "results_dir": spec.results_dir,
-        "spec_file": spec._source or "",
+        "spec_file": shown_spec_path(spec._source),
     }
     html = _environment().get_template("index.html.j2").render(plotly_js=plotly_bundle(), **context)
     return html, paper
@@ -1106,6 +1107,16 @@ def render_report(spec: Spec, tables: dict[str, pd.DataFrame]) -> tuple[str, lis
 
 def report_dir(spec: Spec) -> Path:
     return Path(spec.results_dir) / "report"
+
+
+def shown_spec_path(source: str | None) -> str:
+    """The spec's path as the report shows it: relative to the working directory when under it,
+    normalised, so `./config/config.yaml` and `config/config.yaml` give the same report bytes."""
+    if not source:
+        return ""
+    path = os.path.normpath(os.path.abspath(source))
+    relative = os.path.relpath(path, os.path.abspath(os.getcwd()))
+    return Path(path if relative.startswith("..") else relative).as_posix()
 
 
 def build_report(spec: Spec) -> Path:

@@ -3,6 +3,7 @@
 # every seed in one process), wildcard constraints and the resources of a train job. No rules here; no work is done here.
 
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -35,10 +36,13 @@ def spec_file():
         fail(["--config: cflpipe rules read the spec file only; edit it or pass another one with "
               "--configfile"])
     path = Path(given[0]) if given else Path(DEFAULT_CONFIG)
+    # Absolute without resolving symlinks: the spec's file name names its default results
+    # folder, and a link must name the same folder here as in `cflpipe … --config LINK`.
+    path = Path(os.path.abspath(path))
     try:  # keep commands and logs readable: relative when the spec lies under the working dir
-        return str(path.resolve().relative_to(Path.cwd().resolve()))
+        return str(path.relative_to(Path(os.path.abspath(os.getcwd()))))
     except ValueError:
-        return str(path.resolve())
+        return str(path)
 
 
 def choice(names):
