@@ -167,3 +167,22 @@ def test_the_pca_dimension_actually_used_is_recorded_and_said(tmp_path, capsys):
     fedac.aggregate({c: fedac.local_update(c, fedac.payload(c)) for c in range(10, 20)})
     assert fedac.pca_version == version + 1 and fedac.round_metrics()["fedac_pca_dims"] == 10.0
     assert "LrCos keeps" not in capsys.readouterr().err  # said once per run
+
+
+def test_round_metrics_report_the_servers_clusters_g_values_and_pca_dims(tmp_path):
+    run = prepare_run(spec_for(tmp_path, {"fedac": {"components": 3, "clusters": 2, "cnt_start": 1}},
+                               training={"model": "mlp"}), "swap4", "fedac", 0)
+    fedac = run.method
+    assert fedac.round_metrics()["fedac_pca_dims"] != fedac.round_metrics()["fedac_pca_dims"]  # nan: no PCA yet
+    for r in range(2):
+        run.ctx.round = r
+        sampled = run.sample(r)
+        fedac.round_start(sampled)
+        payloads = {int(c): fedac.payload(int(c)) for c in sampled}
+        trained = run.ctx.run({c: fedac.plan(c, payloads[c]) for c in payloads})
+        fedac.receive({c: fedac.finish(c, payloads[c], trained[c]) for c in payloads})
+    metrics = fedac.round_metrics()
+    assert metrics["fedac_clusters"] == fedac.centers.shape[0] == len(set(fedac.clusters.tolist()))
+    assert metrics["fedac_g"] == [float(g) if np.isfinite(g) else None for g in fedac.g_values]
+    assert len(metrics["fedac_g"]) == len(fedac.g_values) >= 1
+    assert metrics["fedac_pca_dims"] == fedac.pca.components.shape[0] == 3
