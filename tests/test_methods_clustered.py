@@ -231,6 +231,30 @@ def test_cfl_routes_clients_absent_at_the_split_through_the_split_model():
     assert np.array_equal(clone.split_clusters, cfl.split_clusters)
 
 
+def test_cfl_routes_a_client_through_every_later_split_of_its_cluster_and_no_other():
+    """A client absent at two successive splits of its cluster is routed through both; clients of
+    another cluster absent at a split are not made to wait at it."""
+    dim = 40
+    g = torch.Generator().manual_seed(3)
+    u, v = torch.linalg.qr(torch.randn(dim, 2, generator=g))[0].T * 2.0  # orthogonal, norm 2
+    ctx = FakeContext(CFLParams(warmup=0, min_members=2), 8, dim, torch.stack([u] * 4 + [-u] * 4))
+    cfl = CFL(ctx)
+    play_round(cfl, ctx, [0, 1, 4, 5])  # split 0: {0, 1} (+u) | {4, 5} (-u); 2, 3, 6, 7 wait at it
+    assert cfl.pending.tolist() == [-1, -1, 0, 0, -1, -1, 0, 0]
+    a, b = int(cfl.clusters[0]), int(cfl.clusters[4])
+    ctx.deltas = torch.stack([v, -v, u + v, u - v] + [-0.01 * u] * 4)
+    play_round(cfl, ctx, [0, 1])  # split 1 of cluster a: {0} (+v) | {1} (-v)
+    assert cfl.num_clusters == 3 and len(cfl.split_clusters) == 2 and cfl.split_clusters[1, 0] == a
+    # 4 and 5 (cluster b, absent) do not wait at a split of cluster a
+    assert cfl.pending.tolist() == [-1, -1, 0, 0, -1, -1, 0, 0]
+    play_round(cfl, ctx, [2])  # routed at split 0 into a, then waits at a's later split 1
+    assert cfl.clusters[2] == a and cfl.pending[2] == 1
+    play_round(cfl, ctx, [2])  # routed at split 1 by its +v part: 0's side
+    assert cfl.pending[2] == -1 and cfl.clusters[2] == cfl.clusters[0] != cfl.clusters[1]
+    play_round(cfl, ctx, [6])  # cluster b never split again: routed once, done
+    assert cfl.clusters[6] == b and cfl.pending[6] == -1
+
+
 # ---------------------------------------------------------------------------- FeSEM
 
 
