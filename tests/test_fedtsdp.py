@@ -79,14 +79,14 @@ def test_two_stage_clustering_splits_by_outputs_then_by_weights():
     # stage 2 alone never joins clients that stage 1 separated, however close their weights
     assert two_stage_clusters(outputs, torch.zeros(6, 2), 0.05, 1.0, 2).tolist() == [0, 0, 0, 1, 1, 2]
     # Labels of different stage-1 groups never collide: group a (clients 0-4, 10) splits into 2
-    # clusters and 2 noise points, group b (5-9, 11) into 3 clusters.
-    owner = [a] * 5 + [b] * 5 + [a, b]
+    # clusters and 2 noise points, group b (5-9, 11-13) into 3 clusters and 2 noise points.
+    owner = [a] * 5 + [b] * 5 + [a, b, b, b]
     outputs = torch.stack(owner)[:, None, :].repeat(1, 4, 1)
     weights = torch.tensor([[0.0, 0.0], [0.1, 0.0], [5.0, 0.0], [5.1, 0.0], [20.0, 20.0],
                             [0.0, 0.0], [0.1, 0.0], [5.0, 0.0], [5.1, 0.0], [0.0, 5.0],
-                            [-20.0, -20.0], [0.1, 5.0]])
+                            [-20.0, -20.0], [0.1, 5.0], [30.0, 0.0], [0.0, 30.0]])
     labels = two_stage_clusters(outputs, weights, eps_js=0.05, eps_weights=1.0, min_pts=2)
-    assert labels.tolist() == [0, 0, 1, 1, 2, 3, 3, 4, 4, 5, 6, 5]
+    assert labels.tolist() == [0, 0, 1, 1, 2, 3, 3, 4, 4, 5, 6, 5, 7, 8]
 
 
 # ---------------------------------------------------------------------- weights and layers
