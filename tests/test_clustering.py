@@ -191,6 +191,13 @@ def test_principal_directions_are_the_top_right_singular_vectors():
     _, _, vh = torch.linalg.svd(w, full_matrices=False)
     assert torch.allclose((v * vh[:3]).sum(1).abs(), torch.ones(3, dtype=torch.float64), atol=1e-8)
     assert torch.equal(principal_directions(w, 3), v), "deterministic, signs included"
+    # the sign convention: every direction's largest-magnitude client coefficient is positive
+    coefficients = w @ v.T
+    assert (coefficients.gather(0, coefficients.abs().argmax(0, keepdim=True)) > 0).all()
+    # unit directions whatever the scale of the updates (singular values below 1 too)
+    small = principal_directions(w * 1e-3, 3)
+    assert torch.allclose(small @ small.T, torch.eye(3, dtype=torch.float64), atol=1e-8)
+    assert torch.allclose(small, v, atol=1e-8)
 
 
 def test_decomposed_cosine_similarity_separates_planted_groups():
