@@ -65,3 +65,26 @@ def test_f1_micro_and_macro_over_devices_as_fesem_defines_them():
     assert figures == {"f1_micro": 0.75, "f1_macro": 0.5}
     # the pooled figure is another number: class-macro F1 of the 4 predictions = (2/3 + 1 + 0) / 3
     assert f1_macro_over_classes(y_true, y_pred, 3) == pytest.approx((2 / 3 + 1 + 0) / 3)
+
+
+def test_clients_without_test_samples_keep_their_row_and_are_left_out_of_the_summary():
+    """The last clients own no sample: every per-client table still has a row per client (nan),
+    and the summary is over the clients that have samples."""
+    from cflpipe.metrics import per_client_mean
+
+    owner = np.array([0, 0, 1, 1, 1])
+    correct = np.array([1, 0, 1, 1, 0], dtype=bool)
+    acc, n = per_client_accuracy(owner, correct, 4)
+    assert n.tolist() == [2, 3, 0, 0] and acc[:2].tolist() == pytest.approx([0.5, 2 / 3])
+    assert np.isnan(acc[2:]).all()
+    loss = per_client_mean(owner, np.array([1.0, 3.0, 2.0, 2.0, 5.0]), 4)
+    assert loss[:2].tolist() == [2.0, 3.0] and np.isnan(loss[2:]).all()
+    f1 = per_client_f1(owner, np.array([0, 1, 1, 1, 0]), np.array([0, 0, 1, 1, 0]), 4, 3)
+    assert len(f1) == 4 and np.isnan(f1[2:]).all()
+    assert f1[1] == pytest.approx(1.0)  # client 1 predicted all right
+    s = personalized_summary(acc, n)
+    assert s["acc_macro"] == pytest.approx((0.5 + 2 / 3) / 2) and s["acc_micro"] == pytest.approx(3 / 5)
+    assert np.isnan(personalized_summary(acc[2:], n[2:])["acc_macro"])
+    # worst 10 %: ceil(0.1 · 11) = 2 clients
+    eleven = personalized_summary(np.linspace(0.0, 1.0, 11), np.ones(11, dtype=int))
+    assert eleven["acc_worst10"] == pytest.approx(0.05)
