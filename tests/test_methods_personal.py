@@ -438,3 +438,17 @@ def test_fedper_and_ditto_beat_fedavg_on_label_skew(tmp_path):
     body = ParamSpace(build_model("cnn", (1, 8, 8), 10)).body
     per_round = 10 * int(body.sum()) * 4
     assert summary["bytes_up_total"] == summary["bytes_down_total"] == 30 * per_round
+
+
+def test_perfedavg_fine_tuning_is_plain_sgd_whatever_the_training_momentum_and_decay():
+    """Evaluation's eval_steps steps of size α take no momentum and no weight decay from the
+    training settings (the paper's plain gradient steps)."""
+    method, ctx = make_method("perfedavg", {"alpha": 0.05, "eval_steps": 2}, model=Softmax(4, 3),
+                              momentum=0.9, weight_decay=0.1)
+    ctx.round = 2
+    method.global_model = ctx.init + 0.1 * torch.randn(ctx.init.shape, generator=torch.Generator().manual_seed(5))
+    models, _ = method.eval_models()
+    x, y = ctx.data.client(3, "train")
+    ctx.space.load(method.global_model)
+    sgd(ctx.space, x, y, steps=2, batch_size=4, lr=0.05, generator=torch.Generator().manual_seed(_mix(0, 2, 3, 2)))
+    assert torch.allclose(models[3], ctx.space.read(), atol=1e-6)
