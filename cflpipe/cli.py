@@ -164,7 +164,6 @@ def cmd_methods(args) -> int:
 def _papers(info) -> list[str]:
     """The first paragraph of the docstring of each module that defines the method or one of its
     options' parameters: where cflpipe names the paper (and reference code) it follows."""
-    import sys
     import textwrap
 
     modules = [info.cls.__module__] + [c.__module__ for c in info.params.__mro__
@@ -195,11 +194,11 @@ def cmd_clean(args) -> int:
 
 
 def _size(n: int) -> str:
-    for unit in ("B", "kB", "MB", "GB"):
-        if abs(n) < 1000 or unit == "GB":
+    for unit in ("B", "kB", "MB"):
+        if abs(n) < 1000:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000
-    return f"{n} B"  # unreachable: GB returns above
+    return f"{n:.1f} GB"
 
 
 def cmd_aggregate(args) -> int:

@@ -619,7 +619,7 @@ class SweepOrigin(BaseModel):
     values: dict[str, Any]
 
 
-def _sweep_values(key: str, spec: Any, where: str) -> list[Any]:
+def _sweep_values(spec: Any, where: str) -> list[Any]:
     """A sweep's values: a list, or an integer range `{from: A, to: B, step: S}` (B included)."""
     if isinstance(spec, dict):
         unknown = sorted(set(spec) - {"from", "to", "step"}, key=str)
@@ -701,7 +701,7 @@ def expand_sweeps(data: Any) -> tuple[Any, dict[str, SweepOrigin]]:
                                 f"`cflpipe methods` lists them")
             if key in entry:
                 raise SpecError(f"methods.{name}.{key}: also swept in {where}.{key}; give it in one place")
-            values = _sweep_values(key, values, f"{where}.{key}")
+            values = _sweep_values(values, f"{where}.{key}")
             # Distinct as values (1 and 1.0 would train the same entry twice) and as names ('A', 'a').
             tokens = [_sweep_token(v) for v in values]
             for i, value in enumerate(values):

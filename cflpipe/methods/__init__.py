@@ -88,17 +88,17 @@ def _is_builtin(name: str) -> bool:
 
 
 def _load_entry_point(name: str, where: str | None = None) -> None:
-    from cflpipe.plugins import METHODS_GROUP, PluginError, load_entry_point
+    from cflpipe.plugins import METHODS_GROUP, PluginError, _prefix, load_entry_point
 
     _load_all()
     if _is_builtin(name):
-        raise PluginError(f"{where + ': ' if where else ''}entry point {name!r} of group {METHODS_GROUP} has the "
+        raise PluginError(f"{_prefix(where)}entry point {name!r} of group {METHODS_GROUP} has the "
                           f"name of a built-in method; give it another name")
     obj = load_entry_point(METHODS_GROUP, name, where)
     registered = getattr(obj, "name", None) if isinstance(obj, type) else None
     if name not in METHODS:
         what = f"registers {registered!r}" if registered in METHODS else "registers no method of that name"
-        raise PluginError(f"{where + ': ' if where else ''}entry point {name!r} of group {METHODS_GROUP} "
+        raise PluginError(f"{_prefix(where)}entry point {name!r} of group {METHODS_GROUP} "
                           f"{what}; decorate its class with @cflpipe.methods.register({name!r}, PARAMS)")
 
 
@@ -117,12 +117,12 @@ def _load_plugins() -> None:
 
 def _from_reference(reference: str, where: str | None) -> MethodInfo:
     """A `module:Class` method type: the registered method of that class, under the reference."""
-    from cflpipe.plugins import PluginError, load_reference
+    from cflpipe.plugins import PluginError, _prefix, load_reference
 
     obj = load_reference(reference, where)
     info = METHODS.get(getattr(obj, "name", None)) if isinstance(obj, type) else None
     if info is None or info.cls is not obj:
-        raise PluginError(f"{where + ': ' if where else ''}{reference!r} is not a method class registered with "
+        raise PluginError(f"{_prefix(where)}{reference!r} is not a method class registered with "
                           f"@cflpipe.methods.register(NAME, PARAMS)")
     METHODS[reference] = info
     return info
