@@ -399,8 +399,8 @@ class Spec(Strict):
     training: Training = Field(default_factory=Training)
     scenarios: dict[str, Scenario] = Field(min_length=1)
     methods: dict[str, MethodEntry] = Field(min_length=1)
-    # A spec read from a file defaults to results/<file stem> (load_spec), so two specs never share
-    # one folder by accident; "results" is the default of a spec built in code.
+    # A spec read from a file defaults to results/<file stem> (load_spec), so two specs share one
+    # folder only if their files share a name; "results" is the default of a spec built in code.
     results_dir: str = Field("results", min_length=1)
     data_dir: str = Field("resources/datasets", min_length=1)
     report: ReportOptions = Field(default_factory=ReportOptions)
