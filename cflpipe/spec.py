@@ -609,6 +609,8 @@ SWEEP_KEY = "sweep"
 # A typo such as `{from: 1, to: 100000}` should not turn into a hundred thousand training jobs.
 MAX_SWEEP_ENTRIES = 1000
 HYPERPARAM_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Keys of a method entry that are not hyper-parameters of its method.
+RESERVED_ENTRY_KEYS = (*MethodEntry.model_fields, SWEEP_KEY)
 
 
 class SweepOrigin(BaseModel):

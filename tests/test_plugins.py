@@ -357,6 +357,21 @@ def test_registering_a_taken_name_is_refused():
         register_model("mlp")(lambda shape, classes: MLP(shape, classes))
 
 
+@pytest.mark.parametrize("key", ["method", "training", "scenarios", "label", "sweep"])
+def test_a_hyper_parameter_named_like_a_method_entry_key_is_refused_at_registration(key):
+    from pydantic import create_model
+
+    from cflpipe.methods import METHODS, HyperParams, register
+    from cflpipe.methods.fedavg import FedAvg
+
+    params = create_model("ReservedParams", __base__=HyperParams, **{key: (int, 1)})
+    with pytest.raises(ValueError) as info:
+        register("test_reserved_key", params)(type("Reserved", (FedAvg,), {"__doc__": "x"}))
+    assert str(info.value) == (f"method 'test_reserved_key': hyper-parameter {key!r} of ReservedParams is a key of "
+                               f"a spec's method entry (method, training, scenarios, label, sweep); rename it")
+    assert "test_reserved_key" not in METHODS
+
+
 def test_runs_of_built_in_methods_models_and_datasets_record_no_plugins(tmp_path):
     """Their config.yaml stays as before plugins existed, so no finished run is redone."""
     from cflpipe.plugins import run_plugins

@@ -58,6 +58,13 @@ def register(name: str, params: type[HyperParams] = HyperParams):  # pragma: no 
 
 
 def _add(info: MethodInfo) -> None:
+    from cflpipe.spec import RESERVED_ENTRY_KEYS
+
+    # A spec's method entry reads these keys itself: such a hyper-parameter could never be set.
+    reserved = [key for key in info.params.model_fields if key in RESERVED_ENTRY_KEYS]
+    if reserved:
+        raise ValueError(f"method {info.name!r}: hyper-parameter {reserved[0]!r} of {info.params.__qualname__} "
+                         f"is a key of a spec's method entry ({', '.join(RESERVED_ENTRY_KEYS)}); rename it")
     # A plugin registering a taken name would silently replace a method (and every result of it).
     old = METHODS.get(info.name)
     if old is not None and (old.cls.__module__, old.cls.__qualname__) != (info.cls.__module__, info.cls.__qualname__):
