@@ -801,8 +801,9 @@ def parse_spec(data: Any, *, check_methods: bool = True, check_datasets: bool = 
 
 def _check_models(spec: Spec) -> list[str]:
     """Models that are not built in (a plugin's, a module:Class reference) import: one line at the
-    key that names them when they do not (the names themselves are checked by Training)."""
+    key that names them when they do not. Other names are Training's to refuse: one line per mistake."""
     from cflpipe.models import model_factory
+    from cflpipe.plugins import MODELS_GROUP, entry_point_names, is_reference
 
     layers = [("training", spec.training.model_dump())]
     layers += [(f"scenarios.{name}.training", sc.training) for name, sc in spec.scenarios.items()]
@@ -810,7 +811,8 @@ def _check_models(spec: Spec) -> list[str]:
     problems = []
     for where, layer in layers:
         model = layer.get("model")
-        if isinstance(model, str) and model not in MODEL_NAMES:
+        if isinstance(model, str) and model not in MODEL_NAMES and \
+                (is_reference(model) or model in entry_point_names(MODELS_GROUP)):
             try:
                 model_factory(model, f"{where}.model")
             except SpecError as exc:
