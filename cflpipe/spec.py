@@ -619,6 +619,9 @@ class SweepOrigin(BaseModel):
     model_config = ConfigDict(frozen=True)
     entry: str
     values: dict[str, Any]
+    # Whether the entry gives `method:` or its name is the type (an error about the type is
+    # then at the entry itself, as for an entry written without a sweep).
+    typed: bool = True
 
 
 def _sweep_values(spec: Any, where: str) -> list[Any]:
@@ -735,7 +738,7 @@ def expand_sweeps(data: Any) -> tuple[Any, dict[str, SweepOrigin]]:
                     raise SpecError(f"methods.{name}.label: with the swept values appended, {text!r} is longer "
                                     f"than {LABEL_MAX} characters; shorten the label")
             expanded[new_name] = new_entry
-            origins[new_name] = SweepOrigin(entry=name, values=chosen)
+            origins[new_name] = SweepOrigin(entry=name, values=chosen, typed=bool(entry.get("method")))
     return {**data, "methods": expanded}, origins
 
 
@@ -927,8 +930,10 @@ def _check_method(spec: Spec, method: str) -> list[str]:
 
     entry = spec.methods[method]
     where = f"methods.{method}"
+    origin = spec._sweeps.get(method)
+    typed = entry.method and (origin is None or origin.typed)
     problems = validate_method_entry(spec.method_type(method), entry.hyperparams, where,
-                                     f"{where}.method" if entry.method else where)
+                                     f"{where}.method" if typed else where)
     if problems:
         return problems
     info = METHODS[spec.method_type(method)]

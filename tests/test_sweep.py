@@ -155,6 +155,17 @@ def test_sweep_mistakes_are_one_line_at_the_spec_files_path(change, line):
     assert error_of(with_methods(**change)) == line
 
 
+def test_an_unknown_method_type_is_reported_where_the_sweeping_entry_gives_it():
+    from cflpipe.methods import method_names
+
+    allowed = f"allowed: {', '.join(method_names())} (or a module:Class reference)"
+    # no `method:`: the entry's name is the type, as for an entry without a sweep
+    assert error_of(with_methods(**{"cfl-x": {"sweep": {"beta": [0, 1]}}})) == \
+        f"methods.cfl-x: unknown method 'cfl-x'; {allowed}"
+    assert error_of(with_methods(**{"cfl-x": {"method": "cflx", "sweep": {"beta": [0, 1]}}})) == \
+        f"methods.cfl-x.method: unknown method 'cflx'; {allowed}"
+
+
 def test_a_sweep_of_an_entry_with_a_bad_name_is_reported_at_that_name():
     data = with_methods(awcfl=None, AWCFL={"method": "awcfl", "sweep": {"beta": [0, 1]}})
     assert error_of(data).startswith("methods: name 'AWCFL' must match")
