@@ -707,11 +707,13 @@ def expand_sweeps(data: Any) -> tuple[Any, dict[str, SweepOrigin]]:
             if key in entry:
                 raise SpecError(f"methods.{name}.{key}: also swept in {where}.{key}; give it in one place")
             values = _sweep_values(values, f"{where}.{key}")
-            # Distinct as values (1 and 1.0 would train the same entry twice) and as names ('A', 'a').
+            # Distinct as values (1 and 1.0 would train the same entry twice), as names ('A', 'a')
+            # and as labels (0.1 and '0.1' would be two entries the report shows under one name).
             tokens = [_sweep_token(v) for v in values]
+            texts = [_sweep_text(v) for v in values]
             for i, value in enumerate(values):
-                same = [w for w, t in zip(values[:i], tokens[:i]) if t == tokens[i] or
-                        (w == value and isinstance(w, bool) == isinstance(value, bool))]
+                same = [w for w, t, x in zip(values[:i], tokens[:i], texts[:i]) if t == tokens[i] or x == texts[i]
+                        or (w == value and isinstance(w, bool) == isinstance(value, bool))]
                 if same:
                     raise SpecError(f"{where}.{key}: values must be distinct, got {_short(same[0])} and "
                                     f"{_short(value)}")

@@ -116,6 +116,10 @@ def test_swept_values_become_valid_entry_names(values, names):
     ({"awcfl": {"sweep": {"bta": [0, 1]}}},
      "methods.awcfl.sweep.bta: unknown key; allowed: beta, clusters, cluster_start, n_init"),
     ({"awcfl": {"sweep": {"beta": [1, 1.0]}}}, "methods.awcfl.sweep.beta: values must be distinct, got 1 and 1.0"),
+    # one label for both: reported at the values, not at a label the spec does not write
+    ({"fedprox": {"sweep": {"mu": [0.1, "0.1"]}}}, "methods.fedprox.sweep.mu: values must be distinct, got 0.1 and '0.1'"),
+    ({"fedprox": {"sweep": {"mu": [None, "null"]}}},
+     "methods.fedprox.sweep.mu: values must be distinct, got null and 'null'"),
     ({"awcfl": {"sweep": {"beta": []}}},
      "methods.awcfl.sweep.beta: must be a non-empty list of values or a range {from: A, to: B, step: S}, got []"),
     ({"awcfl": {"sweep": [0, 1]}},
