@@ -75,6 +75,8 @@ def _add(info: MethodInfo) -> None:
 
 _BUILTIN_LOADED = False
 _PLUGINS_LOADED = False
+# One line per method plugin that failed in _load_plugins (each left out of the listings).
+_PLUGIN_FAILURES: list[str] = []
 
 
 def _load_all() -> None:
@@ -110,16 +112,41 @@ def _load_entry_point(name: str, where: str | None = None) -> None:
 
 
 def _load_plugins() -> None:
-    """Import every installed method plugin (entry points), once."""
-    global _PLUGINS_LOADED
+    """Import every installed method plugin (entry points), once. This is only for listing names
+    (or looking for a variant a plugin registers), so a plugin that fails is left out and noted in
+    _PLUGIN_FAILURES: an unrelated broken plugin must not hide the name a spec got wrong. A spec
+    that names the plugin gets its error from method_info."""
+    global _PLUGINS_LOADED, _PLUGIN_FAILURES
     if _PLUGINS_LOADED:
         return
-    from cflpipe.plugins import METHODS_GROUP, entry_point_names
+    from cflpipe.plugins import METHODS_GROUP, PluginError, entry_point_names
 
     _load_all()
+    failures = []
     for name in entry_point_names(METHODS_GROUP):
-        _load_entry_point(name)
+        try:
+            _load_entry_point(name)
+        except PluginError as exc:
+            failures.append(str(exc))
+    _PLUGIN_FAILURES = failures
     _PLUGINS_LOADED = True
+
+
+def plugin_failures() -> list[str]:
+    """One line for each installed method plugin that does not load (left out of method_names
+    and all_methods)."""
+    _load_plugins()
+    return list(_PLUGIN_FAILURES)
+
+
+def unknown_method(name: str, where: str | None = None) -> str:
+    """The error line for a method type that does not exist, naming the plugins that could not be
+    looked in."""
+    from cflpipe.plugins import _prefix
+
+    skipped = "".join(f"; left out: {line}" for line in plugin_failures())
+    return f"{_prefix(where)}unknown method {name!r}; allowed: {', '.join(method_names())} " \
+           f"(or a module:Class reference){skipped}"
 
 
 def _from_reference(reference: str, where: str | None) -> MethodInfo:
@@ -156,13 +183,14 @@ def method_info(name: str, where: str | None = None) -> MethodInfo:
 
 
 def method_names() -> list[str]:
-    """Every method name a spec may use (built in and plugins'; references aside), sorted."""
+    """Every method name a spec may use (built in and plugins' that load; references aside), sorted."""
     _load_plugins()
     return sorted(name for name in METHODS if ":" not in name)
 
 
 def all_methods() -> dict[str, MethodInfo]:
-    """Every registered method, plugins included (each imported now)."""
+    """Every registered method, plugins that load included (each imported now; plugin_failures
+    names the others)."""
     _load_plugins()
     return dict(sorted(METHODS.items()))
 
@@ -177,8 +205,7 @@ def validate_method_entry(method_type: str, hyperparams: dict[str, Any], where: 
     try:
         info = method_info(method_type, type_field or where)
     except KeyError:
-        return [f"{type_field or where}: unknown method {method_type!r}; allowed: {', '.join(method_names())} "
-                f"(or a module:Class reference)"]
+        return [unknown_method(method_type, type_field or where)]
     except SpecError as exc:  # a plugin that does not load
         return [str(exc)]
     try:
