@@ -9,9 +9,10 @@ Two ways in, for each of the three registries:
 
 Both are imported in every process that resolves the name, so they work in Snakemake and DVC
 jobs as long as the package is installed (or PYTHONPATH is set) where the jobs run. A plugin is
-imported only when a spec names it or when every name is listed (`cflpipe methods`), so a broken
-plugin does not break specs that do not use it; when it is imported and fails, the error is one
-line naming the entry point or reference and the exception. This module imports no torch.
+imported only when a spec names it or when every name is listed (`cflpipe methods`, an unknown
+name's error), so a broken plugin does not break specs that do not use it; a listing leaves it
+out and says so, and a spec that names it gets one line naming the entry point or reference and
+the exception. This module imports no torch.
 """
 
 from __future__ import annotations

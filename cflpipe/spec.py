@@ -399,8 +399,8 @@ class Spec(Strict):
     training: Training = Field(default_factory=Training)
     scenarios: dict[str, Scenario] = Field(min_length=1)
     methods: dict[str, MethodEntry] = Field(min_length=1)
-    # A spec read from a file defaults to results/<file stem> (load_spec), so two specs never share
-    # one folder by accident; "results" is the default of a spec built in code.
+    # A spec read from a file defaults to results/<file stem> (load_spec), so two specs share one
+    # folder only if their files share a name; "results" is the default of a spec built in code.
     results_dir: str = Field("results", min_length=1)
     data_dir: str = Field("resources/datasets", min_length=1)
     report: ReportOptions = Field(default_factory=ReportOptions)
@@ -609,6 +609,8 @@ SWEEP_KEY = "sweep"
 # A typo such as `{from: 1, to: 100000}` should not turn into a hundred thousand training jobs.
 MAX_SWEEP_ENTRIES = 1000
 HYPERPARAM_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Keys of a method entry that are not hyper-parameters of its method.
+RESERVED_ENTRY_KEYS = (*MethodEntry.model_fields, SWEEP_KEY)
 
 
 class SweepOrigin(BaseModel):
@@ -617,9 +619,12 @@ class SweepOrigin(BaseModel):
     model_config = ConfigDict(frozen=True)
     entry: str
     values: dict[str, Any]
+    # Whether the entry gives `method:` or its name is the type (an error about the type is
+    # then at the entry itself, as for an entry written without a sweep).
+    typed: bool = True
 
 
-def _sweep_values(key: str, spec: Any, where: str) -> list[Any]:
+def _sweep_values(spec: Any, where: str) -> list[Any]:
     """A sweep's values: a list, or an integer range `{from: A, to: B, step: S}` (B included)."""
     if isinstance(spec, dict):
         unknown = sorted(set(spec) - {"from", "to", "step"}, key=str)
@@ -701,12 +706,14 @@ def expand_sweeps(data: Any) -> tuple[Any, dict[str, SweepOrigin]]:
                                 f"`cflpipe methods` lists them")
             if key in entry:
                 raise SpecError(f"methods.{name}.{key}: also swept in {where}.{key}; give it in one place")
-            values = _sweep_values(key, values, f"{where}.{key}")
-            # Distinct as values (1 and 1.0 would train the same entry twice) and as names ('A', 'a').
+            values = _sweep_values(values, f"{where}.{key}")
+            # Distinct as values (1 and 1.0 would train the same entry twice), as names ('A', 'a')
+            # and as labels (0.1 and '0.1' would be two entries the report shows under one name).
             tokens = [_sweep_token(v) for v in values]
+            texts = [_sweep_text(v) for v in values]
             for i, value in enumerate(values):
-                same = [w for w, t in zip(values[:i], tokens[:i]) if t == tokens[i] or
-                        (w == value and isinstance(w, bool) == isinstance(value, bool))]
+                same = [w for w, t, x in zip(values[:i], tokens[:i], texts[:i]) if t == tokens[i] or x == texts[i]
+                        or (w == value and isinstance(w, bool) == isinstance(value, bool))]
                 if same:
                     raise SpecError(f"{where}.{key}: values must be distinct, got {_short(same[0])} and "
                                     f"{_short(value)}")
@@ -733,7 +740,7 @@ def expand_sweeps(data: Any) -> tuple[Any, dict[str, SweepOrigin]]:
                     raise SpecError(f"methods.{name}.label: with the swept values appended, {text!r} is longer "
                                     f"than {LABEL_MAX} characters; shorten the label")
             expanded[new_name] = new_entry
-            origins[new_name] = SweepOrigin(entry=name, values=chosen)
+            origins[new_name] = SweepOrigin(entry=name, values=chosen, typed=bool(entry.get("method")))
     return {**data, "methods": expanded}, origins
 
 
@@ -799,8 +806,9 @@ def parse_spec(data: Any, *, check_methods: bool = True, check_datasets: bool = 
 
 def _check_models(spec: Spec) -> list[str]:
     """Models that are not built in (a plugin's, a module:Class reference) import: one line at the
-    key that names them when they do not (the names themselves are checked by Training)."""
+    key that names them when they do not. Other names are Training's to refuse: one line per mistake."""
     from cflpipe.models import model_factory
+    from cflpipe.plugins import MODELS_GROUP, entry_point_names, is_reference
 
     layers = [("training", spec.training.model_dump())]
     layers += [(f"scenarios.{name}.training", sc.training) for name, sc in spec.scenarios.items()]
@@ -808,7 +816,8 @@ def _check_models(spec: Spec) -> list[str]:
     problems = []
     for where, layer in layers:
         model = layer.get("model")
-        if isinstance(model, str) and model not in MODEL_NAMES:
+        if isinstance(model, str) and model not in MODEL_NAMES and \
+                (is_reference(model) or model in entry_point_names(MODELS_GROUP)):
             try:
                 model_factory(model, f"{where}.model")
             except SpecError as exc:
@@ -923,8 +932,10 @@ def _check_method(spec: Spec, method: str) -> list[str]:
 
     entry = spec.methods[method]
     where = f"methods.{method}"
+    origin = spec._sweeps.get(method)
+    typed = entry.method and (origin is None or origin.typed)
     problems = validate_method_entry(spec.method_type(method), entry.hyperparams, where,
-                                     f"{where}.method" if entry.method else where)
+                                     f"{where}.method" if typed else where)
     if problems:
         return problems
     info = METHODS[spec.method_type(method)]

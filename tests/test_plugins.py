@@ -271,8 +271,10 @@ def fake_plugins(tmp_path, monkeypatch):
     from cflpipe import methods, models
     from cflpipe.data import base
 
+    methods._load_all()  # before the copy: built-ins imported into it would be gone with it afterwards
     monkeypatch.setattr(methods, "METHODS", dict(methods.METHODS))
     monkeypatch.setattr(methods, "_PLUGINS_LOADED", False)
+    monkeypatch.setattr(methods, "_PLUGIN_FAILURES", [])
     monkeypatch.setattr(models, "MODELS", dict(models.MODELS))
     monkeypatch.setattr(base, "DATASETS", dict(base.DATASETS))
 
@@ -314,15 +316,65 @@ def test_a_plugin_that_fails_to_import_is_one_line_naming_it(tmp_path, fake_plug
     ]
     # A spec that does not name the broken plugin is not affected by it.
     assert parse_spec(small_spec(tmp_path, {"fedavg": {}}))
-    # Listing every method imports every plugin: the broken one is the error.
-    from cflpipe.methods import all_methods
 
-    with pytest.raises(SpecError, match=r"^entry point 'broken' of group cflpipe.methods .* failed to load"):
-        all_methods()
+
+BROKEN_METHOD = ("entry point 'broken' of group cflpipe.methods (fake_missing_dependency_method:Broken, from "
+                 "cflpipe-fake-plugin 0.1) failed to load: ModuleNotFoundError: No module named "
+                 "'fake_missing_dependency_method'")
+
+
+def test_a_broken_plugin_does_not_hide_a_misspelt_method(tmp_path, fake_plugins, capsys):
+    """Listing every name (for an error, or `cflpipe methods`) leaves the broken plugin out and
+    says so; the misspelt name is the error, at its entry."""
+    from cflpipe.cli import main
+    from cflpipe.methods import all_methods, method_names, plugin_failures
+
+    fake_plugins("""
+        [cflpipe.methods]
+        broken = fake_missing_dependency_method:Broken
+        """)
+    with pytest.raises(SpecError) as info:
+        parse_spec(small_spec(tmp_path, {"fedavgg": {}}))
+    assert str(info.value).splitlines() == [
+        f"methods.fedavgg: unknown method 'fedavgg'; allowed: {', '.join(method_names())} (or a module:Class "
+        f"reference); left out: {BROKEN_METHOD}"]
+    assert "broken" not in method_names() and "fedavg" in all_methods()
+    assert plugin_failures() == [BROKEN_METHOD]
+    # a spec that names the broken plugin still gets its load error
+    with pytest.raises(SpecError) as info:
+        parse_spec(small_spec(tmp_path, {"b": {"method": "broken"}}))
+    assert str(info.value).splitlines() == [f"methods.b.method: {BROKEN_METHOD}"]
+
+    assert main(["methods", "fedprox"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.startswith("fedprox: FedProx") and captured.err == ""
+    assert main(["methods", "fedprx"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.splitlines() == [
+        f"error: NAME: unknown method 'fedprx'; allowed: {', '.join(method_names())} (or a module:Class "
+        f"reference); left out: {BROKEN_METHOD}"]
+    assert main(["methods", "broken"]) == 2
+    assert capsys.readouterr().err.splitlines() == [f"error: NAME: {BROKEN_METHOD}"]
+    assert main(["methods"]) == 0
+    captured = capsys.readouterr()
+    assert "\nfedavg: " in captured.out and "broken" not in captured.out
+    assert captured.err.splitlines() == [f"warning: not listed: {BROKEN_METHOD}"]
+
+
+def test_methods_name_imports_only_that_names_plugin(tmp_path, fake_plugins):
+    """`cflpipe methods fedprox` in its own process does not import an unrelated plugin at all."""
+    fake_plugins("""
+        [cflpipe.methods]
+        noisy = fake_noisy_method:Noisy
+        """, {"fake_noisy_method": "import sys\nprint('imported', file=sys.stderr)\n"})
+    site = tmp_path / "site"
+    done = cli("methods", "fedprox", cwd=tmp_path, pythonpath=[site])
+    assert done.returncode == 0 and done.stdout.startswith("fedprox: FedProx"), done.stderr
+    assert "imported" not in done.stderr
 
 
 def test_a_plugin_cannot_take_a_built_in_name_or_register_another(tmp_path, fake_plugins):
-    from cflpipe.methods import all_methods, method_info
+    from cflpipe.methods import all_methods, method_info, plugin_failures
 
     fake_plugins("""
         [cflpipe.methods]
@@ -336,9 +388,12 @@ def test_a_plugin_cannot_take_a_built_in_name_or_register_another(tmp_path, fake
         class Shadow(FedAvg):
             '''FedAvg under another name.'''
         """})
-    with pytest.raises(SpecError, match=r"^entry point 'fedavg' of group cflpipe.methods has the name of a built-in "
-                                        r"method; give it another name$"):
-        all_methods()
+    # listed without them, each named once
+    assert "other" not in all_methods() and all_methods()["fedavg"].cls.__module__ == "cflpipe.methods.fedavg"
+    assert plugin_failures() == [
+        "entry point 'fedavg' of group cflpipe.methods has the name of a built-in method; give it another name",
+        "entry point 'other' of group cflpipe.methods registers 'fake_shadow_name'; decorate its class with "
+        "@cflpipe.methods.register('other', PARAMS)"]
     with pytest.raises(SpecError, match=r"^methods.o.method: entry point 'other' of group cflpipe.methods registers "
                                         r"'fake_shadow_name'; decorate its class with "
                                         r"@cflpipe.methods.register\('other', PARAMS\)$"):
@@ -355,6 +410,21 @@ def test_registering_a_taken_name_is_refused():
         register("fedprox")(type("Impostor", (FedAvg,), {"__doc__": "x"}))
     with pytest.raises(ValueError, match="model name 'mlp' is already registered by cflpipe.models.MLP"):
         register_model("mlp")(lambda shape, classes: MLP(shape, classes))
+
+
+@pytest.mark.parametrize("key", ["method", "training", "scenarios", "label", "sweep"])
+def test_a_hyper_parameter_named_like_a_method_entry_key_is_refused_at_registration(key):
+    from pydantic import create_model
+
+    from cflpipe.methods import METHODS, HyperParams, register
+    from cflpipe.methods.fedavg import FedAvg
+
+    params = create_model("ReservedParams", __base__=HyperParams, **{key: (int, 1)})
+    with pytest.raises(ValueError) as info:
+        register("test_reserved_key", params)(type("Reserved", (FedAvg,), {"__doc__": "x"}))
+    assert str(info.value) == (f"method 'test_reserved_key': hyper-parameter {key!r} of ReservedParams is a key of "
+                               f"a spec's method entry (method, training, scenarios, label, sweep); rename it")
+    assert "test_reserved_key" not in METHODS
 
 
 def test_runs_of_built_in_methods_models_and_datasets_record_no_plugins(tmp_path):

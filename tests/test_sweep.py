@@ -116,6 +116,10 @@ def test_swept_values_become_valid_entry_names(values, names):
     ({"awcfl": {"sweep": {"bta": [0, 1]}}},
      "methods.awcfl.sweep.bta: unknown key; allowed: beta, clusters, cluster_start, n_init"),
     ({"awcfl": {"sweep": {"beta": [1, 1.0]}}}, "methods.awcfl.sweep.beta: values must be distinct, got 1 and 1.0"),
+    # one label for both: reported at the values, not at a label the spec does not write
+    ({"fedprox": {"sweep": {"mu": [0.1, "0.1"]}}}, "methods.fedprox.sweep.mu: values must be distinct, got 0.1 and '0.1'"),
+    ({"fedprox": {"sweep": {"mu": [None, "null"]}}},
+     "methods.fedprox.sweep.mu: values must be distinct, got null and 'null'"),
     ({"awcfl": {"sweep": {"beta": []}}},
      "methods.awcfl.sweep.beta: must be a non-empty list of values or a range {from: A, to: B, step: S}, got []"),
     ({"awcfl": {"sweep": [0, 1]}},
@@ -153,6 +157,17 @@ def test_swept_values_become_valid_entry_names(values, names):
 ])
 def test_sweep_mistakes_are_one_line_at_the_spec_files_path(change, line):
     assert error_of(with_methods(**change)) == line
+
+
+def test_an_unknown_method_type_is_reported_where_the_sweeping_entry_gives_it():
+    from cflpipe.methods import method_names
+
+    allowed = f"allowed: {', '.join(method_names())} (or a module:Class reference)"
+    # no `method:`: the entry's name is the type, as for an entry without a sweep
+    assert error_of(with_methods(**{"cfl-x": {"sweep": {"beta": [0, 1]}}})) == \
+        f"methods.cfl-x: unknown method 'cfl-x'; {allowed}"
+    assert error_of(with_methods(**{"cfl-x": {"method": "cflx", "sweep": {"beta": [0, 1]}}})) == \
+        f"methods.cfl-x.method: unknown method 'cflx'; {allowed}"
 
 
 def test_a_sweep_of_an_entry_with_a_bad_name_is_reported_at_that_name():

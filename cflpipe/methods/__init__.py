@@ -58,6 +58,13 @@ def register(name: str, params: type[HyperParams] = HyperParams):  # pragma: no 
 
 
 def _add(info: MethodInfo) -> None:
+    from cflpipe.spec import RESERVED_ENTRY_KEYS
+
+    # A spec's method entry reads these keys itself: such a hyper-parameter could never be set.
+    reserved = [key for key in info.params.model_fields if key in RESERVED_ENTRY_KEYS]
+    if reserved:
+        raise ValueError(f"method {info.name!r}: hyper-parameter {reserved[0]!r} of {info.params.__qualname__} "
+                         f"is a key of a spec's method entry ({', '.join(RESERVED_ENTRY_KEYS)}); rename it")
     # A plugin registering a taken name would silently replace a method (and every result of it).
     old = METHODS.get(info.name)
     if old is not None and (old.cls.__module__, old.cls.__qualname__) != (info.cls.__module__, info.cls.__qualname__):
@@ -68,6 +75,8 @@ def _add(info: MethodInfo) -> None:
 
 _BUILTIN_LOADED = False
 _PLUGINS_LOADED = False
+# One line per method plugin that failed in _load_plugins (each left out of the listings).
+_PLUGIN_FAILURES: list[str] = []
 
 
 def _load_all() -> None:
@@ -88,41 +97,66 @@ def _is_builtin(name: str) -> bool:
 
 
 def _load_entry_point(name: str, where: str | None = None) -> None:
-    from cflpipe.plugins import METHODS_GROUP, PluginError, load_entry_point
+    from cflpipe.plugins import METHODS_GROUP, PluginError, _prefix, load_entry_point
 
     _load_all()
     if _is_builtin(name):
-        raise PluginError(f"{where + ': ' if where else ''}entry point {name!r} of group {METHODS_GROUP} has the "
+        raise PluginError(f"{_prefix(where)}entry point {name!r} of group {METHODS_GROUP} has the "
                           f"name of a built-in method; give it another name")
     obj = load_entry_point(METHODS_GROUP, name, where)
     registered = getattr(obj, "name", None) if isinstance(obj, type) else None
     if name not in METHODS:
         what = f"registers {registered!r}" if registered in METHODS else "registers no method of that name"
-        raise PluginError(f"{where + ': ' if where else ''}entry point {name!r} of group {METHODS_GROUP} "
+        raise PluginError(f"{_prefix(where)}entry point {name!r} of group {METHODS_GROUP} "
                           f"{what}; decorate its class with @cflpipe.methods.register({name!r}, PARAMS)")
 
 
 def _load_plugins() -> None:
-    """Import every installed method plugin (entry points), once."""
-    global _PLUGINS_LOADED
+    """Import every installed method plugin (entry points), once. This is only for listing names
+    (or looking for a variant a plugin registers), so a plugin that fails is left out and noted in
+    _PLUGIN_FAILURES: an unrelated broken plugin must not hide the name a spec got wrong. A spec
+    that names the plugin gets its error from method_info."""
+    global _PLUGINS_LOADED, _PLUGIN_FAILURES
     if _PLUGINS_LOADED:
         return
-    from cflpipe.plugins import METHODS_GROUP, entry_point_names
+    from cflpipe.plugins import METHODS_GROUP, PluginError, entry_point_names
 
     _load_all()
+    failures = []
     for name in entry_point_names(METHODS_GROUP):
-        _load_entry_point(name)
+        try:
+            _load_entry_point(name)
+        except PluginError as exc:
+            failures.append(str(exc))
+    _PLUGIN_FAILURES = failures
     _PLUGINS_LOADED = True
+
+
+def plugin_failures() -> list[str]:
+    """One line for each installed method plugin that does not load (left out of method_names
+    and all_methods)."""
+    _load_plugins()
+    return list(_PLUGIN_FAILURES)
+
+
+def unknown_method(name: str, where: str | None = None) -> str:
+    """The error line for a method type that does not exist, naming the plugins that could not be
+    looked in."""
+    from cflpipe.plugins import _prefix
+
+    skipped = "".join(f"; left out: {line}" for line in plugin_failures())
+    return f"{_prefix(where)}unknown method {name!r}; allowed: {', '.join(method_names())} " \
+           f"(or a module:Class reference){skipped}"
 
 
 def _from_reference(reference: str, where: str | None) -> MethodInfo:
     """A `module:Class` method type: the registered method of that class, under the reference."""
-    from cflpipe.plugins import PluginError, load_reference
+    from cflpipe.plugins import PluginError, _prefix, load_reference
 
     obj = load_reference(reference, where)
     info = METHODS.get(getattr(obj, "name", None)) if isinstance(obj, type) else None
     if info is None or info.cls is not obj:
-        raise PluginError(f"{where + ': ' if where else ''}{reference!r} is not a method class registered with "
+        raise PluginError(f"{_prefix(where)}{reference!r} is not a method class registered with "
                           f"@cflpipe.methods.register(NAME, PARAMS)")
     METHODS[reference] = info
     return info
@@ -149,13 +183,14 @@ def method_info(name: str, where: str | None = None) -> MethodInfo:
 
 
 def method_names() -> list[str]:
-    """Every method name a spec may use (built in and plugins'; references aside), sorted."""
+    """Every method name a spec may use (built in and plugins' that load; references aside), sorted."""
     _load_plugins()
     return sorted(name for name in METHODS if ":" not in name)
 
 
 def all_methods() -> dict[str, MethodInfo]:
-    """Every registered method, plugins included (each imported now)."""
+    """Every registered method, plugins that load included (each imported now; plugin_failures
+    names the others)."""
     _load_plugins()
     return dict(sorted(METHODS.items()))
 
@@ -170,8 +205,7 @@ def validate_method_entry(method_type: str, hyperparams: dict[str, Any], where: 
     try:
         info = method_info(method_type, type_field or where)
     except KeyError:
-        return [f"{type_field or where}: unknown method {method_type!r}; allowed: {', '.join(method_names())} "
-                f"(or a module:Class reference)"]
+        return [unknown_method(method_type, type_field or where)]
     except SpecError as exc:  # a plugin that does not load
         return [str(exc)]
     try:
