@@ -1,0 +1,87 @@
+"""Summarise a mutmut run (mutants/ after `mutmut run`): killed / survived / not checked per
+module, and the survivors sorted into the kinds docs/testing.md gives reasons for.
+
+    python3 benchmarks/mutation_report.py            # table per module, survivors by kind
+    python3 benchmarks/mutation_report.py --list     # also the diff of every survivor of kind other
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import re
+import subprocess
+from collections import Counter, defaultdict
+
+# mutmut's exit codes per mutant: 1 (and other test failures) killed, 0 survived, 33 no test
+# reaches the function, -24 / 24 / 152 timeout, None not checked yet.
+SURVIVED, NO_TESTS, NOT_CHECKED = 0, 33, None
+TIMEOUTS = {-24, 24, 152}
+
+
+
+def kind_of(removed: str, added: str) -> str:
+    """The kinds of survivor docs/testing.md gives a reason for; "other" needs a look."""
+    if "device" in removed and ("device=None" in added or ".to(None)" in added or "device" not in added):
+        return "device argument (identical on CPU)"
+    if ("device" in removed and ".to(" in removed and ".to(None)" in added):
+        return "device argument (identical on CPU)"
+    if "dtype" in removed and ("dtype=None" in added or "astype(None)" in added or "dtype" not in added
+                               or ".to(None)" in added):
+        return "dtype argument (the default, or the input's, here)"
+    if "XX" in added or re.search(r"\"[A-Z0-9_ ]+\"", added) and not re.search(r"\"[A-Z0-9_ ]+\"", removed):
+        return "text of a message, key or metric name"
+    return "other"
+
+
+def diff(name: str) -> tuple[str, str]:
+    """(removed, added) source lines of a mutant."""
+    out = subprocess.run(["mutmut", "show", name], capture_output=True, text=True).stdout
+    lines = [line for line in out.splitlines() if line[:1] in "+-" and not line.startswith(("+++", "---"))]
+    return (" ".join(line[1:].strip() for line in lines if line[0] == "-"),
+            " ".join(line[1:].strip() for line in lines if line[0] == "+"))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--list", action="store_true", help="print the diff of every survivor of kind other")
+    args = parser.parse_args()
+    per_module: dict[str, Counter] = defaultdict(Counter)
+    survivors: list[str] = []
+    for meta in sorted(glob.glob("mutants/cflpipe/**/*.py.meta", recursive=True)):
+        module = meta[len("mutants/"):-len(".meta")]
+        for name, code in json.load(open(meta))["exit_code_by_key"].items():
+            state = ("not checked" if code is NOT_CHECKED else "survived" if code == SURVIVED else
+                     "no tests" if code == NO_TESTS else "timeout" if code in TIMEOUTS else "killed")
+            per_module[module][state] += 1
+            if state == "survived":
+                survivors.append(name)
+    print("| module | mutants | checked | killed | survived | no tests | timeout | score |")
+    print("|---|---|---|---|---|---|---|---|")
+    total = Counter()
+    for module, c in sorted(per_module.items()):
+        total += c
+        _row(module, c)
+    _row("**all**", total)
+    kinds = defaultdict(list)
+    for name in survivors:
+        kinds[kind_of(*diff(name))].append(name)
+    print()
+    for kind, names in sorted(kinds.items(), key=lambda item: -len(item[1])):
+        print(f"- {kind}: {len(names)}")
+    if args.list:
+        for name in kinds.get("other", []):
+            removed, added = diff(name)
+            print(f"\n## {name}\n- {removed}\n+ {added}")
+
+
+def _row(module: str, c: Counter) -> None:
+    checked = c["killed"] + c["survived"] + c["timeout"]
+    score = f"{(c['killed'] + c['timeout']) / checked:.0%}" if checked else "–"
+    print(f"| {module} | {sum(c.values())} | {checked} | {c['killed']} | {c['survived']} | {c['no tests']} "
+          f"| {c['timeout']} | {score} |")
+
+
+if __name__ == "__main__":
+    main()
