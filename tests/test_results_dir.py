@@ -74,5 +74,6 @@ def test_two_specs_in_one_folder_report_apart(tmp_path, monkeypatch, capsys):
         runs = pd.read_parquet(tmp_path / "results" / name / "aggregate/runs.parquet")
         assert runs["method"].tolist() == [method]  # not the oracle run the shared spec put there
         html = (tmp_path / "results" / name / "report/index.html").read_text()
-        assert f"Spec <code>{config}</code>" in html and f"<code>results/{name}/</code>" in html
+        # the spec as the report shows it: relative to the working directory (tmp_path here)
+        assert f"Spec <code>{name}.yaml</code>" in html and f"<code>results/{name}/</code>" in html
     assert (tmp_path / "results/first/runs/swap/oracle/seed0/summary.json").is_file()
