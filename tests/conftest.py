@@ -65,3 +65,24 @@ def tiny_snakemake_run(tmp_path_factory) -> WorkflowRun:
     first = snakemake("--configfile", "tiny.yaml", "--cores", "2", cwd=workdir)
     second = snakemake("--configfile", "tiny.yaml", "--cores", "2", cwd=workdir)
     return WorkflowRun(workdir, spec, workdir / "results/tiny", first, second)  # results/<spec file name>
+
+
+@pytest.fixture
+def record_start_rounds(monkeypatch):
+    """Call it to record, from then on, the round every engine run starts at (a resumed run
+    starts after its checkpoint)."""
+    from cflpipe.fl import engine
+
+    def install() -> list[int]:
+        started: list[int] = []
+        execute = engine.Run.execute
+
+        def record(self, resume, progress):
+            out = execute(self, resume, progress)
+            started.append(self.start_round)
+            return out
+
+        monkeypatch.setattr(engine.Run, "execute", record)
+        return started
+
+    return install

@@ -407,22 +407,13 @@ def test_a_damaged_checkpoint_is_detected_and_the_run_starts_afresh(tmp_path, fi
     assert _bytes(result.run_dir) == _bytes(runs["fedavg"].run_dir)
 
 
-def test_an_intact_checkpoint_resumes_silently(tmp_path, finished_runs, monkeypatch, capsys):
+def test_an_intact_checkpoint_resumes_silently(tmp_path, finished_runs, monkeypatch, capsys,
+                                                 record_start_rounds):
     _, runs = finished_runs
     spec = parse_spec(tiny_spec(tmp_path))
     _interrupted_after_round_4(spec, monkeypatch)
     capsys.readouterr()
-    from cflpipe.fl import engine
-
-    started = []
-    execute = engine.Run.execute
-
-    def record(self, resume, progress):
-        out = execute(self, resume, progress)
-        started.append(self.start_round)
-        return out
-
-    monkeypatch.setattr(engine.Run, "execute", record)
+    started = record_start_rounds()
     result = train_run(spec, "swap", "fedavg", 0, progress=False)
     assert started == [4] and "warning" not in capsys.readouterr().err
     assert _bytes(result.run_dir) == _bytes(runs["fedavg"].run_dir)

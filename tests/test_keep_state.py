@@ -71,7 +71,8 @@ def test_keep_state_changes_what_is_kept_not_the_run(tmp_path, kept):
     assert spec_sha256(spec) == spec_sha256(kept_spec)
 
 
-def test_a_finished_run_without_its_outputs_is_rebuilt_from_the_cut_down_checkpoint(tmp_path, kept, monkeypatch):
+def test_a_finished_run_without_its_outputs_is_rebuilt_from_the_cut_down_checkpoint(tmp_path, kept,
+                                                                                       record_start_rounds):
     """Snakemake deletes a job's declared outputs before running it again (e.g. after a seed is
     added): the finished seeds come back from their last checkpoint without training a round."""
     _, kept_dirs = kept
@@ -80,15 +81,7 @@ def test_a_finished_run_without_its_outputs_is_rebuilt_from_the_cut_down_checkpo
     for name in OUTPUT_FILES:
         (run_dir / name).unlink()
     (run_dir / "timing.json").unlink()
-    started = []
-    execute = engine.Run.execute
-
-    def record(self, resume, progress):
-        out = execute(self, resume, progress)
-        started.append(self.start_round)
-        return out
-
-    monkeypatch.setattr(engine.Run, "execute", record)
+    started = record_start_rounds()
     result = train_run(spec, "swap", "local", 0, progress=False)
     assert not result.skipped and started == [4]
     assert stable(run_dir) == stable(kept_dirs["local"])
