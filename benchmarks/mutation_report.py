@@ -25,8 +25,6 @@ def kind_of(removed: str, added: str) -> str:
     """The kinds of survivor docs/testing.md gives a reason for; "other" needs a look."""
     if "device" in removed and ("device=None" in added or ".to(None)" in added or "device" not in added):
         return "device argument (identical on CPU)"
-    if ("device" in removed and ".to(" in removed and ".to(None)" in added):
-        return "device argument (identical on CPU)"
     if "dtype" in removed and ("dtype=None" in added or "astype(None)" in added or "dtype" not in added
                                or ".to(None)" in added):
         return "dtype argument (the default, or the input's, here)"

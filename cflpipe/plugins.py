@@ -62,7 +62,8 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def _prefix(where: str | None) -> str:
+def field_prefix(where: str | None) -> str:
+    """"PATH: " to start an error line about the spec field at PATH, or nothing without one."""
     return f"{where}: " if where else ""
 
 
@@ -72,13 +73,13 @@ def load_entry_point(group: str, name: str, where: str | None = None) -> Any:
     if not found:
         raise KeyError(name)
     if len({ep.value for ep in found}) > 1:
-        raise PluginError(f"{_prefix(where)}entry point {name!r} of group {group} is declared more than once "
+        raise PluginError(f"{field_prefix(where)}entry point {name!r} of group {group} is declared more than once "
                           f"({'; '.join(_origin(ep) for ep in found)}); uninstall all but one")
     ep = found[0]
     try:
         return ep.load()
     except Exception as exc:  # whatever the plugin's import raises: reported as one line
-        raise PluginError(f"{_prefix(where)}entry point {name!r} of group {group} ({_origin(ep)}) failed to "
+        raise PluginError(f"{field_prefix(where)}entry point {name!r} of group {group} ({_origin(ep)}) failed to "
                           f"load: {_describe(exc)}") from None
 
 
@@ -88,13 +89,13 @@ def load_reference(reference: str, where: str | None = None) -> Any:
     try:
         obj = importlib.import_module(module_name)
     except Exception as exc:
-        raise PluginError(f"{_prefix(where)}cannot import module {module_name!r} of {reference!r}: {_describe(exc)} "
+        raise PluginError(f"{field_prefix(where)}cannot import module {module_name!r} of {reference!r}: {_describe(exc)} "
                           f"(install its package, or add its folder to PYTHONPATH)") from None
     for part in attr.split("."):
         try:
             obj = getattr(obj, part)
         except AttributeError:
-            raise PluginError(f"{_prefix(where)}module {module_name!r} has no attribute {attr!r} "
+            raise PluginError(f"{field_prefix(where)}module {module_name!r} has no attribute {attr!r} "
                               f"(from {reference!r})") from None
     return obj
 

@@ -97,17 +97,17 @@ def _is_builtin(name: str) -> bool:
 
 
 def _load_entry_point(name: str, where: str | None = None) -> None:
-    from cflpipe.plugins import METHODS_GROUP, PluginError, _prefix, load_entry_point
+    from cflpipe.plugins import METHODS_GROUP, PluginError, field_prefix, load_entry_point
 
     _load_all()
     if _is_builtin(name):
-        raise PluginError(f"{_prefix(where)}entry point {name!r} of group {METHODS_GROUP} has the "
+        raise PluginError(f"{field_prefix(where)}entry point {name!r} of group {METHODS_GROUP} has the "
                           f"name of a built-in method; give it another name")
     obj = load_entry_point(METHODS_GROUP, name, where)
     registered = getattr(obj, "name", None) if isinstance(obj, type) else None
     if name not in METHODS:
         what = f"registers {registered!r}" if registered in METHODS else "registers no method of that name"
-        raise PluginError(f"{_prefix(where)}entry point {name!r} of group {METHODS_GROUP} "
+        raise PluginError(f"{field_prefix(where)}entry point {name!r} of group {METHODS_GROUP} "
                           f"{what}; decorate its class with @cflpipe.methods.register({name!r}, PARAMS)")
 
 
@@ -142,21 +142,21 @@ def plugin_failures() -> list[str]:
 def unknown_method(name: str, where: str | None = None) -> str:
     """The error line for a method type that does not exist, naming the plugins that could not be
     looked in."""
-    from cflpipe.plugins import _prefix
+    from cflpipe.plugins import field_prefix
 
     skipped = "".join(f"; left out: {line}" for line in plugin_failures())
-    return f"{_prefix(where)}unknown method {name!r}; allowed: {', '.join(method_names())} " \
+    return f"{field_prefix(where)}unknown method {name!r}; allowed: {', '.join(method_names())} " \
            f"(or a module:Class reference){skipped}"
 
 
 def _from_reference(reference: str, where: str | None) -> MethodInfo:
     """A `module:Class` method type: the registered method of that class, under the reference."""
-    from cflpipe.plugins import PluginError, _prefix, load_reference
+    from cflpipe.plugins import PluginError, field_prefix, load_reference
 
     obj = load_reference(reference, where)
     info = METHODS.get(getattr(obj, "name", None)) if isinstance(obj, type) else None
     if info is None or info.cls is not obj:
-        raise PluginError(f"{_prefix(where)}{reference!r} is not a method class registered with "
+        raise PluginError(f"{field_prefix(where)}{reference!r} is not a method class registered with "
                           f"@cflpipe.methods.register(NAME, PARAMS)")
     METHODS[reference] = info
     return info
