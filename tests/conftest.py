@@ -86,3 +86,34 @@ def record_start_rounds(monkeypatch):
         return started
 
     return install
+
+
+# Seconds of tests (as timed in mutmut's stats phase) a mutant is checked against: its fastest
+# tests, so that a full mutation pass fits in about an hour on 2 cores (docs/testing.md).
+MUTATION_TEST_SECONDS = float(os.environ.get("CFLPIPE_MUTATION_TEST_SECONDS", "5"))
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under a mutation run (mutmut names the mutant in MUTANT_UNDER_TEST), check the mutant
+    against its fastest tests first and only up to MUTATION_TEST_SECONDS of them. mutmut stops at
+    the first failure, so a mutant that a unit test kills no longer waits for the end-to-end tests
+    listed before it, and a survivor is not re-run through every end-to-end test that happens to
+    pass through its function."""
+    if "__mutmut_" not in os.environ.get("MUTANT_UNDER_TEST", ""):
+        return
+    stats = Path("mutmut-stats.json")  # mutmut runs the tests from inside mutants/
+    if not stats.is_file():
+        return
+    import json
+
+    seconds = json.loads(stats.read_text())["duration_by_test"]
+    items.sort(key=lambda item: seconds.get(item.nodeid, float("inf")))
+    spent, kept = 0.0, 0
+    for item in items:
+        if kept and spent + seconds.get(item.nodeid, float("inf")) > MUTATION_TEST_SECONDS:
+            break
+        spent += seconds.get(item.nodeid, float("inf"))
+        kept += 1
+    if kept < len(items):
+        config.hook.pytest_deselected(items=items[kept:])
+        del items[kept:]
