@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -535,3 +536,60 @@ def test_sampling_changes_every_round_and_follows_the_seed(tmp_path):
     # uniform without replacement: every client is drawn 40 · 3/8 = 15 times in expectation
     counts = np.bincount(np.concatenate(draws), minlength=8)
     assert counts.sum() == 120 and counts.min() >= 5 and counts.max() <= 25
+
+
+def test_a_rounds_uploads_are_freed_before_the_next_round_trains(tmp_path, monkeypatch):
+    """At 2,000 clients one round's uploads are 420 MB: the engine must not carry them (nor
+    the last update, through a loop variable) into the next round's training (#17)."""
+    from cflpipe.methods.fedavg import FedAvg
+
+    spec = parse_spec(tiny_spec(tmp_path))
+    seen = {"aggregates": 0, "checked": 0}
+    previous: list[weakref.ref] = []
+    aggregate, round_start = FedAvg.aggregate, FedAvg.round_start
+
+    def watched_aggregate(self, updates):
+        aggregate(self, updates)
+        previous[:] = [weakref.ref(update.tensors["model"]) for update in updates.values()]
+        seen["aggregates"] += 1
+
+    def watched_round_start(self, sampled):
+        if previous:
+            assert all(ref() is None for ref in previous)
+            seen["checked"] += 1
+        round_start(self, sampled)
+
+    monkeypatch.setattr(FedAvg, "aggregate", watched_aggregate)
+    monkeypatch.setattr(FedAvg, "round_start", watched_round_start)
+    train_run(spec, "swap", "fedavg", 0, progress=False)
+    assert seen == {"aggregates": 6, "checked": 5}
+
+
+def test_stacking_updates_frees_each_clients_own_copy():
+    from cflpipe.fl.local import LocalResult
+    from cflpipe.fl.method import Update, stack_updates
+
+    vectors = torch.randn(5, 100)
+    updates = {c: Update({"model": vectors[c].clone()}, c + 1, LocalResult(0.0, 1, 1)) for c in range(5)}
+    own = [weakref.ref(update.tensors["model"]) for update in updates.values()]
+    clients, stacked, weights = stack_updates(updates)
+    assert clients.tolist() == [0, 1, 2, 3, 4] and weights.tolist() == [1, 2, 3, 4, 5]
+    assert torch.equal(stacked, vectors)
+    assert all(ref() is None for ref in own)  # the matrix's rows replaced them
+    assert all(updates[c].tensors["model"].data_ptr() == stacked[c].data_ptr() for c in range(5))
+
+
+@pytest.mark.parametrize("clients,size", [(1, 10), (7, 1000), (25, 55_210), (300, 20_001)])
+def test_averaging_by_column_blocks_equals_the_stacked_product(clients, size, monkeypatch):
+    from cflpipe.fl import method
+    from cflpipe.fl.local import LocalResult
+    from cflpipe.fl.method import Update, average_updates
+
+    monkeypatch.setattr(method, "_AVERAGE_BLOCK_ELEMENTS", 4096)  # several blocks, a ragged last one
+    generator = torch.Generator().manual_seed(clients)
+    vectors = torch.randn(clients, size, generator=generator) * 0.1 + 0.5  # a shared part, as models
+    sizes = torch.randint(1, 500, (clients,), generator=generator)
+    updates = {3 * c + 1: Update({"model": vectors[c].clone()}, int(sizes[c]), LocalResult(0.0, 1, 1))
+               for c in range(clients)}
+    stacked = weighted_average(vectors, sizes.to(vectors.dtype))
+    assert torch.equal(average_updates(updates), stacked)

@@ -95,3 +95,22 @@ def test_a_loss_vmap_cannot_run_falls_back_to_sequential_said_once(tmp_path, cap
     assert err.count("the batched trainer cannot run some client plans") == 1
     assert len(err.strip().splitlines()) == 1
     assert run.trainer.counts == {"batched": 0, "sequential": 8}
+
+
+def test_a_plan_with_into_writes_its_trained_vector_there_unless_it_diverged(tmp_path):
+    for trainer in ("sequential", "batched"):
+        run = tiny_run(tmp_path, trainer)
+        start = run.ctx.init
+        table = start.repeat(4, 1)
+        before = table.clone()
+        plans = {c: ClientPlan(start, lr=0.1, into=table[c]) for c in range(3)}
+        plans[3] = ClientPlan(start, lr=1e12, momentum=0.0, into=table[3])  # diverges
+        trained = run.ctx.run(plans)
+        free = run.ctx.run({c: ClientPlan(start, lr=0.1) for c in range(3)})  # the same, without into
+        for c in range(3):
+            assert trained[c].vector.data_ptr() == table[c].data_ptr()  # the row itself, no copy
+            assert not torch.equal(table[c], before[c])
+            assert torch.equal(table[c], free[c].vector)
+        assert trained[3].result.diverged
+        assert torch.equal(table[3], before[3])  # a diverged client's row keeps its last value
+        assert trained[3].vector.data_ptr() != table[3].data_ptr()

@@ -20,7 +20,8 @@ from cflpipe import __version__
 from cflpipe.errors import DivergenceError, SpecError
 from cflpipe.fl.data import FederatedData, build_federated_data, input_digests
 from cflpipe.fl.local import predict
-from cflpipe.fl.method import Context, Method, divergence_error
+from cflpipe.fl.method import Context, Method, Payload, Update, divergence_error
+from cflpipe.fl.plan import Results
 from cflpipe.fl.params import ParamSpace
 from cflpipe.fl.trainers import build_trainer
 from cflpipe.methods import method_info, resolved_hyperparams
@@ -241,21 +242,16 @@ class Run:
             payloads = {c: self.method.payload(c) for c in clients}
             bytes_down = sum(p.nbytes for p in payloads.values())
             # Every sampled client's local work as plans, executed together by the trainer.
-            trained = self.ctx.run({c: self.method.plan(c, payloads[c]) for c in clients})
-            updates, bytes_up, losses, skipped = {}, 0, [], 0
-            for client in clients:
-                update = self.method.finish(client, payloads[client], trained[client])
-                if update.result.diverged:
-                    if self.training.on_divergence == "stop":
-                        raise divergence_error(r, client, self.method_name, update.result.loss)
-                    skipped += 1
-                    continue
-                bytes_up += update.nbytes
-                losses.append(update.result.loss)
-                updates[client] = update
+            # Only the updates hold the trained vectors from here on, so aggregation can free
+            # each upload as it copies it (see stack_updates).
+            updates, bytes_up, losses, skipped = self.finish_all(
+                r, payloads, self.ctx.run({c: self.method.plan(c, payloads[c]) for c in clients}))
             t1 = time.perf_counter()
             self.method.receive(updates)
             t2 = time.perf_counter()
+            # Nor is a round's traffic kept while the next round trains (2× the uploads at full
+            # participation, #17).
+            del updates, payloads
             row: dict[str, Any] = {"round": r + 1, "sampled": len(sampled), "skipped": skipped,
                                    "train_loss": float(np.mean(losses)) if losses else float("nan"),
                                    "bytes_down": bytes_down + self.ctx.extra_bytes_down,
@@ -277,6 +273,23 @@ class Run:
         self.check_trained()
         summary = self.write_outputs()
         return RunResult(self.run_dir, False, summary)
+
+    def finish_all(self, r: int, payloads: dict[int, Payload], trained: dict[int, Results]
+                   ) -> tuple[dict[int, Update], int, list[float], int]:
+        """The sampled clients' updates (diverged ones skipped or stopping the run), the bytes
+        they send and their losses."""
+        updates, bytes_up, losses, skipped = {}, 0, [], 0
+        for client, payload in payloads.items():
+            update = self.method.finish(client, payload, trained.pop(client))
+            if update.result.diverged:
+                if self.training.on_divergence == "stop":
+                    raise divergence_error(r, client, self.method_name, update.result.loss)
+                skipped += 1
+                continue
+            bytes_up += update.nbytes
+            losses.append(update.result.loss)
+            updates[client] = update
+        return updates, bytes_up, losses, skipped
 
     def check_trained(self) -> None:
         """With on_divergence: skip, a run whose updates were mostly skipped has not trained; its

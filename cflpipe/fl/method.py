@@ -372,8 +372,42 @@ class Method:
 
 
 def stack_updates(updates: dict[int, Update], key: str = "model") -> tuple[np.ndarray, torch.Tensor, torch.Tensor]:
-    """Clients, their uploaded vectors as one (clients × parameters) matrix, and their weights."""
+    """Clients, their uploaded vectors as one (clients × parameters) matrix, and their weights.
+    Each update's `key` tensor is replaced by its row of the matrix (same values)."""
     clients = np.fromiter(updates, dtype=np.int64)
-    vectors = torch.stack([updates[c].tensors[key] for c in clients])
+    if len(clients) == 0:
+        raise ValueError("stack_updates: no updates")
+    first = updates[int(clients[0])].tensors[key]
+    vectors = torch.empty((len(clients), *first.shape), dtype=first.dtype, device=first.device)
+    for row, client in enumerate(clients):
+        vectors[row] = updates[client].tensors[key]
+        # The update reads its row from now on, so the client's own copy is freed as the matrix
+        # fills: a round holds its uploads once, not twice (at 2,000 clients × 221 KB, 420 MB).
+        updates[client].tensors[key] = vectors[row]
     weights = torch.tensor([updates[c].n for c in clients], dtype=vectors.dtype, device=vectors.device)
     return clients, vectors, weights
+
+
+# Elements of one block of average_updates (16 MB of float32 columns for all clients together).
+_AVERAGE_BLOCK_ELEMENTS = 1 << 22
+
+
+def average_updates(updates: dict[int, Update], key: str = "model") -> torch.Tensor:
+    """The sample-weighted mean of the updates' `key` vectors: weighted_average of their stack,
+    computed block of columns by block, so no (clients × parameters) matrix is made (at 2,000
+    clients that copy is 420 MB next to the uploads themselves). Each column's sum over clients
+    is the same product whatever the block's width, so the mean equals the stacked one to the bit
+    (tests/test_engine.py checks it on this build)."""
+    clients = list(updates)
+    if not clients:
+        raise ValueError("average_updates: no updates")
+    first = updates[clients[0]].tensors[key]
+    weights = torch.tensor([updates[c].n for c in clients], dtype=first.dtype, device=first.device)
+    coefficients = weights / weights.sum()
+    mean = torch.empty_like(first)
+    width = max(1, _AVERAGE_BLOCK_ELEMENTS // len(clients))
+    for start in range(0, first.numel(), width):
+        block = torch.stack([updates[c].tensors[key][start:start + width] for c in clients])
+        mean[start:start + width] = coefficients @ block
+    return mean
+

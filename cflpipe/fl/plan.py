@@ -34,6 +34,10 @@ class ClientPlan:
                  (FCCA trains its cINN on the features of the encoder it has just trained). The
                  follow-ups of all clients of a round are trained together, as one more batch of
                  plans; their outcome is `Trained.then`. Not called when this plan diverged.
+    into:        where the trainer writes the trained vector if training did not diverge (e.g. the
+                 client's row of a server table that keeps every client's latest model), which
+                 then is `Trained.vector`; None: a new tensor. K-means CFL's uploads at full
+                 participation then need no memory of their own (2,000 × 221 KB, #17).
     """
 
     start: torch.Tensor
@@ -50,6 +54,7 @@ class ClientPlan:
     inputs: torch.Tensor | None = None
     stream: tuple[int, ...] = ()
     then: Callable[["Trained"], "ClientPlan"] | None = None
+    into: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         self.anchors = tuple(self.anchors)
@@ -69,6 +74,14 @@ class Trained:
     def diverged(self) -> bool:
         """This plan's or its follow-up's training diverged."""
         return self.result.diverged or (self.then is not None and self.then.diverged)
+
+
+def trained_into(plan: ClientPlan, vector: torch.Tensor, result: LocalResult) -> torch.Tensor:
+    """The trained vector as the plan asks for it: copied into `plan.into` unless training diverged
+    (a diverged client's row keeps its last good value), else `vector` itself."""
+    if plan.into is None or result.diverged:
+        return vector
+    return plan.into.copy_(vector)
 
 
 # What a method's plan() returns: one plan, or several named plans of the same client (Ditto

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from cflpipe.fl.local import LocalResult, batch_indices, run_loop, sgd, step_config, steps_for
-from cflpipe.fl.plan import ClientPlan, Trained
+from cflpipe.fl.plan import ClientPlan, Trained, trained_into
 
 if TYPE_CHECKING:
     from cflpipe.fl.method import Context
@@ -80,7 +80,8 @@ class Trainer:
         result = sgd(space, x, y, steps=steps, batch_size=ctx.training.batch_size, lr=lr, generator=generator,
                      momentum=momentum, weight_decay=weight_decay, anchors=plan.anchors, trainable=plan.trainable,
                      loss=plan.loss, rule=plan.rule, companions=companions)
-        return Trained(space.read(), result, companions)
+        vector = space.flat.detach() if plan.into is not None and not result.diverged else space.read()
+        return Trained(trained_into(plan, vector, result), result, companions)
 
 
 class SequentialTrainer(Trainer):
@@ -191,8 +192,9 @@ class BatchedTrainer(Trainer):
         losses = total.cpu().tolist()
         self.counts["batched"] += len(jobs)
         samples = steps * per_step * batch
-        return [Trained(weights[i], LocalResult(losses[i] / steps, steps, samples),
-                        {k: v[i] for k, v in companions.items()}) for i in range(len(jobs))]
+        results = [LocalResult(losses[i] / steps, steps, samples) for i in range(len(jobs))]
+        return [Trained(trained_into(plan, weights[i], result), result, {k: v[i] for k, v in companions.items()})
+                for i, ((_, plan), result) in enumerate(zip(jobs, results))]
 
 
 # Models the batched trainer is measured faster for on a CPU (cflpipe bench, docs/performance.md:

@@ -5,9 +5,8 @@ from __future__ import annotations
 import torch
 
 from cflpipe.fl.local import Anchor
-from cflpipe.fl.method import Method, Payload, Update, stack_updates
+from cflpipe.fl.method import Method, Payload, Update, average_updates
 from cflpipe.fl.plan import ClientPlan, Trained
-from cflpipe.fl.params import weighted_average
 from cflpipe.methods import HyperParams, register
 
 
@@ -35,8 +34,7 @@ class FedAvg(Method):
 
     def aggregate(self, updates: dict[int, Update]) -> None:
         if updates:
-            _, vectors, weights = stack_updates(updates)
-            self.global_model = weighted_average(vectors, weights)
+            self.global_model = average_updates(updates)
 
     def eval_params(self, client: int) -> torch.Tensor:
         return self.global_model

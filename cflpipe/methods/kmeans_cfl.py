@@ -12,7 +12,8 @@ import torch
 from pydantic import Field
 
 from cflpipe.clustering import canonical_labels, kmeans, nearest_center
-from cflpipe.fl.method import Capabilities, Update
+from cflpipe.fl.method import Capabilities, Payload, Update
+from cflpipe.fl.plan import ClientPlan
 from cflpipe.methods.clustered import ClusterModels
 from cflpipe.fl.params import cluster_average
 from cflpipe.methods import HyperParams, register
@@ -41,11 +42,18 @@ class KMeansCFL(ClusterModels):
         # initial models do not drag the cluster models back.
         self.seen = np.zeros(ctx.num_clients, dtype=bool)
 
+    def plan(self, client: int, payload: Payload) -> ClientPlan:
+        # The trained model goes straight into the client's row of the server's table (kept there
+        # if training diverged): at full participation no round-long copy of every upload.
+        plan = super().plan(client, payload)
+        plan.into = self.latest[client]
+        return plan
+
     def cluster_aggregate(self, updates: dict[int, Update]) -> None:
         if not updates:
             return
         for client, update in updates.items():  # row by row: no stacked copy of every model
-            self.latest[client] = update.tensors["model"]
+            self.latest[client] = update.tensors["model"]  # the row itself, written by the trainer
             self.seen[client] = True
         known = np.nonzero(self.seen)[0]
         # Once every client has uploaded, cluster the server's table itself rather than a copy.
