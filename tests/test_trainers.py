@@ -4,11 +4,13 @@ run, which the batched trainer hands to the sequential path and says so once per
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from cflpipe.fl.engine import prepare_run
+from cflpipe.fl.local import Anchor
 from cflpipe.fl.plan import ClientPlan
 from cflpipe.spec import parse_spec
 
@@ -114,3 +116,52 @@ def test_a_plan_with_into_writes_its_trained_vector_there_unless_it_diverged(tmp
         assert trained[3].result.diverged
         assert torch.equal(table[3], before[3])  # a diverged client's row keeps its last value
         assert trained[3].vector.data_ptr() != table[3].data_ptr()
+
+
+def test_the_batched_trainer_applies_every_setting_of_a_plan_as_the_sequential_one(tmp_path):
+    """Momentum, weight decay, proximal anchors and a trainable mask act alike on both trainers,
+    and the loss record (mean loss, steps, samples) is the same."""
+    outcomes = {}
+    for trainer in ("sequential", "batched"):
+        run = tiny_run(tmp_path, trainer)
+        space, start = run.space, run.ctx.init
+        torch.manual_seed(1)
+        anchor = Anchor(start + 0.05 * torch.randn_like(start), 0.5, space.body)
+        plans = {c: ClientPlan(start, (anchor,), trainable=space.body, momentum=0.5, weight_decay=0.05, lr=0.1)
+                 for c in range(4)}
+        outcomes[trainer] = run.ctx.run(plans)
+        if trainer == "batched":
+            assert run.trainer.counts == {"batched": 4, "sequential": 0}
+    for c in range(4):
+        a, b = outcomes["sequential"][c], outcomes["batched"][c]
+        assert torch.equal(a.vector[~space.body], start[~space.body])  # the head did not train
+        assert torch.equal(b.vector[~space.body], start[~space.body])
+        assert float((a.vector - b.vector).abs().max()) <= 1e-5 * float(a.vector.abs().max())
+        assert (a.result.steps, a.result.samples) == (b.result.steps, b.result.samples) == (3, 24)
+        assert abs(a.result.loss - b.result.loss) <= 1e-5 * abs(a.result.loss)
+
+
+@pytest.mark.parametrize("setting", [{"momentum": 0.0}, {"weight_decay": 0.0}, {"anchors": ()}, {"trainable": None}])
+def test_each_plan_setting_changes_batched_training(tmp_path, setting):
+    run = tiny_run(tmp_path, "batched")
+    space, start = run.space, run.ctx.init
+    anchor = Anchor(start + 0.05, 0.5)
+    base = {"anchors": (anchor,), "trainable": space.body, "momentum": 0.5, "weight_decay": 0.05, "lr": 0.1}
+    trained = [run.ctx.run({c: ClientPlan(start, **options) for c in range(4)})
+               for options in (base, {**base, **setting})]
+    assert run.trainer.counts["batched"] == 8
+    assert not torch.equal(trained[0][0].vector, trained[1][0].vector)
+
+
+def test_a_network_with_dropout_trains_batched(tmp_path):
+    spec = parse_spec({
+        "seeds": [0],
+        "training": {"model": "cnn_tsdp", "rounds": 1, "clients_per_round": 2, "local_steps": 2, "batch_size": 4,
+                     "lr": 0.05, "device": "cpu", "trainer": "batched"},
+        "scenarios": {"s": {"dataset": "digits", "clients": 2, "partition": [{"kind": "iid"}]}},
+        "methods": {"fedavg": {}},
+        "results_dir": str(tmp_path),
+    })
+    run = prepare_run(spec, "s", "fedavg", 0)
+    run.ctx.run({c: ClientPlan(run.ctx.init) for c in range(2)})
+    assert run.trainer.counts == {"batched": 2, "sequential": 0}  # vmap draws the dropout masks
