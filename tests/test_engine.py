@@ -593,3 +593,107 @@ def test_averaging_by_column_blocks_equals_the_stacked_product(clients, size, mo
                for c in range(clients)}
     stacked = weighted_average(vectors, sizes.to(vectors.dtype))
     assert torch.equal(average_updates(updates), stacked)
+
+
+# ---------------------------------------------------------------------------- engine units
+
+
+class _Exploit:
+    def __reduce__(self):
+        return (os.system, ("true",))
+
+
+def test_a_checkpoint_holding_a_pickled_object_is_refused_even_with_its_digest(tmp_path):
+    from cflpipe.fl.engine import read_state, write_state
+
+    path = tmp_path / "state.pt"
+    write_state(path, {"round": 2, "tables": {}})
+    assert read_state(path) == ({"round": 2, "tables": {}}, None)
+    torch.save({"round": 2, "tables": _Exploit()}, path)
+    from cflpipe import store
+
+    (tmp_path / "state.sha256").write_text(f"{store.sha256_of(path)}\n")  # a matching digest
+    state, problem = read_state(path)
+    assert state is None and problem == "unreadable (UnpicklingError)"
+
+
+def test_same_run_compares_the_recorded_config_without_threads(tmp_path):
+    from cflpipe.fl.engine import same_run
+    from cflpipe.spec import dump_yaml
+
+    recorded = tmp_path / "config.yaml"
+    config = {"method": "fedavg", "training": {"lr": 0.1}, "seed": 0, "threads": 1}
+    recorded.write_text(dump_yaml(config))  # as the engine records it
+    assert same_run(recorded, {**config, "threads": 4})
+    assert same_run(recorded, {k: v for k, v in config.items() if k != "threads"})  # runs before threads
+    assert not same_run(recorded, {**config, "training": {"lr": 0.2}})
+    recorded.write_text("training: [unclosed")
+    assert not same_run(recorded, config)
+    recorded.write_text("just text")
+    assert not same_run(recorded, config)
+
+
+def test_a_run_that_left_nothing_leaves_no_empty_folders(tmp_path):
+    from cflpipe.fl.engine import LOCK_FILE, _remove_empty
+
+    existed = tmp_path / "results"
+    run_dir = existed / "runs" / "s" / "fedavg" / "seed0"
+    (run_dir / "state").mkdir(parents=True)
+    (run_dir / LOCK_FILE).write_text("1\n")
+    _remove_empty(run_dir, existed)
+    assert existed.is_dir() and not (existed / "runs").exists()
+    # a checkpoint to resume from keeps its run folder, whatever else is empty
+    (run_dir / "state").mkdir(parents=True)
+    (run_dir / "state" / "state.pt").write_bytes(b"x")
+    _remove_empty(run_dir, existed)
+    assert (run_dir / "state" / "state.pt").exists()
+    _remove_empty(run_dir, existed)  # no lock file left: nothing to unlink, no error
+
+
+def test_unsampled_clients_count_their_traffic_and_follow_on_divergence(tmp_path):
+    from cflpipe.fl.engine import prepare_run
+    from cflpipe.fl.plan import ClientPlan
+
+    for policy in ("skip", "stop"):
+        run = prepare_run(parse_spec(tiny_spec(tmp_path / policy, on_divergence=policy)), "swap", "fedavg", 0)
+        run.setup()
+        ctx, start = run.ctx, run.ctx.init
+        plans = {0: ClientPlan(start), 1: ClientPlan(start, lr=1e12, momentum=0.0), 2: ClientPlan(start)}
+        if policy == "stop":
+            with pytest.raises(DivergenceError, match="client 1"):
+                ctx.train_unsampled(plans)
+            continue
+        kept = ctx.train_unsampled(plans)
+        assert sorted(kept) == [0, 2]  # the diverged client is left out, the ones after it kept
+        size = start.numel() * start.element_size()
+        assert (ctx.extra_bytes_down, ctx.extra_bytes_up) == (3 * size, 2 * size)
+
+
+def test_base_eval_models_shares_a_model_among_clients_by_identity(tmp_path):
+    from cflpipe.fl.engine import prepare_run
+    from cflpipe.fl.method import Method
+
+    run = prepare_run(parse_spec(tiny_spec(tmp_path)), "swap", "fedavg", 0)
+    run.setup()
+    first, second = run.ctx.init.clone(), run.ctx.init.clone()
+
+    class TwoModels(Method):
+        def eval_params(self, client):
+            return first if client % 3 == 0 else second
+
+    models, index = TwoModels(run.ctx).eval_models()
+    assert len(models) == 2 and models[0] is first and models[1] is second
+    assert index.tolist() == [0 if c % 3 == 0 else 1 for c in range(8)]
+
+
+def test_client_state_tables_keep_their_registered_shape(tmp_path):
+    from cflpipe.fl.method import ClientStore
+
+    store = ClientStore(4, torch.device("cpu"))
+    table = store.add("personal", torch.zeros(3))
+    store["personal"] = table + 1
+    assert torch.equal(store["personal"], torch.ones(4, 3))
+    with pytest.raises(KeyError, match="keep its shape"):
+        store["personal"] = torch.zeros(4, 2)
+    with pytest.raises(KeyError, match="register it with add"):
+        store["other"] = torch.zeros(4, 3)
