@@ -577,6 +577,9 @@ def test_stacking_updates_frees_each_clients_own_copy():
     assert torch.equal(stacked, vectors)
     assert all(ref() is None for ref in own)  # the matrix's rows replaced them
     assert all(updates[c].tensors["model"].data_ptr() == stacked[c].data_ptr() for c in range(5))
+    updates[3].tensors["model"] = torch.zeros(1)  # torch.stack refused what a row would broadcast
+    with pytest.raises(ValueError, match=r"client 3's 'model' is \(1,\) torch.float32, client 0's \(100,\)"):
+        stack_updates(updates)
 
 
 @pytest.mark.parametrize("clients,size", [(1, 10), (7, 1000), (25, 55_210), (300, 20_001)])

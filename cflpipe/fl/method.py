@@ -380,9 +380,15 @@ def stack_updates(updates: dict[int, Update], key: str = "model") -> tuple[np.nd
     first = updates[int(clients[0])].tensors[key]
     vectors = torch.empty((len(clients), *first.shape), dtype=first.dtype, device=first.device)
     for row, client in enumerate(clients):
-        vectors[row] = updates[client].tensors[key]
+        tensor = updates[client].tensors[key]
+        if tensor.shape != first.shape or tensor.dtype != first.dtype:  # torch.stack's check
+            raise ValueError(f"stack_updates: client {client}'s {key!r} is {tuple(tensor.shape)} {tensor.dtype}, "
+                             f"client {clients[0]}'s {tuple(first.shape)} {first.dtype}")
+        vectors[row] = tensor
         # The update reads its row from now on, so the client's own copy is freed as the matrix
         # fills: a round holds its uploads once, not twice (at 2,000 clients × 221 KB, 420 MB).
+        # With the batched trainer the uploads are rows of one matrix per group, freed with the
+        # group's last row.
         updates[client].tensors[key] = vectors[row]
     weights = torch.tensor([updates[c].n for c in clients], dtype=vectors.dtype, device=vectors.device)
     return clients, vectors, weights

@@ -34,10 +34,12 @@ class ClientPlan:
                  (FCCA trains its cINN on the features of the encoder it has just trained). The
                  follow-ups of all clients of a round are trained together, as one more batch of
                  plans; their outcome is `Trained.then`. Not called when this plan diverged.
-    into:        where the trainer writes the trained vector if training did not diverge (e.g. the
-                 client's row of a server table that keeps every client's latest model), which
-                 then is `Trained.vector`; None: a new tensor. K-means CFL's uploads at full
-                 participation then need no memory of their own (2,000 × 221 KB, #17).
+    into:        where the trainer writes the trained vector if this plan's training did not
+                 diverge (e.g. the client's row of a server table that keeps every client's latest
+                 model), which then is `Trained.vector`; None: a new tensor. It is written whatever
+                 becomes of the client's other named plans, and cannot go with `then`. K-means
+                 CFL's uploads at full participation then need no memory of their own (2,000 ×
+                 221 KB, #17).
     """
 
     start: torch.Tensor
@@ -58,6 +60,10 @@ class ClientPlan:
 
     def __post_init__(self) -> None:
         self.anchors = tuple(self.anchors)
+        if self.into is not None and self.then is not None:
+            # `into` is written when this plan is done, before its follow-up could diverge and
+            # make the client's update one the engine skips.
+            raise ValueError("ClientPlan: `into` cannot be combined with a follow-up (`then`)")
 
 
 @dataclass

@@ -53,7 +53,8 @@ class KMeansCFL(ClusterModels):
         if not updates:
             return
         for client, update in updates.items():  # row by row: no stacked copy of every model
-            self.latest[client] = update.tensors["model"]  # the row itself, written by the trainer
+            # Already this row when the trainer wrote into it (plan's `into`); copied otherwise.
+            self.latest[client] = update.tensors["model"]
             self.seen[client] = True
         known = np.nonzero(self.seen)[0]
         # Once every client has uploaded, cluster the server's table itself rather than a copy.
