@@ -17,7 +17,7 @@ import torch
 import yaml
 
 from cflpipe.errors import DivergenceError, SpecError
-from cflpipe.fl.engine import OUTPUT_FILES, train_run
+from cflpipe.fl.engine import OUTPUT_FILES, prepare_run, train_run
 from cflpipe.fl.local import Anchor, batch_indices, sgd
 from cflpipe.fl.params import ParamSpace, cluster_average, weighted_average
 from cflpipe.models import build_model
@@ -521,7 +521,6 @@ def test_a_failed_seed_does_not_stop_the_jobs_other_seeds(tmp_path):
 # ---------------------------------------------------------------------------- client sampling
 
 def test_sampling_changes_every_round_and_follows_the_seed(tmp_path):
-    from cflpipe.fl.engine import prepare_run
 
     spec = parse_spec(tiny_spec(tmp_path, rounds=40, clients_per_round=3))
     seed0, seed1 = (prepare_run(spec, "swap", "fedavg", seed) for seed in (0, 1))
@@ -654,7 +653,6 @@ def test_a_run_that_left_nothing_leaves_no_empty_folders(tmp_path):
 
 
 def test_unsampled_clients_count_their_traffic_and_follow_on_divergence(tmp_path):
-    from cflpipe.fl.engine import prepare_run
     from cflpipe.fl.plan import ClientPlan
 
     for policy in ("skip", "stop"):
@@ -673,7 +671,6 @@ def test_unsampled_clients_count_their_traffic_and_follow_on_divergence(tmp_path
 
 
 def test_base_eval_models_shares_a_model_among_clients_by_identity(tmp_path):
-    from cflpipe.fl.engine import prepare_run
     from cflpipe.fl.method import Method
 
     run = prepare_run(parse_spec(tiny_spec(tmp_path)), "swap", "fedavg", 0)
@@ -700,3 +697,122 @@ def test_client_state_tables_keep_their_registered_shape(tmp_path):
         store["personal"] = torch.zeros(4, 2)
     with pytest.raises(KeyError, match="register it with add"):
         store["other"] = torch.zeros(4, 3)
+
+
+def test_evaluations_checkpoints_and_timing_follow_the_schedule(tmp_path, monkeypatch):
+    from cflpipe.fl import engine
+
+    saved = []
+    save_state = engine.Run.save_state
+    monkeypatch.setattr(engine.Run, "save_state", lambda self, r: (saved.append(r), save_state(self, r)))
+    spec = parse_spec(tiny_spec(tmp_path, rounds=7, eval_every=3, checkpoint_every=4))
+    train_run(spec, "swap", "fedavg", 0, progress=False)
+    run_dir = spec.run_dir("swap", "fedavg", 0)
+    rounds = pd.read_parquet(run_dir / "rounds.parquet")
+    assert rounds["round"].tolist() == list(range(1, 8))
+    assert rounds.dropna(subset=["acc_macro"])["round"].tolist() == [3, 6, 7]  # and always the last
+    assert saved == [4, 7]
+    timing = pd.read_parquet(run_dir / "timing.parquet")
+    assert list(timing.columns) == ["round", "seconds", "train_seconds", "server_seconds", "eval_seconds"]
+    assert timing["round"].tolist() == list(range(1, 8))
+    parts = timing[["train_seconds", "server_seconds", "eval_seconds"]]
+    assert (parts.to_numpy() >= 0).all() and (timing["train_seconds"] > 0).all()
+    assert np.allclose(timing["seconds"], parts.sum(axis=1), rtol=1e-9, atol=1e-9)  # the round's three parts
+
+
+def test_traffic_a_method_counts_itself_is_added_to_the_rounds_bytes(tmp_path, monkeypatch):
+    from cflpipe.methods.fedavg import FedAvg
+
+    round_start = FedAvg.round_start
+
+    def with_extra_traffic(self, sampled):
+        self.ctx.count_traffic(100, 7)  # e.g. models sent to and trained by unsampled clients
+        round_start(self, sampled)
+
+    monkeypatch.setattr(FedAvg, "round_start", with_extra_traffic)
+    spec = parse_spec(tiny_spec(tmp_path))
+    summary = train_run(spec, "swap", "fedavg", 0, progress=False).summary
+    size = sum(p.numel() for p in build_model("mlp", (1, 8, 8), 10).parameters()) * 4
+    rounds = pd.read_parquet(spec.run_dir("swap", "fedavg", 0) / "rounds.parquet")
+    assert (rounds["bytes_down"] == 4 * size + 100).all() and (rounds["bytes_up"] == 4 * size + 7).all()
+    assert (summary["bytes_down_total"], summary["bytes_up_total"]) == (6 * (4 * size + 100), 6 * (4 * size + 7))
+
+
+def test_the_summary_names_the_run(tmp_path):
+    spec = parse_spec(tiny_spec(tmp_path))
+    summary = train_run(spec, "swap", "fedprox", 1, progress=False).summary
+    assert list(summary) == ["scenario", "method", "method_type", "seed", "rounds", "clients", "final",
+                             "best_acc_macro", "bytes_down_total", "bytes_up_total", "provenance"]
+    assert (summary["scenario"], summary["method"], summary["method_type"], summary["seed"], summary["rounds"],
+            summary["clients"]) == ("swap", "fedprox", "fedprox", 1, 6, 8)
+    rounds = pd.read_parquet(spec.run_dir("swap", "fedprox", 1) / "rounds.parquet")
+    assert summary["best_acc_macro"] == rounds["acc_macro"].max()
+    assert rounds["round"].dtype == "Int64" and rounds["acc_macro"].dtype == "float64"
+    assert json.loads((spec.run_dir("swap", "fedprox", 1) / "summary.json").read_text()) == summary
+
+
+def test_a_method_that_picks_its_model_by_the_data_is_evaluated_with_its_choice(tmp_path, monkeypatch):
+    """MCFL's evaluation: each client's test set (and each group's pooled one) is classified by the
+    model the method selects for those inputs."""
+    from cflpipe.methods.fedavg import FedAvg
+
+    chosen_for = {}
+
+    def select_model(self, x):
+        choice = int(float(x.mean()) > threshold)
+        chosen_for[round(float(x.mean()), 6)] = choice
+        return choice
+
+    monkeypatch.setattr(FedAvg, "selects_by_data", True, raising=False)
+    monkeypatch.setattr(FedAvg, "select_model", select_model, raising=False)
+    monkeypatch.setattr(FedAvg, "eval_models",
+                        lambda self: ([self.global_model, self.ctx.init], np.zeros(self.ctx.num_clients, np.int64)))
+    run = prepare_run(parse_spec(tiny_spec(tmp_path)), "swap", "fedavg", 0)
+    run.setup()
+    means = [float(run.data.test.of(c)[0].mean()) for c in range(8)]
+    threshold = float(np.median(means))
+    figures = run.evaluate(1)
+    metrics = pd.DataFrame(dict(run.tables["metrics"]))
+    test = metrics[metrics["split"] == "test"].sort_values("client")
+    assert test["model"].tolist() == [int(m > threshold) for m in means]
+    assert 0 < sum(test["model"]) < 8  # both models in use
+    groups = run.data.groups
+    test_groups = groups[run.data.test.owner.numpy()]
+    for h in range(run.data.num_groups):  # each group's pooled inputs were offered to the method
+        pooled = run.data.test.x[torch.from_numpy(test_groups == h)]
+        assert round(float(pooled.mean()), 6) in chosen_for
+    assert np.isfinite(figures["intra_acc"]) and np.isfinite(figures["inter_acc"])
+
+
+def test_more_models_than_max_global_models_scores_a_seeded_sample(tmp_path, monkeypatch):
+    from cflpipe.fl import engine
+
+    monkeypatch.setattr(engine, "MAX_GLOBAL_MODELS", 3)
+    results = []
+    for attempt in range(2):
+        run = prepare_run(parse_spec(tiny_spec(tmp_path / str(attempt))), "swap", "local", 0)
+        run.setup()
+        figures = run.evaluate(1)
+        assert figures["models"] == 8 and figures["global_models"] == 3
+        results.append((figures["global_acc_mean"], figures["global_acc_std"]))
+    assert results[0] == results[1]
+    monkeypatch.setattr(engine, "MAX_GLOBAL_MODELS", 8)
+    run = prepare_run(parse_spec(tiny_spec(tmp_path / "all")), "swap", "local", 0)
+    run.setup()
+    assert run.evaluate(1)["global_models"] == 8  # 8 models are not more than 8: all scored
+
+
+def test_a_checkpoint_without_models_before_the_last_round_restarts_the_run(tmp_path, capsys):
+    from cflpipe.fl.engine import read_state, write_state
+
+    spec = parse_spec(tiny_spec(tmp_path))
+    train_run(spec, "swap", "fedavg", 0, progress=False)
+    run_dir = spec.run_dir("swap", "fedavg", 0)
+    fresh = (run_dir / "rounds.parquet").read_bytes()
+    state, _ = read_state(run_dir / "state" / "state.pt")
+    assert state["method"] is None and state["round"] == 6  # the finished run's cut-down checkpoint
+    write_state(run_dir / "state" / "state.pt", {**state, "round": 4})  # cannot be written: refused
+    (run_dir / "summary.json").unlink()
+    train_run(spec, "swap", "fedavg", 0, progress=False)
+    assert "a checkpoint without models before the last round; starting the run afresh" in capsys.readouterr().err
+    assert (run_dir / "rounds.parquet").read_bytes() == fresh
