@@ -3,6 +3,7 @@ divergence handling, communication accounting, and the methods' expected orderin
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -748,7 +749,27 @@ def test_the_summary_names_the_run(tmp_path):
     rounds = pd.read_parquet(spec.run_dir("swap", "fedprox", 1) / "rounds.parquet")
     assert summary["best_acc_macro"] == rounds["acc_macro"].max()
     assert rounds["round"].dtype == "Int64" and rounds["acc_macro"].dtype == "float64"
-    assert json.loads((spec.run_dir("swap", "fedprox", 1) / "summary.json").read_text()) == summary
+    run_dir = spec.run_dir("swap", "fedprox", 1)
+    assert json.loads((run_dir / "summary.json").read_text()) == summary
+    timing = json.loads((run_dir / "timing.json").read_text())
+    seconds = pd.read_parquet(run_dir / "timing.parquet")
+    assert {"seconds_total", "seconds_per_round", "server_seconds_per_round", "device", "trainer",
+            "plans_trained", "finished_utc", "git_commit", "git_dirty", "spec_sha256"} == set(timing)
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", timing["finished_utc"])
+    assert timing["seconds_total"] == pytest.approx(seconds["seconds"].sum())
+    assert timing["server_seconds_per_round"] == pytest.approx(seconds["server_seconds"].mean())
+    assert (timing["device"], timing["trainer"], timing["plans_trained"]) == ("cpu", "sequential",
+                                                                             {"sequential": 24, "batched": 0})
+    plots = pd.read_csv(run_dir / "plots.csv")
+    assert list(plots.columns[:3]) == ["round", "acc_macro", "acc_micro"] and plots["round"].tolist() == [2, 4, 6]
+    assert plots["acc_macro"].tolist() == [float(f"{v:.6g}") for v in rounds.dropna(subset=["acc_macro"])["acc_macro"]]
+    # the run's identity leaves out the thread count and where the data lives
+    from cflpipe.fl.engine import run_provenance
+
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    same = run_provenance({**config, "threads": 7, "data_dir": "/elsewhere"}, spec.training)
+    assert same["config_sha256"] == summary["provenance"]["config_sha256"]
+    assert run_provenance({**config, "seed": 2}, spec.training)["config_sha256"] != same["config_sha256"]
 
 
 def test_a_method_that_picks_its_model_by_the_data_is_evaluated_with_its_choice(tmp_path, monkeypatch):
