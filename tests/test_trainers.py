@@ -17,12 +17,12 @@ from cflpipe.spec import parse_spec
 torch.set_num_threads(1)
 
 
-def tiny_run(tmp_path, trainer: str):
+def tiny_run(tmp_path, trainer: str, clients: int = 4):
     spec = parse_spec({
         "seeds": [0],
         "training": {"model": "mlp", "rounds": 2, "clients_per_round": 4, "local_steps": 3, "batch_size": 8,
                      "lr": 0.1, "device": "cpu", "trainer": trainer},
-        "scenarios": {"s": {"dataset": "digits", "clients": 4, "partition": [{"kind": "iid"}]}},
+        "scenarios": {"s": {"dataset": "digits", "clients": clients, "partition": [{"kind": "iid"}]}},
         "methods": {"fedavg": {}},
         "results_dir": str(tmp_path / trainer),
     })
@@ -171,3 +171,29 @@ def test_a_network_with_dropout_trains_batched(tmp_path):
     run = prepare_run(spec, "s", "fedavg", 0)
     run.ctx.run({c: ClientPlan(run.ctx.init) for c in range(2)})
     assert run.trainer.counts == {"batched": 2, "sequential": 0}  # vmap draws the dropout masks
+
+
+def test_plans_that_differ_in_mask_anchor_mask_loss_or_inputs_are_not_batched_together(tmp_path):
+    """The batched trainer trains a group with its first plan's settings, so plans must share a
+    group only when everything but their data and start is the same."""
+    outcomes, counts = {}, {}
+    for trainer in ("sequential", "batched"):
+        run = tiny_run(tmp_path / trainer, trainer, clients=12)
+        space, start = run.space, run.ctx.init
+        pull = start + 0.1
+        variants = [dict(trainable=space.body), dict(trainable=None),
+                    dict(anchors=(Anchor(pull, 0.5, space.head),)), dict(anchors=(Anchor(pull, 0.5, None),)),
+                    dict(loss=one_hot_regression), dict(inputs="own, halved")]
+        # each variant twice (clients 2k and 2k + 1), so every variant could form a group of its own
+        plans = {}
+        for k, options in enumerate(variants):
+            for client in (2 * k, 2 * k + 1):
+                if "inputs" in options:
+                    options = {"inputs": run.data.client(client, "train")[0] * 0.5}
+                plans[client] = ClientPlan(start, lr=0.1, **options)
+        outcomes[trainer] = run.ctx.run(plans)
+        counts[trainer] = dict(run.trainer.counts)
+    assert counts["batched"] == {"batched": 12, "sequential": 0}  # six groups of two
+    for client in range(12):
+        a, b = outcomes["sequential"][client].vector, outcomes["batched"][client].vector
+        assert float((a - b).abs().max()) <= 1e-5 * float(a.abs().max()), client
