@@ -88,3 +88,43 @@ def test_clients_without_test_samples_keep_their_row_and_are_left_out_of_the_sum
     # worst 10 %: ceil(0.1 · 11) = 2 clients
     eleven = personalized_summary(np.linspace(0.0, 1.0, 11), np.ones(11, dtype=int))
     assert eleven["acc_worst10"] == pytest.approx(0.05)
+
+
+def test_intra_and_inter_cluster_accuracy_by_hand():
+    from cflpipe.metrics import intra_inter_accuracy
+
+    # models × ground-truth groups: model j's accuracy on group g's pooled test data
+    group_acc = np.array([[0.9, 0.2, 0.1],
+                          [0.3, 0.8, 0.4]])
+    groups = np.array([0, 1, 2, 0])
+    client_model = np.array([0, 1, 1, 1])
+    intra, inter = intra_inter_accuracy(group_acc, client_model, groups)
+    # own group: 0.9, 0.8, 0.4, 0.3; the other two groups' mean: 0.15, 0.35, 0.55, 0.6
+    assert intra == pytest.approx((0.9 + 0.8 + 0.4 + 0.3) / 4)
+    assert inter == pytest.approx((0.15 + 0.35 + 0.55 + 0.6) / 4)
+    # MCFL: the model a client applies to each group's data (clients × groups)
+    by_data = np.array([[0, 1, 1], [1, 1, 0], [0, 0, 1], [0, 0, 0]])
+    intra, inter = intra_inter_accuracy(group_acc, by_data, groups)
+    assert intra == pytest.approx((0.9 + 0.8 + 0.4 + 0.9) / 4)
+    assert inter == pytest.approx(((0.8 + 0.4) / 2 + (0.3 + 0.1) / 2 + (0.9 + 0.2) / 2 + (0.2 + 0.1) / 2) / 4)
+    assert all(np.isnan(intra_inter_accuracy(group_acc[:, :1], client_model, np.zeros(4, int))))  # one group
+    assert all(np.isnan(intra_inter_accuracy(group_acc, client_model, np.array([0, 1, -1, 0]))))  # no truth
+
+
+def test_summaries_of_one_client_and_of_none():
+    from cflpipe.metrics import clustering_scores, device_f1, per_client_f1, personalized_summary
+
+    one = personalized_summary(np.array([0.75]), np.array([8]))
+    assert one == {"acc_macro": 0.75, "acc_micro": 0.75, "acc_std": 0.0, "acc_worst10": 0.75}
+    none = personalized_summary(np.array([0.5]), np.array([0]))
+    assert list(none) == list(one) and all(np.isnan(v) for v in none.values())
+    assert list(device_f1(np.array([np.nan]), np.array([0]))) == list(device_f1(np.array([0.5]), np.array([3])))
+    scores = clustering_scores(np.array([0, 0, 1]), np.array([1, 1, 0]))
+    assert scores == {"ari": 1.0, "nmi": 1.0, "ami": 1.0}
+    assert list(clustering_scores(np.array([0]), np.array([-1]))) == list(scores)
+    # macro over the classes in a client's labels or predictions (as scikit-learn), by hand
+    f1 = per_client_f1(np.array([0, 0, 0, 1, 1, 2, 2]), np.array([3, 3, 3, 1, 2, 0, 0]),
+                       np.array([3, 1, 3, 1, 1, 0, 0]), 3, 4)
+    assert f1[0] == pytest.approx((0.8 + 0.0) / 2)  # class 3: tp 2, fn 1 -> 4 / 5; class 1: one fp
+    assert f1[1] == pytest.approx((2 / 3 + 0.0) / 2)  # classes 1 (tp 1, fp 1) and 2 (fn 1)
+    assert f1[2] == 1.0  # a single class, all right: defined, not nan
