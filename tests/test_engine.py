@@ -837,3 +837,21 @@ def test_a_checkpoint_without_models_before_the_last_round_restarts_the_run(tmp_
     train_run(spec, "swap", "fedavg", 0, progress=False)
     assert "a checkpoint without models before the last round; starting the run afresh" in capsys.readouterr().err
     assert (run_dir / "rounds.parquet").read_bytes() == fresh
+
+
+def test_images_are_standardized_per_channel_and_vectors_left_alone(tmp_path):
+    from cflpipe.fl.data import build_federated_data
+
+    spec = parse_spec(tiny_spec(tmp_path))
+    data = build_federated_data(spec, "swap", torch.device("cpu"))
+    pooled = torch.cat([data.train.x, data.test.x]).double()
+    assert abs(float(pooled.mean())) < 0.05 and abs(float(pooled.std()) - 1) < 0.05  # digits' train statistics
+    vectors = parse_spec({**tiny_spec(tmp_path / "v"), "methods": {"fedavg": {}}, "scenarios": {"s": {
+        "dataset": {"name": "synthetic", "devices": 4}, "clients": 4, "partition": [{"kind": "natural"}]}}})
+    data = build_federated_data(vectors, "s", torch.device("cpu"))
+    from cflpipe.data import load_dataset
+
+    raw = load_dataset("synthetic", {"devices": 4}, vectors.data_dir)
+    assert torch.equal(torch.sort(torch.cat([data.train.x, data.test.x]).flatten())[0],
+                       torch.sort(torch.from_numpy(np.concatenate([raw.x_train, raw.x_test]).astype(np.float32)
+                                                   ).flatten())[0])

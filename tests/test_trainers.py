@@ -197,3 +197,45 @@ def test_plans_that_differ_in_mask_anchor_mask_loss_or_inputs_are_not_batched_to
     for client in range(12):
         a, b = outcomes["sequential"][client].vector, outcomes["batched"][client].vector
         assert float((a - b).abs().max()) <= 1e-5 * float(a.abs().max()), client
+
+
+def test_local_epochs_become_steps_by_hand():
+    from cflpipe.fl.local import steps_for
+
+    assert steps_for(50, 16, 7, None) == 7  # local_steps wins
+    assert steps_for(50, 16, None, 2) == 7  # ceil(2 · 50 / 16)
+    assert steps_for(10, 16, None, 2) == 2  # a batch is at most the client's data: ceil(2 · 10 / 10)
+    assert steps_for(50, 16, None, 0.25) == 1  # ceil(0.78): at least one step
+    assert steps_for(64, 16, None, 1) == 4
+
+
+def test_dropout_masks_follow_seed_round_client_and_stream(tmp_path):
+    """For networks with dropout the trainer reseeds torch's RNG per (seed, round, client,
+    stream), so masks differ between clients and rounds and a rerun draws the same ones."""
+    from cflpipe.fl.trainers import SequentialTrainer
+
+    spec = parse_spec({
+        "seeds": [0],
+        "training": {"model": "cnn_tsdp", "rounds": 1, "clients_per_round": 2, "local_steps": 1, "batch_size": 4,
+                     "lr": 0.05, "device": "cpu"},
+        "scenarios": {"s": {"dataset": "digits", "clients": 2, "partition": [{"kind": "iid"}]}},
+        "methods": {"fedavg": {}},
+        "results_dir": str(tmp_path),
+    })
+    run = prepare_run(spec, "s", "fedavg", 0)
+    ctx, trainer = run.ctx, SequentialTrainer()
+
+    def draw(seed=0, round_index=0, client=0, stream=()):
+        ctx.seed, ctx.round = seed, round_index
+        trainer.generator(ctx, client, ClientPlan(ctx.init, stream=stream))
+        return torch.rand(4)
+
+    reference = draw()
+    assert torch.equal(draw(), reference)
+    for other in (draw(seed=1), draw(round_index=1), draw(client=1), draw(stream=(7,))):
+        assert not torch.equal(other, reference)
+    # the batch stream (a torch.Generator) follows the same key, drawn apart from the masks
+    ctx.seed, ctx.round = 0, 0
+    batches = trainer.generator(ctx, 0, ClientPlan(ctx.init)).seed()
+    ctx.round = 1
+    assert trainer.generator(ctx, 0, ClientPlan(ctx.init)).seed() != batches
