@@ -136,11 +136,11 @@ def build_partition(scenario: Scenario, dataset: Dataset, where: str = "scenario
                                  f"LEAF's all_data/ only), so holdout: dataset would leave every client without "
                                  f"test data; use holdout: fraction")
         is_test = sample >= len(dataset.y_train)  # pool "all" is train followed by test
-        without = np.setdiff1d(np.arange(clients), client[~is_test])
-        if len(without):
-            raise PartitionError(f"{split_where}.holdout: with holdout: dataset, client {int(without[0])} has no "
-                                 f"training sample ({len(without)} such clients; a user-level test split?); "
-                                 f"use holdout: fraction")
+        # Users only in the test files (LEAF's user-level split) become clients that never train
+        # and are evaluated with the run's one global model (the engine refuses methods without one).
+        if is_test.all():
+            raise PartitionError(f"{split_where}.holdout: with holdout: dataset, no client has a training "
+                                 f"sample in {dataset.name}'s files; use holdout: fraction")
     else:
         is_test = _holdout(client, clients, scenario.test_fraction, rng["holdout"])
     partition = _assemble(client, sample, is_test, group_of_client, transforms, seen, num_classes,

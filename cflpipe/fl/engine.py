@@ -211,13 +211,39 @@ class Run:
         self.ctx = Context(self.data, self.space, self.training, hp, self.seed, self.space.read(),
                            self.scenario, self.method_name, self.trainer)
         self.method: Method = info.cls(self.ctx)
+        self.training_clients = self.held_out_check(info)
         self.tables: dict[str, dict[str, list]] = {n: defaultdict(list) for n in STANDARD_TABLES}
         self._warned_exploding = False
         self.start_round = 0
 
+    def held_out_check(self, info) -> np.ndarray | None:
+        """The clients with training samples when some have none (LEAF's user-level split, kept
+        with `holdout: dataset`), else None. Users who never train are evaluated with the model
+        every client shares, so only methods with one global model can run such a scenario."""
+        sizes = self.data.train.sizes()
+        if (sizes > 0).all():
+            return None
+        training = np.flatnonzero(sizes > 0)
+        held_out = self.data.num_clients - len(training)
+        caps = info.capabilities
+        if caps.clustered or caps.personalized:
+            kind = "its clusters' models" if caps.clustered else "models of their own"
+            raise SpecError(f"methods.{self.method_name}: scenario {self.scenario} holds {held_out} clients that "
+                            f"never train (users only in the dataset's test files, LEAF's user-level split); "
+                            f"{self.method_name} evaluates clients with {kind}, so it has no model for them. "
+                            f"Use a method with one global model (e.g. fedavg, fedprox) or LEAF's sample-level "
+                            f"split")
+        if self.training.clients_per_round > len(training):
+            raise SpecError(f"training.clients_per_round: {self.training.clients_per_round}, but scenario "
+                            f"{self.scenario} has {len(training)} clients with training samples ({held_out} "
+                            f"only test); at most {len(training)}")
+        return training
+
     def sample(self, round_index: int) -> np.ndarray:
         rng = np.random.default_rng([self.seed, round_index, 0x5A])
         k = self.training.clients_per_round
+        if self.training_clients is not None:  # held-out users never train
+            return np.sort(rng.choice(self.training_clients, size=k, replace=False))
         return np.sort(rng.choice(self.data.num_clients, size=k, replace=False))
 
     # ------------------------------------------------------------------ loop
