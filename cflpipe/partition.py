@@ -541,8 +541,12 @@ SMALL_TEST_SET = 10
 
 
 def small_test_sets(stats: pd.DataFrame, minimum: int = SMALL_TEST_SET) -> str | None:
-    """One line when some clients hold fewer than `minimum` test samples, else None."""
+    """One line when some clients hold fewer than `minimum` test samples, else None. In a
+    user-level split (some clients never train) the training clients hold no test samples by
+    design and are left out."""
     n_test = stats["n_test"].to_numpy()
+    if "n_train" in stats and (stats["n_train"].to_numpy() == 0).any():
+        n_test = n_test[stats["n_train"].to_numpy() == 0]
     small = n_test < minimum
     if not small.any():
         return None

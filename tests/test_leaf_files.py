@@ -336,7 +336,7 @@ def test_leafs_user_level_split_trains_the_train_users_and_evaluates_the_held_ou
     metrics = pd.read_parquet(spec.run_dir("s", "fedavg", 0) / "metrics.parquet")
     test = metrics[(metrics["split"] == "test") & (metrics["round"] == 2)].set_index("client")
     held_out = np.setdiff1d(np.arange(5), training)
-    assert test.loc[held_out, "n"].tolist() != [0, 0] and test.loc[held_out, "acc"].notna().all()
+    assert test.loc[held_out, "n"].tolist() == [4, 3] and test.loc[held_out, "acc"].notna().all()
     assert (test.loc[training, "n"] == 0).all()  # the train users' data all trained
     assert (test.loc[held_out, "model"] == test.loc[training, "model"].iloc[0]).all()  # the global model
 
@@ -355,10 +355,13 @@ def test_a_user_level_split_needs_a_method_with_one_global_model(tmp_path, metho
 def test_a_user_level_split_samples_at_most_its_training_users(tmp_path):
     write_user_level_split(tmp_path / "data" / "femnist", {"a": 6, "b": 5}, {"d": 4, "e": 3})
     spec = spec_with(tmp_path, "femnist", 4, [{"kind": "natural", "holdout": "dataset"}])
-    spec = parse_spec({**spec.model_dump(mode="json", exclude_none=True),
-                       "training": {**spec.training.model_dump(mode="json"), "clients_per_round": 3}})
+    data = spec.model_dump(mode="json", exclude_none=True)
+    spec = parse_spec({**data, "training": {**data["training"], "clients_per_round": 3}})
     with pytest.raises(SpecError, match=r"^training.clients_per_round: 3, but scenario s has 2 clients with "
                                         r"training samples \(2 only test\); at most 2$"):
+        train_run(spec, "s", "fedavg", 0, progress=False)
+    spec = parse_spec({**data, "methods": {"fedavg": {"training": {"clients_per_round": 4}}}})
+    with pytest.raises(SpecError, match=r"^methods.fedavg.training.clients_per_round: 4, but"):
         train_run(spec, "s", "fedavg", 0, progress=False)
 
 

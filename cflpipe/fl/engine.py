@@ -28,7 +28,7 @@ from cflpipe.metrics import (clustering_scores, device_f1, intra_inter_accuracy,
                              per_client_f1, per_client_mean, personalized_summary, f1_macro_over_classes)
 from cflpipe.models import build_model
 from cflpipe.plugins import run_plugins
-from cflpipe.spec import Spec, Training, dump_yaml, spec_sha256, without_threads
+from cflpipe.spec import Spec, Training, dump_yaml, spec_sha256, training_key_path, without_threads
 from cflpipe import store
 
 # Global accuracy and intra/inter accuracy score every distinct model on all clients' pooled
@@ -210,8 +210,8 @@ class Run:
                                      self.device, self.training.model)
         self.ctx = Context(self.data, self.space, self.training, hp, self.seed, self.space.read(),
                            self.scenario, self.method_name, self.trainer)
-        self.method: Method = info.cls(self.ctx)
         self.training_clients = self.held_out_check(info)
+        self.method: Method = info.cls(self.ctx)
         self.tables: dict[str, dict[str, list]] = {n: defaultdict(list) for n in STANDARD_TABLES}
         self._warned_exploding = False
         self.start_round = 0
@@ -231,12 +231,13 @@ class Run:
             raise SpecError(f"methods.{self.method_name}: scenario {self.scenario} holds {held_out} clients that "
                             f"never train (users only in the dataset's test files, LEAF's user-level split); "
                             f"{self.method_name} evaluates clients with {kind}, so it has no model for them. "
-                            f"Use a method with one global model (e.g. fedavg, fedprox) or LEAF's sample-level "
-                            f"split")
+                            f"Use a method with one global model (e.g. fedavg, fedprox), leave the scenario out "
+                            f"of methods.{self.method_name}.scenarios, or use LEAF's sample-level split")
         if self.training.clients_per_round > len(training):
-            raise SpecError(f"training.clients_per_round: {self.training.clients_per_round}, but scenario "
-                            f"{self.scenario} has {len(training)} clients with training samples ({held_out} "
-                            f"only test); at most {len(training)}")
+            where = training_key_path(self.spec, self.scenario, self.method_name, "clients_per_round")
+            raise SpecError(f"{where}: {self.training.clients_per_round}, but scenario {self.scenario} has "
+                            f"{len(training)} clients with training samples ({held_out} only test); at most "
+                            f"{len(training)}")
         return training
 
     def sample(self, round_index: int) -> np.ndarray:
