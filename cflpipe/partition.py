@@ -136,11 +136,11 @@ def build_partition(scenario: Scenario, dataset: Dataset, where: str = "scenario
                                  f"LEAF's all_data/ only), so holdout: dataset would leave every client without "
                                  f"test data; use holdout: fraction")
         is_test = sample >= len(dataset.y_train)  # pool "all" is train followed by test
-        without = np.setdiff1d(np.arange(clients), client[~is_test])
-        if len(without):
-            raise PartitionError(f"{split_where}.holdout: with holdout: dataset, client {int(without[0])} has no "
-                                 f"training sample ({len(without)} such clients; a user-level test split?); "
-                                 f"use holdout: fraction")
+        # Users only in the test files (LEAF's user-level split) become clients that never train
+        # and are evaluated with the run's one global model (the engine refuses methods without one).
+        if is_test.all():
+            raise PartitionError(f"{split_where}.holdout: with holdout: dataset, no client has a training "
+                                 f"sample in {dataset.name}'s files; use holdout: fraction")
     else:
         is_test = _holdout(client, clients, scenario.test_fraction, rng["holdout"])
     partition = _assemble(client, sample, is_test, group_of_client, transforms, seen, num_classes,
@@ -541,8 +541,12 @@ SMALL_TEST_SET = 10
 
 
 def small_test_sets(stats: pd.DataFrame, minimum: int = SMALL_TEST_SET) -> str | None:
-    """One line when some clients hold fewer than `minimum` test samples, else None."""
+    """One line when some clients hold fewer than `minimum` test samples, else None. In a
+    user-level split (some clients never train) the training clients hold no test samples by
+    design and are left out."""
     n_test = stats["n_test"].to_numpy()
+    if "n_train" in stats and (stats["n_train"].to_numpy() == 0).any():
+        n_test = n_test[stats["n_train"].to_numpy() == 0]
     small = n_test < minimum
     if not small.any():
         return None

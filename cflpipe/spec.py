@@ -161,7 +161,7 @@ class NaturalStep(Strict):
     kind: Literal["natural"]
     holdout: Literal["fraction", "dataset"] = Field(
         "fraction", description="each client's test set: test_fraction of its samples, or its samples in "
-                                "the dataset's own test split (LEAF's sample-level split; needs pool: all)")
+                                "the dataset's own test split (LEAF's sample- or user-level split; needs pool: all)")
 
 
 class RotationStep(Strict):
@@ -870,6 +870,14 @@ def _check_dataset(scenario: Scenario, base: str) -> list[str]:
     except ValidationError as exc:
         return errors_to_lines(exc, scenario.dataset.params, f"{base}.dataset", model=info.params)
     return []
+
+
+def training_key_path(spec: Spec, scenario: str, method: str, key: str) -> str:
+    """Where a run's training setting comes from: `methods.M.training.key`, then the scenario's,
+    then the spec's `training.key` (also where a default is reported)."""
+    layers = [(f"methods.{method}.training", spec.methods[method].training),
+              (f"scenarios.{scenario}.training", spec.scenarios[scenario].training)]
+    return next((f"{where}.{key}" for where, layer in layers if key in layer), f"training.{key}")
 
 
 def _check_training(spec: Spec, data: dict, scenario: str, method: str | None) -> list[str]:

@@ -308,13 +308,68 @@ def test_leaf_edge_cases(tmp_path):
         build_partition(spec.scenarios["s"], load_dataset("femnist", {}, tmp_path / "data"), where="scenarios.s")
 
 
-def test_a_user_only_in_leafs_test_files_is_refused_with_holdout_dataset(tmp_path):
+def write_user_level_split(folder: Path, train_users: dict[str, int], test_users: dict[str, int]) -> None:
+    """LEAF's user-level split (`--t user`): every user's samples in one of the two folders."""
+    rng = np.random.default_rng(5)
+    for part, users in (("train", train_users), ("test", test_users)):
+        (folder / part).mkdir(parents=True)
+        records = {u: (rng.random((n, 784)).round(3).tolist(), rng.integers(0, 62, n).tolist())
+                   for u, n in users.items()}
+        (folder / part / f"{part}.json").write_text(leaf_json(records))
+
+
+def test_leafs_user_level_split_trains_the_train_users_and_evaluates_the_held_out_ones(tmp_path):
+    import pandas as pd
+    from cflpipe.fl.engine import prepare_run
+
+    write_user_level_split(tmp_path / "data" / "femnist", {"a": 6, "b": 5, "c": 7}, {"d": 4, "e": 3})
+    spec = spec_with(tmp_path, "femnist", 5, [{"kind": "natural", "holdout": "dataset"}])
+    run = prepare_run(spec, "s", "fedavg", 0)
+    run.setup()
+    sizes = run.data.train.sizes()
+    training = np.flatnonzero(sizes > 0)
+    assert sorted(sizes.tolist()) == [0, 0, 5, 6, 7] and run.data.test.sizes()[training].sum() == 0
+    drawn = np.concatenate([run.sample(r) for r in range(30)])
+    assert set(drawn.tolist()) == set(training.tolist())  # every training user is drawn, no held-out one
+
+    train_run(spec, "s", "fedavg", 0, progress=False)
+    metrics = pd.read_parquet(spec.run_dir("s", "fedavg", 0) / "metrics.parquet")
+    test = metrics[(metrics["split"] == "test") & (metrics["round"] == 2)].set_index("client")
+    held_out = np.setdiff1d(np.arange(5), training)
+    assert test.loc[held_out, "n"].tolist() == [4, 3] and test.loc[held_out, "acc"].notna().all()
+    assert (test.loc[training, "n"] == 0).all()  # the train users' data all trained
+    assert (test.loc[held_out, "model"] == test.loc[training, "model"].iloc[0]).all()  # the global model
+
+
+@pytest.mark.parametrize("method, params", [("ifca", {"clusters": 2}), ("local", {})])
+def test_a_user_level_split_needs_a_method_with_one_global_model(tmp_path, method, params):
+    write_user_level_split(tmp_path / "data" / "femnist", {"a": 6, "b": 5, "c": 7}, {"d": 4, "e": 3})
+    spec = spec_with(tmp_path, "femnist", 5, [{"kind": "natural", "holdout": "dataset"}])
+    spec = parse_spec({**spec.model_dump(mode="json", exclude_none=True), "methods": {method: params}})
+    with pytest.raises(SpecError, match=rf"^methods.{method}: scenario s holds 2 clients that never train .* "
+                                        r"no model for them\. Use a method with one global model"):
+        train_run(spec, "s", method, 0, progress=False)
+    assert not (spec.run_dir("s", method, 0) / "summary.json").exists()
+
+
+def test_a_user_level_split_samples_at_most_its_training_users(tmp_path):
+    write_user_level_split(tmp_path / "data" / "femnist", {"a": 6, "b": 5}, {"d": 4, "e": 3})
+    spec = spec_with(tmp_path, "femnist", 4, [{"kind": "natural", "holdout": "dataset"}])
+    data = spec.model_dump(mode="json", exclude_none=True)
+    spec = parse_spec({**data, "training": {**data["training"], "clients_per_round": 3}})
+    with pytest.raises(SpecError, match=r"^training.clients_per_round: 3, but scenario s has 2 clients with "
+                                        r"training samples \(2 only test\); at most 2$"):
+        train_run(spec, "s", "fedavg", 0, progress=False)
+    spec = parse_spec({**data, "methods": {"fedavg": {"training": {"clients_per_round": 4}}}})
+    with pytest.raises(SpecError, match=r"^methods.fedavg.training.clients_per_round: 4, but"):
+        train_run(spec, "s", "fedavg", 0, progress=False)
+
+
+def test_test_files_alone_are_refused_with_holdout_dataset(tmp_path):
     from cflpipe.errors import PartitionError
 
-    for part, users in (("train", {"a": ([[0.5] * 784], [1])}), ("test", {"a": ([[0.5] * 784], [2]),
-                                                                            "b": ([[0.5] * 784], [3])})):
-        (tmp_path / "femnist" / part).mkdir(parents=True)
-        (tmp_path / "femnist" / part / f"{part}.json").write_text(leaf_json(users))
+    write_user_level_split(tmp_path / "femnist", {}, {"a": 2, "b": 3})
     spec = spec_with(tmp_path, "femnist", 2, [{"kind": "natural", "holdout": "dataset"}])
-    with pytest.raises(PartitionError, match="client 1 has no training sample .* user-level test split"):
+    with pytest.raises(PartitionError, match=r"holdout: with holdout: dataset, no client has a training sample in "
+                                             r"femnist's files; use holdout: fraction"):
         build_partition(spec.scenarios["s"], load_dataset("femnist", {}, tmp_path), where="scenarios.s")

@@ -41,3 +41,12 @@ def test_partition_warns_and_the_report_says_it(tmp_path, monkeypatch, capsys):
         torch.set_num_threads(threads)
     html = (tmp_path / "results/report/index.html").read_text()
     assert "100 of 100 clients have fewer than 10 test samples" in html
+
+
+def test_a_user_level_split_counts_only_the_held_out_clients():
+    # training users hold no test samples by design; the held-out users are the ones tested
+    stats = pd.DataFrame({"n_train": [50, 60, 0, 0], "n_test": [0, 0, 40, 12]})
+    assert small_test_sets(stats) is None
+    note = small_test_sets(stats.assign(n_test=[0, 0, 40, 3]))
+    assert note.startswith("1 of 2 clients have fewer than 10 test samples (fewest: 3")
+

@@ -4,8 +4,9 @@ Read from the per-user JSON files LEAF's preprocessing writes (`{"users": [...],
 [...], "user_data": {user: {"x": [...], "y": [...]}}}`), placed in `<data_dir>/femnist/` or
 `<data_dir>/celeba/` either as `all_data/*.json` (every sample; cflpipe splits each client's data
 by the scenario's `test_fraction`) or as LEAF's own split `train/*.json` + `test/*.json` (used as
-it is with `partition: [{kind: natural, holdout: dataset}]`). FEMNIST's `x` rows are 784 floats
-(28×28, LEAF's scale); CelebA's `x` are image file names in `raw/img_align_celeba/` (or
+it is with `partition: [{kind: natural, holdout: dataset}]`; in LEAF's user-level split the
+test files' users never train and are evaluated with the global model). FEMNIST's `x` rows are
+784 floats (28×28, LEAF's scale); CelebA's `x` are image file names in `raw/img_align_celeba/` (or
 `img_align_celeba/`), decoded with Pillow and resized to `size`×`size` as LEAF's model does.
 
 Every sample's `source` is its user, so the `natural` partition gives one client per user; the

@@ -29,7 +29,7 @@ from cflpipe.metrics import (clustering_scores, device_f1, intra_inter_accuracy,
                              per_client_f1, per_client_mean, personalized_summary, f1_macro_over_classes)
 from cflpipe.models import build_model
 from cflpipe.plugins import run_plugins
-from cflpipe.spec import Spec, Training, dump_yaml, spec_sha256, without_threads
+from cflpipe.spec import Spec, Training, dump_yaml, spec_sha256, training_key_path, without_threads
 from cflpipe import store
 
 # Global accuracy and intra/inter accuracy score every distinct model on all clients' pooled
@@ -211,14 +211,41 @@ class Run:
                                      self.device, self.training.model)
         self.ctx = Context(self.data, self.space, self.training, hp, self.seed, self.space.read(),
                            self.scenario, self.method_name, self.trainer)
+        self.training_clients = self.held_out_check(info)
         self.method: Method = info.cls(self.ctx)
         self.tables: dict[str, dict[str, list]] = {n: defaultdict(list) for n in STANDARD_TABLES}
         self._warned_exploding = False
         self.start_round = 0
 
+    def held_out_check(self, info) -> np.ndarray | None:
+        """The clients with training samples when some have none (LEAF's user-level split, kept
+        with `holdout: dataset`), else None. Users who never train are evaluated with the model
+        every client shares, so only methods with one global model can run such a scenario."""
+        sizes = self.data.train.sizes()
+        if (sizes > 0).all():
+            return None
+        training = np.flatnonzero(sizes > 0)
+        held_out = self.data.num_clients - len(training)
+        caps = info.capabilities
+        if caps.clustered or caps.personalized:
+            kind = "its clusters' models" if caps.clustered else "models of their own"
+            raise SpecError(f"methods.{self.method_name}: scenario {self.scenario} holds {held_out} clients that "
+                            f"never train (users only in the dataset's test files, LEAF's user-level split); "
+                            f"{self.method_name} evaluates clients with {kind}, so it has no model for them. "
+                            f"Use a method with one global model (e.g. fedavg, fedprox), leave the scenario out "
+                            f"of methods.{self.method_name}.scenarios, or use LEAF's sample-level split")
+        if self.training.clients_per_round > len(training):
+            where = training_key_path(self.spec, self.scenario, self.method_name, "clients_per_round")
+            raise SpecError(f"{where}: {self.training.clients_per_round}, but scenario {self.scenario} has "
+                            f"{len(training)} clients with training samples ({held_out} only test); at most "
+                            f"{len(training)}")
+        return training
+
     def sample(self, round_index: int) -> np.ndarray:
         rng = np.random.default_rng([self.seed, round_index, 0x5A])
         k = self.training.clients_per_round
+        if self.training_clients is not None:  # held-out users never train
+            return np.sort(rng.choice(self.training_clients, size=k, replace=False))
         return np.sort(rng.choice(self.data.num_clients, size=k, replace=False))
 
     # ------------------------------------------------------------------ loop
