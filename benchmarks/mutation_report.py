@@ -8,11 +8,13 @@ module, and the survivors sorted into the kinds docs/testing.md gives reasons fo
 from __future__ import annotations
 
 import argparse
+import ast
+import difflib
 import glob
 import json
 import re
-import subprocess
 from collections import Counter, defaultdict
+from pathlib import Path
 
 # mutmut's exit codes per mutant: 1 (and other test failures) killed, 0 survived, 33 no test
 # reaches the function, -24 / 24 / 152 timeout, None not checked yet.
@@ -33,12 +35,30 @@ def kind_of(removed: str, added: str) -> str:
     return "other"
 
 
+_FUNCTIONS: dict[str, dict[str, list[str]]] = {}
+
+
+def _functions(module: str) -> dict[str, list[str]]:
+    """Source lines of every function mutmut wrote into mutants/<module>.py, by name (mutants and
+    the original of each function sit side by side there; methods inside their class)."""
+    if module not in _FUNCTIONS:
+        path = Path("mutants", *module.split(".")).with_suffix(".py")
+        text = path.read_text()
+        lines = text.splitlines()
+        _FUNCTIONS[module] = {node.name: lines[node.lineno:node.end_lineno]  # the body, not the def line
+                              for node in ast.walk(ast.parse(text))
+                              if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and "__mutmut_" in node.name}
+    return _FUNCTIONS[module]
+
+
 def diff(name: str) -> tuple[str, str]:
-    """(removed, added) source lines of a mutant."""
-    out = subprocess.run(["mutmut", "show", name], capture_output=True, text=True).stdout
-    lines = [line for line in out.splitlines() if line[:1] in "+-" and not line.startswith(("+++", "---"))]
-    return (" ".join(line[1:].strip() for line in lines if line[0] == "-"),
-            " ".join(line[1:].strip() for line in lines if line[0] == "+"))
+    """(removed, added) source lines of a mutant, read from mutants/ (no `mutmut show` per mutant)."""
+    module, function = name.rsplit(".", 1)
+    functions = _functions(module)
+    original = functions[function.rsplit("__mutmut_", 1)[0] + "__mutmut_orig"]
+    changed = [line for line in difflib.ndiff(original, functions[function]) if line[:2] in ("- ", "+ ")]
+    return (" ".join(line[2:].strip() for line in changed if line[0] == "-"),
+            " ".join(line[2:].strip() for line in changed if line[0] == "+"))
 
 
 def main() -> None:
