@@ -88,17 +88,13 @@ def record_start_rounds(monkeypatch):
     return install
 
 
-# Seconds of tests (as timed in mutmut's stats phase) a mutant is checked against: its fastest
-# tests, so that a full mutation pass fits in about an hour on 2 cores (docs/testing.md).
-MUTATION_TEST_SECONDS = float(os.environ.get("CFLPIPE_MUTATION_TEST_SECONDS", "5"))
-
-
 def pytest_collection_modifyitems(config, items):
     """Under a mutation run (mutmut names the mutant in MUTANT_UNDER_TEST), check the mutant
-    against its fastest tests first and only up to MUTATION_TEST_SECONDS of them. mutmut stops at
-    the first failure, so a mutant that a unit test kills no longer waits for the end-to-end tests
-    listed before it, and a survivor is not re-run through every end-to-end test that happens to
-    pass through its function."""
+    against its fastest tests only, up to CFLPIPE_MUTATION_TEST_SECONDS (5) of them as timed in
+    mutmut's stats phase (docs/testing.md), quickest first: mutmut stops at the first failure, so
+    a mutant that a unit test kills no longer waits for the end-to-end tests listed before it, and
+    a survivor is not re-run through every end-to-end test that passes through its function.
+    The kept tests stay grouped by file, so a module's fixtures are built once per mutant."""
     if "__mutmut_" not in os.environ.get("MUTANT_UNDER_TEST", ""):
         return
     stats = Path("mutmut-stats.json")  # mutmut runs the tests from inside mutants/
@@ -106,14 +102,22 @@ def pytest_collection_modifyitems(config, items):
         return
     import json
 
+    budget = float(os.environ.get("CFLPIPE_MUTATION_TEST_SECONDS", "5"))
     seconds = json.loads(stats.read_text())["duration_by_test"]
-    items.sort(key=lambda item: seconds.get(item.nodeid, float("inf")))
-    spent, kept = 0.0, 0
-    for item in items:
-        if kept and spent + seconds.get(item.nodeid, float("inf")) > MUTATION_TEST_SECONDS:
+    fastest = sorted(items, key=lambda item: seconds.get(item.nodeid, float("inf")))
+    spent, kept = 0.0, set()
+    for item in fastest:
+        cost = seconds.get(item.nodeid, float("inf"))
+        if kept and spent + cost > budget:
             break
-        spent += seconds.get(item.nodeid, float("inf"))
-        kept += 1
-    if kept < len(items):
-        config.hook.pytest_deselected(items=items[kept:])
-        del items[kept:]
+        spent += cost
+        kept.add(item.nodeid)
+    first_in_file: dict[str, float] = {}
+    for item in fastest:
+        if item.nodeid in kept:
+            first_in_file.setdefault(item.nodeid.split("::")[0], seconds.get(item.nodeid, float("inf")))
+    chosen = sorted((item for item in items if item.nodeid in kept),
+                    key=lambda item: (first_in_file[item.nodeid.split("::")[0]], item.nodeid.split("::")[0],
+                                      seconds.get(item.nodeid, float("inf"))))
+    config.hook.pytest_deselected(items=[item for item in items if item.nodeid not in kept])
+    items[:] = chosen

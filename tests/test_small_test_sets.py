@@ -49,4 +49,3 @@ def test_a_user_level_split_counts_only_the_held_out_clients():
     assert small_test_sets(stats) is None
     note = small_test_sets(stats.assign(n_test=[0, 0, 40, 3]))
     assert note.startswith("1 of 2 clients have fewer than 10 test samples (fewest: 3")
-

@@ -386,7 +386,7 @@ def stack_updates(updates: dict[int, Update], key: str = "model") -> tuple[np.nd
                              f"client {clients[0]}'s {tuple(first.shape)} {first.dtype}")
         vectors[row] = tensor
         # The update reads its row from now on, so the client's own copy is freed as the matrix
-        # fills: a round holds its uploads once, not twice (at 2,000 clients × 221 KB, 420 MB).
+        # fills: a round holds its uploads once, not twice (at 2,000 clients × 221 KB, 442 MB).
         # With the batched trainer the uploads are rows of one matrix per group, freed with the
         # group's last row.
         updates[client].tensors[key] = vectors[row]
@@ -401,7 +401,7 @@ _AVERAGE_BLOCK_ELEMENTS = 1 << 22
 def average_updates(updates: dict[int, Update], key: str = "model") -> torch.Tensor:
     """The sample-weighted mean of the updates' `key` vectors: weighted_average of their stack,
     computed block of columns by block, so no (clients × parameters) matrix is made (at 2,000
-    clients that copy is 420 MB next to the uploads themselves). Each column's sum over clients
+    clients that copy is 442 MB next to the uploads themselves). Each column's sum over clients
     is the same product whatever the block's width, so the mean equals the stacked one to the bit
     (tests/test_engine.py checks it on this build)."""
     clients = list(updates)
