@@ -15,7 +15,7 @@ import torch
 from cflpipe.errors import DivergenceError
 from cflpipe.fl.data import FederatedData
 from cflpipe.fl.local import Anchor, LocalResult
-from cflpipe.fl.params import ParamSpace
+from cflpipe.fl.params import ParamSpace, weighted_average
 from cflpipe.fl.plan import ClientPlan, Plans, Results, Trained
 from cflpipe.fl.trainers import SequentialTrainer, Trainer
 from cflpipe.metrics import tensor_bytes
@@ -409,11 +409,10 @@ def average_updates(updates: dict[int, Update], key: str = "model") -> torch.Ten
         raise ValueError("average_updates: no updates")
     first = updates[clients[0]].tensors[key]
     weights = torch.tensor([updates[c].n for c in clients], dtype=first.dtype, device=first.device)
-    coefficients = weights / weights.sum()
     mean = torch.empty_like(first)
     width = max(1, _AVERAGE_BLOCK_ELEMENTS // len(clients))
     for start in range(0, first.numel(), width):
         block = torch.stack([updates[c].tensors[key][start:start + width] for c in clients])
-        mean[start:start + width] = coefficients @ block
+        mean[start:start + width] = weighted_average(block, weights)
     return mean
 

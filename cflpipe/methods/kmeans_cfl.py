@@ -53,8 +53,9 @@ class KMeansCFL(ClusterModels):
         if not updates:
             return
         for client, update in updates.items():  # row by row: no stacked copy of every model
-            # Already this row when the trainer wrote into it (plan's `into`); copied otherwise.
-            self.latest[client] = update.tensors["model"]
+            # Mostly the row itself already (the plan's `into`): then there is nothing to copy.
+            if update.tensors["model"].data_ptr() != self.latest[client].data_ptr():
+                self.latest[client] = update.tensors["model"]
             self.seen[client] = True
         known = np.nonzero(self.seen)[0]
         # Once every client has uploaded, cluster the server's table itself rather than a copy.
