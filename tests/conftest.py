@@ -88,14 +88,83 @@ def record_start_rounds(monkeypatch):
     return install
 
 
+FIXTURE_SECONDS = "mutmut-fixture-seconds.json"  # next to mutmut-stats.json, in mutants/
+_fixture_seconds: dict = {"own": {}, "shared": {}, "uses": {}}
+
+
+def _mutmut_phase() -> str:
+    return os.environ.get("MUTANT_UNDER_TEST", "")
+
+
+def _shared_fixture_key(item, scope: str, name: str) -> str:
+    """One key per instance of a fixture wider than a test: a module-scoped fixture is built once
+    per test file, a session-scoped one once per run."""
+    if scope == "session":
+        return f"session::{name}"
+    if scope == "class" and getattr(item, "cls", None) is not None:
+        return f"{item.nodeid.rsplit('::', 1)[0]}::{name}"
+    return f"{item.nodeid.split('::')[0]}::{name}"  # module (and package: at most as often)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_fixture_setup(fixturedef, request):
+    """During mutmut's stats phase, time every fixture's set-up: mutmut times only a test's call,
+    so a test whose fixture trains several runs would look quick and be run for every mutant."""
+    if _mutmut_phase() != "stats":
+        yield
+        return
+    import time
+
+    start = time.perf_counter()
+    yield
+    seconds = time.perf_counter() - start
+    item = getattr(request, "_pyfuncitem", None)
+    if item is None:
+        return
+    if fixturedef.scope == "function":
+        own = _fixture_seconds["own"]
+        own[item.nodeid] = own.get(item.nodeid, 0.0) + seconds
+    else:
+        _fixture_seconds["shared"][_shared_fixture_key(item, fixturedef.scope, fixturedef.argname)] = seconds
+
+
+def pytest_runtest_setup(item):
+    if _mutmut_phase() != "stats":
+        return
+    info = getattr(item, "_fixtureinfo", None)
+    uses = []
+    for name in getattr(info, "names_closure", ()):
+        definitions = info.name2fixturedefs.get(name)
+        if definitions and definitions[-1].scope != "function":
+            uses.append(_shared_fixture_key(item, definitions[-1].scope, name))
+    _fixture_seconds["uses"][item.nodeid] = uses
+
+
+def pytest_sessionfinish(session):
+    """Merge this stats phase's fixture times into mutants/mutmut-fixture-seconds.json (mutmut
+    re-runs the stats of changed functions' tests only, so earlier entries stay)."""
+    if _mutmut_phase() != "stats" or not any(_fixture_seconds.values()):
+        return
+    import json
+
+    path = Path(FIXTURE_SECONDS)
+    merged = json.loads(path.read_text()) if path.is_file() else {"own": {}, "shared": {}, "uses": {}}
+    for part, values in _fixture_seconds.items():
+        merged.setdefault(part, {}).update(values)
+    path.write_text(json.dumps(merged, sort_keys=True))
+
+
 def pytest_collection_modifyitems(config, items):
     """Under a mutation run (mutmut names the mutant in MUTANT_UNDER_TEST), check the mutant
-    against its fastest tests only, up to CFLPIPE_MUTATION_TEST_SECONDS (5) of them as timed in
-    mutmut's stats phase (docs/testing.md), quickest first: mutmut stops at the first failure, so
-    a mutant that a unit test kills no longer waits for the end-to-end tests listed before it, and
-    a survivor is not re-run through every end-to-end test that passes through its function.
-    The kept tests stay grouped by file, so a module's fixtures are built once per mutant."""
-    if "__mutmut_" not in os.environ.get("MUTANT_UNDER_TEST", ""):
+    against its cheapest tests only, up to CFLPIPE_MUTATION_TEST_SECONDS (5) of them
+    (docs/testing.md). A test's cost is its call as timed in mutmut's stats phase, plus the
+    set-up of its fixtures as timed then (mutants/mutmut-fixture-seconds.json); a fixture shared
+    by a file's tests is paid by the first test kept from that file. Cheapest first: mutmut stops
+    at the first failure, so a mutant that a unit test kills no longer waits for the end-to-end
+    tests listed before it, and a survivor is not re-run through every end-to-end test that
+    passes through its function. The kept tests stay grouped by file, so a module's fixtures are
+    built once per mutant."""
+    if "__mutmut_" not in _mutmut_phase():
         return
     stats = Path("mutmut-stats.json")  # mutmut runs the tests from inside mutants/
     if not stats.is_file():
@@ -103,21 +172,34 @@ def pytest_collection_modifyitems(config, items):
     import json
 
     budget = float(os.environ.get("CFLPIPE_MUTATION_TEST_SECONDS", "5"))
-    seconds = json.loads(stats.read_text())["duration_by_test"]
-    fastest = sorted(items, key=lambda item: seconds.get(item.nodeid, float("inf")))
-    spent, kept = 0.0, set()
-    for item in fastest:
-        cost = seconds.get(item.nodeid, float("inf"))
-        if kept and spent + cost > budget:
+    calls = json.loads(stats.read_text())["duration_by_test"]
+    fixtures_file = Path(FIXTURE_SECONDS)
+    fixtures = json.loads(fixtures_file.read_text()) if fixtures_file.is_file() else {}
+    own, shared, uses = fixtures.get("own", {}), fixtures.get("shared", {}), fixtures.get("uses", {})
+
+    paid: set[str] = set()
+
+    def cost(nodeid: str) -> float:
+        if nodeid not in calls:
+            return float("inf")
+        return calls[nodeid] + own.get(nodeid, 0.0) + sum(shared.get(k, 0.0) for k in uses.get(nodeid, ())
+                                                          if k not in paid)
+
+    spent, picked = 0.0, []
+    remaining = sorted({item.nodeid for item in items})
+    while remaining:
+        nodeid = min(remaining, key=cost)
+        if picked and spent + cost(nodeid) > budget:
             break
-        spent += cost
-        kept.add(item.nodeid)
-    first_in_file: dict[str, float] = {}
-    for item in fastest:
-        if item.nodeid in kept:
-            first_in_file.setdefault(item.nodeid.split("::")[0], seconds.get(item.nodeid, float("inf")))
-    chosen = sorted((item for item in items if item.nodeid in kept),
-                    key=lambda item: (first_in_file[item.nodeid.split("::")[0]], item.nodeid.split("::")[0],
-                                      seconds.get(item.nodeid, float("inf"))))
-    config.hook.pytest_deselected(items=[item for item in items if item.nodeid not in kept])
+        spent += cost(nodeid)
+        paid.update(uses.get(nodeid, ()))
+        picked.append(nodeid)
+        remaining.remove(nodeid)
+    order = {nodeid: rank for rank, nodeid in enumerate(picked)}
+    file_rank: dict[str, int] = {}
+    for nodeid in picked:
+        file_rank.setdefault(nodeid.split("::")[0], order[nodeid])
+    chosen = sorted((item for item in items if item.nodeid in order),
+                    key=lambda item: (file_rank[item.nodeid.split("::")[0]], order[item.nodeid]))
+    config.hook.pytest_deselected(items=[item for item in items if item.nodeid not in order])
     items[:] = chosen

@@ -9,11 +9,17 @@ from types import SimpleNamespace
 from conftest import pytest_collection_modifyitems
 
 
-def run_hook(tmp_path, monkeypatch, mutant: str | None, budget: str | None = None):
-    durations = {"tests/test_a.py::slow": 4.0, "tests/test_a.py::quick": 0.1, "tests/test_b.py::mid": 1.0,
-                 "tests/test_b.py::huge": 30.0, "tests/test_c.py::new": None}
+DURATIONS = {"tests/test_a.py::slow": 4.0, "tests/test_a.py::quick": 0.1, "tests/test_b.py::mid": 1.0,
+             "tests/test_b.py::huge": 30.0, "tests/test_c.py::new": None}
+
+
+def run_hook(tmp_path, monkeypatch, mutant: str | None, budget: str | None = None, durations=DURATIONS,
+             fixtures: dict | None = None):
     (tmp_path / "mutmut-stats.json").write_text(json.dumps(
         {"duration_by_test": {k: v for k, v in durations.items() if v is not None}}))
+    (tmp_path / "mutmut-fixture-seconds.json").unlink(missing_ok=True)
+    if fixtures is not None:
+        (tmp_path / "mutmut-fixture-seconds.json").write_text(json.dumps(fixtures))
     monkeypatch.chdir(tmp_path)
     if mutant is None:
         monkeypatch.delenv("MUTANT_UNDER_TEST", raising=False)
@@ -44,3 +50,27 @@ def test_outside_a_mutant_run_nothing_changes(tmp_path, monkeypatch):
                   "tests/test_c.py::new"]
     for mutant in (None, "stats", "fail", "list_all_tests"):
         assert run_hook(tmp_path, monkeypatch, mutant, budget="not a number") == (everything, [])
+
+
+def test_fixture_set_up_counts_once_per_file_and_for_its_first_test(tmp_path, monkeypatch):
+    durations = {"tests/test_e.py::a": 0.1, "tests/test_e.py::b": 0.1, "tests/test_u.py::x": 0.5,
+                 "tests/test_u.py::y": 2.0, "tests/test_v.py::own": 0.2}
+    # test_e's tests share a module fixture that trains for 3 s; test_v's test builds 3 s of its own
+    fixtures = {"shared": {"tests/test_e.py::finished_runs": 3.0, "session::tiny": 60.0},
+                "uses": {"tests/test_e.py::a": ["tests/test_e.py::finished_runs"],
+                         "tests/test_e.py::b": ["tests/test_e.py::finished_runs"]},
+                "own": {"tests/test_v.py::own": 3.0}}
+    kept, _ = run_hook(tmp_path, monkeypatch, "m__mutmut_1", budget="3", durations=durations, fixtures=fixtures)
+    assert kept == ["tests/test_u.py::x", "tests/test_u.py::y"]  # the 0.1 s tests cost 3.1 s with their fixture
+    kept, _ = run_hook(tmp_path, monkeypatch, "m__mutmut_1", budget="3.5", durations=durations, fixtures=fixtures)
+    # the fixture is paid once: after test_e's first test (3.1 s), its second costs 0.1 s
+    assert kept == ["tests/test_u.py::x", "tests/test_u.py::y"]
+    kept, _ = run_hook(tmp_path, monkeypatch, "m__mutmut_1", budget="6", durations=durations, fixtures=fixtures)
+    assert kept == ["tests/test_u.py::x", "tests/test_u.py::y", "tests/test_e.py::a", "tests/test_e.py::b"]
+    kept, _ = run_hook(tmp_path, monkeypatch, "m__mutmut_1", budget="9.5", durations=durations, fixtures=fixtures)
+    assert kept == ["tests/test_u.py::x", "tests/test_u.py::y", "tests/test_e.py::a", "tests/test_e.py::b",
+                    "tests/test_v.py::own"]
+    kept, _ = run_hook(tmp_path, monkeypatch, "m__mutmut_1", budget="5", durations=durations)
+    # without fixture times (a stats phase before this hook), calls alone
+    assert kept == ["tests/test_e.py::a", "tests/test_e.py::b", "tests/test_v.py::own", "tests/test_u.py::x",
+                    "tests/test_u.py::y"]

@@ -605,7 +605,8 @@ def _cut_down_state(run_dir: Path, dry_run: bool) -> int | None:
     return before - path.stat().st_size
 
 
-def run_provenance(config: dict, training: Training) -> dict[str, Any]:
+# Provenance records what made a run; mutation testing leaves it out (no figure depends on it).
+def run_provenance(config: dict, training: Training) -> dict[str, Any]:  # pragma: no mutate block
     """What made a run, in summary.json: the same for the same run (scenario, method, seed,
     resolved settings) and installation, so a re-run or a resumed run writes the same bytes.
     `config_sha256` hashes the run's config.yaml without the thread count and data_dir (a place,
@@ -620,7 +621,7 @@ def run_provenance(config: dict, training: Training) -> dict[str, Any]:
             "config_sha256": hashlib.sha256(dump_yaml(identity).encode()).hexdigest()}
 
 
-def volatile_provenance(run_dir: Path) -> dict[str, Any]:
+def volatile_provenance(run_dir: Path) -> dict[str, Any]:  # pragma: no mutate block
     """When and from which checkout a run finished, in timing.json (never compared byte for
     byte): the UTC time, and the git commit of the checkout holding the results (None outside
     one, or without git) with whether tracked files differed from it."""
