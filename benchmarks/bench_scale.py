@@ -5,7 +5,8 @@ Run: python benchmarks/bench_scale.py [--part kmeans|population|all] [--rounds 4
 
 - kmeans: K-means CFL (AWCFL/MCFL's base) with every client training every round, at 500 and
   2,000 clients: the server's seconds per round (k-means on all clients' latest models and the
-  per-cluster averages), peak RSS and the size of one checkpoint; and FedAvg on the same 2,000
+  per-cluster averages), peak RSS, the size of the checkpoint and what one checkpoint during
+  the run writes (its row blocks that changed, cflpipe/fl/checkpoint.py); and FedAvg on the same 2,000
   clients, the engine's own share.
 - population: FedAvg, IFCA, FedAC and Ditto (personalized) at 350 and 3,500 clients (FEMNIST's
   number of writers) with 25 clients sampled per round: seconds per round should not grow with
@@ -33,9 +34,20 @@ from pathlib import Path
 sys.path.insert(0, {root!r})
 import numpy as np, pandas as pd, torch
 torch.set_num_threads(1)
+from cflpipe.fl import engine
+from cflpipe.fl.checkpoint import state_bytes
 from cflpipe.fl.engine import train_run
 from cflpipe.spec import parse_spec
 case = json.loads({case!r})
+checkpoints = []  # (seconds, bytes written) of each checkpoint
+write_state = engine.write_state
+def written():
+    return int(next(line for line in open("/proc/self/io") if line.startswith("wchar")).split()[1])
+def timed_write_state(path, state):
+    before, start = written(), time.perf_counter()
+    write_state(path, state)
+    checkpoints.append((time.perf_counter() - start, written() - before))
+engine.write_state = timed_write_state
 with tempfile.TemporaryDirectory() as tmp:
     spec = parse_spec({{
         "seeds": [0],
@@ -53,12 +65,14 @@ with tempfile.TemporaryDirectory() as tmp:
     wall = time.perf_counter() - start
     run = spec.run_dir("scale", case["method"], 0)
     timing = pd.read_parquet(run / "timing.parquet").iloc[:-1]
-    state = sorted((run / "state").glob("*.pt"))
     print(json.dumps({{
         "round_s": float(np.median(timing["seconds"])),
         "server_s": float(np.median(timing["server_seconds"])),
         "train_s": float(np.median(timing["train_seconds"])),
-        "checkpoint_mib": sum(p.stat().st_size for p in state) / 2**20,
+        "checkpoint_mib": state_bytes(run / "state" / "state.pt") / 2**20,
+        # a checkpoint during the run: not the first (every row is new) nor the last (round 'rounds')
+        "checkpoint_write_mib": float(np.median([b for _, b in checkpoints[1:-1]])) / 2**20,
+        "checkpoint_s": float(np.median([s for s, _ in checkpoints[1:-1]])),
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "wall_s": wall,
     }}))
@@ -76,7 +90,8 @@ def measure(method: str, clients: int, sampled: int, rounds: int, params: dict |
 def show(row: dict) -> None:
     print(f"{row['method']:10s} clients {row['clients']:5d} sampled {row['sampled']:5d}  round {row['round_s']:7.2f} s  "
           f"server {row['server_s']:7.2f} s  train {row['train_s']:7.2f} s  peak RSS {row['peak_rss_mib']:7.0f} MiB  "
-          f"checkpoint {row['checkpoint_mib']:7.1f} MiB", flush=True)
+          f"checkpoint {row['checkpoint_mib']:7.1f} MiB, {row['checkpoint_write_mib']:7.1f} MiB written in "
+          f"{row['checkpoint_s']:5.2f} s", flush=True)
 
 
 def main() -> None:

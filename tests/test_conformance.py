@@ -10,8 +10,9 @@ check_estimator): a method that registers itself is checked here without being n
 - traffic: the client side (plan and finish) uses only what it was sent and what it keeps; the
   server's state is poisoned with NaN after the payload is made, so a client that read anything
   not counted as bytes down would train to NaN
-- state: the method's checkpoint and the client store round-trip through torch.save/torch.load
-  (weights_only) into a fresh method that then evaluates identically
+- state: the method's checkpoint and the client store round-trip through the engine's checkpoint
+  (torch.load with weights_only, every table in row blocks) into a fresh method that then
+  evaluates identically
 - K: a number of clusters larger than the clients is rejected in one line, for every method that
   has one
 - trainers: batched training equals sequential within 1e-5 relative (methods that are batchable)
@@ -29,7 +30,8 @@ import pandas as pd
 import pytest
 import torch
 
-from cflpipe.fl import engine
+from cflpipe.fl import checkpoint, engine
+from cflpipe.fl.checkpoint import read_state, write_state
 from cflpipe.fl.engine import OUTPUT_FILES, prepare_run, train_run
 from cflpipe.methods import all_methods
 from cflpipe.errors import SpecError
@@ -143,7 +145,7 @@ def test_outputs_come_back_from_the_last_checkpoint_alone(name, reference_runs, 
         with pytest.raises(Killed):
             train_run(spec, "s", name, 0, progress=False)
     run_dir = spec.run_dir("s", name, 0)
-    assert torch.load(run_dir / "state/state.pt", weights_only=True)["method"] is None
+    assert read_state(run_dir / "state/state.pt")[0]["method"] is None
     train_run(spec, "s", name, 0, progress=False)
     same_bytes(reference_runs[name], run_dir)
 
@@ -226,13 +228,17 @@ def _assert_state_equal(a, b) -> None:
 
 
 @pytest.mark.parametrize("name", METHODS)
-def test_state_round_trips(name, tmp_path):
+def test_state_round_trips(name, tmp_path, monkeypatch):
+    # Every table of two dimensions goes to row blocks, two rows per block where rows are small.
+    monkeypatch.setattr(checkpoint, "MIN_ROWS_BYTES", 1)
+    monkeypatch.setattr(checkpoint, "BLOCK_BYTES", 2 * 4 * 1024)
     spec = parse_spec(spec_dict(tmp_path, name))
     run = prepare_run(spec, "s", name, 0)
     play(run, 3)
     path = tmp_path / "state.pt"
-    torch.save({"method": run.method.state_dict(), "clients": run.ctx.clients.state_dict()}, path)
-    state = torch.load(path, weights_only=True)
+    write_state(path, {"method": run.method.state_dict(), "clients": run.ctx.clients.state_dict()})
+    state, problem = read_state(path)
+    assert problem is None, problem
     fresh = prepare_run(spec, "s", name, 0)
     fresh.method.load_state_dict(state["method"])
     fresh.ctx.clients.load_state_dict(state["clients"])

@@ -18,6 +18,7 @@ import torch
 import yaml
 
 from cflpipe.errors import DivergenceError, SpecError
+from cflpipe.fl.checkpoint import read_state
 from cflpipe.fl.engine import OUTPUT_FILES, prepare_run, train_run
 from cflpipe.fl.local import Anchor, batch_indices, sgd
 from cflpipe.fl.params import ParamSpace, cluster_average, weighted_average
@@ -255,8 +256,8 @@ def test_kill_and_resume_gives_identical_outputs(tmp_path):
     proc.wait()
     assert not (run_dir / "summary.json").exists()
     assert not (run_dir / "metrics.parquet").exists()
-    checkpoint = torch.load(state, weights_only=True)
-    assert 0 < checkpoint["round"] < 40
+    checkpoint, problem = read_state(state)
+    assert problem is None and 0 < checkpoint["round"] < 40
 
     subprocess.run(_cli(killed_cfg, "fedprox"), check=True, capture_output=True)
     reference_dir = tmp_path / "reference" / "runs" / "swap" / "fedprox" / "seed0"
@@ -612,7 +613,7 @@ class _Exploit:
 
 
 def test_a_checkpoint_holding_a_pickled_object_is_refused_even_with_its_digest(tmp_path):
-    from cflpipe.fl.engine import read_state, write_state
+    from cflpipe.fl.checkpoint import write_state
 
     path = tmp_path / "state.pt"
     write_state(path, {"round": 2, "tables": {}})
@@ -845,7 +846,7 @@ def test_more_models_than_max_global_models_scores_a_seeded_sample(tmp_path, mon
 
 
 def test_a_checkpoint_without_models_before_the_last_round_restarts_the_run(tmp_path, capsys):
-    from cflpipe.fl.engine import read_state, write_state
+    from cflpipe.fl.checkpoint import write_state
 
     spec = parse_spec(tiny_spec(tmp_path))
     train_run(spec, "swap", "fedavg", 0, progress=False)

@@ -13,6 +13,7 @@ import yaml
 
 from cflpipe.cli import main
 from cflpipe.fl import engine
+from cflpipe.fl.checkpoint import read_state, state_bytes
 from cflpipe.fl.engine import OUTPUT_FILES, clean_runs, resolved_config, train_run
 from cflpipe.spec import parse_spec, spec_sha256
 
@@ -41,7 +42,9 @@ def stable(run_dir: Path) -> dict[str, bytes]:
 
 
 def state(run_dir: Path) -> dict:
-    return torch.load(run_dir / "state" / "state.pt", weights_only=True)
+    loaded, problem = read_state(run_dir / "state" / "state.pt")
+    assert problem is None, problem
+    return loaded
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +66,7 @@ def test_keep_state_changes_what_is_kept_not_the_run(tmp_path, kept):
         assert cut["round"] == whole["round"] == 4
         assert {k: v for k, v in cut["tables"].items() if k != "timing"} == \
             {k: v for k, v in whole["tables"].items() if k != "timing"}  # wall-clock times differ
-        size, kept_size = ((d / "state/state.pt").stat().st_size for d in (run_dir, kept_dirs[method]))
+        size, kept_size = (state_bytes(d / "state/state.pt") for d in (run_dir, kept_dirs[method]))
         assert size < kept_size / 5, (size, kept_size)
     # Not part of what a run is: its config.yaml, the workflow's params and the spec's hash.
     assert "keep_state" not in yaml.safe_load((run_dir / "config.yaml").read_text())["training"]
@@ -151,7 +154,7 @@ def test_clean_cuts_down_finished_runs_only(tmp_path, kept, monkeypatch, capsys)
         run_dir = spec.run_dir("swap", method, 0)
         assert state(run_dir)["method"] is None
         assert stable(run_dir) == stable(kept_dirs[method])  # outputs untouched
-    assert unfinished.read_bytes() == files[unfinished] and torch.load(unfinished, weights_only=True)["round"] == 2
+    assert unfinished.read_bytes() == files[unfinished] and read_state(unfinished)[0]["round"] == 2
 
     assert main(["clean", "--config", str(config)]) == 0  # nothing left to free
     assert capsys.readouterr().out.splitlines() == [f"{config}: freed 0 B in 0 finished runs of 4 "

@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from torch import nn
 
 from cflpipe.fl import engine
+from cflpipe.fl.checkpoint import read_state, write_state
 from cflpipe.fl.data import FederatedData, SplitData
 from cflpipe.fl.local import Anchor, FOMAMLStep, LocalResult, MoreauStep, batch_indices, sgd
 from cflpipe.fl.method import Context, Update
@@ -362,8 +363,9 @@ def test_state_dict_round_trip(name, tmp_path):
     updates = {c: method.local_update(c, method.payload(c)) for c in (0, 2)}
     method.receive(updates)
     path = tmp_path / "state.pt"
-    torch.save({"method": method.state_dict(), "clients": ctx.clients.state_dict()}, path)
-    state = torch.load(path, weights_only=True)
+    write_state(path, {"method": method.state_dict(), "clients": ctx.clients.state_dict()})
+    state, problem = read_state(path)
+    assert problem is None, problem
     fresh, fresh_ctx = make_method(name)
     fresh.load_state_dict(state["method"])
     fresh_ctx.clients.load_state_dict(state["clients"])

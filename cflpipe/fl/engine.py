@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import sys
 import time
 from collections import defaultdict
@@ -18,6 +19,8 @@ import torch
 
 from cflpipe import __version__
 from cflpipe.errors import DivergenceError, SpecError
+from cflpipe.fl.checkpoint import (STATE_HASH_FILE, manifest_bytes, read_state, rows_folder, state_bytes,
+                                   write_state)
 from cflpipe.fl.data import FederatedData, build_federated_data, input_digests
 from cflpipe.fl.local import predict
 from cflpipe.fl.method import Context, Method, Payload, Update, divergence_error
@@ -49,8 +52,6 @@ METRICS_SCHEMA = {"round": "int32", "client": "int32", "split": "str", "model": 
 CLUSTERS_SCHEMA = {"round": "int32", "client": "int32", "cluster": "int32", "true_group": "int32"}
 # Integer figures of rounds.parquet; nullable because evaluation figures exist only on
 # evaluation rounds. Every other column is float64 (or a method's own list column).
-# The sha256 of state/state.pt, verified before a resume.
-STATE_HASH_FILE = "state.sha256"
 # Held by the process writing a run (flock), in the run's folder.
 LOCK_FILE = ".lock"
 # A run with more than this share of its sampled clients' updates skipped as diverged fails.
@@ -127,13 +128,13 @@ def train_run(spec: Spec, scenario: str, method: str, seed: int, force: bool = F
 
 def _remove_empty(run_dir: Path, existed: Path) -> None:
     (run_dir / LOCK_FILE).unlink(missing_ok=True)
-    for folder in (run_dir / "state", run_dir, *run_dir.parents):
+    for folder in (run_dir / "state" / "rows", run_dir / "state", run_dir, *run_dir.parents):
         if folder == existed:
             return
         try:
             folder.rmdir()
         except OSError:  # not empty (a checkpoint to resume from) or gone
-            if folder != run_dir / "state":
+            if folder not in (run_dir / "state" / "rows", run_dir / "state"):
                 return
 
 
@@ -148,7 +149,7 @@ def _train_locked(spec: Spec, scenario: str, method: str, seed: int, run_dir: Pa
                     and same_run(run_dir / "config.yaml", config) \
                     and all((run_dir / f).exists() for f in OUTPUT_FILES):
                 return RunResult(run_dir, True, _read_json(summary_path))
-            store.sweep_temp_files(run_dir, run_dir / "state")  # left by a killed writer
+            store.sweep_temp_files(run_dir, run_dir / "state", run_dir / "state" / "rows")  # left by a killed writer
             run = Run(spec, scenario, method, seed, config, config_text, run_dir)
             return run.execute(resume=not force, progress=progress)
         except BaseException:
@@ -468,6 +469,7 @@ class Run:
             print(f"warning: {self.state_path}: {problem}; starting the run afresh", file=sys.stderr)
             self.state_path.unlink()
             self.hash_path.unlink(missing_ok=True)
+            shutil.rmtree(rows_folder(self.state_path), ignore_errors=True)
             return
         if state.get("config") != self.config_text:
             return  # the spec changed: the old state does not belong to this run
@@ -523,29 +525,6 @@ class Run:
         return summary
 
 
-def write_state(path: Path, state: dict[str, Any]) -> None:
-    with store.atomic_path(path) as tmp:
-        torch.save(state, tmp)
-        # The digest is written before the state is renamed into place: a crash in between
-        # leaves a mismatch (a fresh start), never a state that is used unverified.
-        store.write_text(path.with_name(STATE_HASH_FILE), f"{store.sha256_of(tmp)}\n")
-
-
-def read_state(path: Path) -> tuple[dict[str, Any] | None, str | None]:
-    """A run's checkpoint, verified against its digest: (state, None), or (None, the problem)."""
-    digest = path.with_name(STATE_HASH_FILE)
-    if not digest.exists():
-        return None, f"no {STATE_HASH_FILE} beside it"
-    if digest.read_text().strip() != store.sha256_of(path):
-        return None, f"its content does not match {STATE_HASH_FILE} (a truncated or altered file)"
-    try:
-        # Loaded to the CPU: load_state_dict methods move tensors to the device themselves
-        # and read index arrays with .numpy(), which a CUDA tensor refuses.
-        return torch.load(path, map_location="cpu", weights_only=True), None
-    except Exception as exc:  # a file torch cannot read: same treatment as a bad digest
-        return None, f"unreadable ({type(exc).__name__})"
-
-
 @dataclass(frozen=True)
 class Cleaned:
     run_dir: Path
@@ -583,8 +562,6 @@ def clean_runs(spec: Spec, dry_run: bool = False) -> list[Cleaned]:
 def _cut_down_state(run_dir: Path, dry_run: bool) -> int | None:
     """Bytes freed by dropping the models from a finished run's checkpoint; None when it is not
     one to cut down (see clean_runs)."""
-    import io
-
     import yaml
 
     path = run_dir / "state" / "state.pt"
@@ -595,14 +572,12 @@ def _cut_down_state(run_dir: Path, dry_run: bool) -> int | None:
     training = (yaml.safe_load(config_text) or {}).get("training") or {}
     if int(state["round"]) != training.get("rounds"):
         return None
-    before = path.stat().st_size
+    before = state_bytes(path)
     cut = {**state, "method": None, "clients": None}
     if dry_run:
-        buffer = io.BytesIO()
-        torch.save(cut, buffer)
-        return before - buffer.getbuffer().nbytes
+        return before - manifest_bytes(cut)  # the tables alone: no row blocks
     write_state(path, cut)
-    return before - path.stat().st_size
+    return before - state_bytes(path)
 
 
 # Provenance records what made a run; mutation testing leaves it out (no figure depends on it).

@@ -1,0 +1,174 @@
+"""A run's checkpoint: `state/state.pt` (torch.save of plain containers and tensors), verified by
+its sha256 in `state/state.sha256`, with large per-client tables kept as row blocks beside it.
+
+Methods with a model per client (K-means CFL's latest uploads, FedAC's client models, Ditto's
+personal models) hold a (clients × parameters) table that is nearly all of a checkpoint, and
+most of whose rows do not change between two checkpoints when a few clients are sampled per
+round. So every tensor of two or more dimensions and at least `MIN_ROWS_BYTES` is cut into
+blocks of rows, each stored once under its sha256 in `state/rows/<sha256>.bin` (raw bytes);
+`state.pt` holds the blocks' names in its place. A checkpoint writes only the blocks that no
+earlier checkpoint wrote, then `state.pt`, then removes the blocks it no longer names: a crash
+at any point leaves the previous checkpoint whole or the new one whole. Every block is checked
+against its name when read, as `state.pt` is against its digest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from cflpipe import store
+
+# The sha256 of state/state.pt, verified before a resume.
+STATE_HASH_FILE = "state.sha256"
+ROWS_FOLDER = "rows"
+# Tensors smaller than this stay inside state.pt (a 1,000-client table of a 256-parameter model).
+MIN_ROWS_BYTES = 1 << 20
+# Rows are grouped into blocks of about this size: one row per block from 64 KiB rows on (a
+# 16k-parameter model), so a checkpoint rewrites little more than the rows that changed.
+BLOCK_BYTES = 1 << 16
+_ROWS_KEY = "__rows__"
+_BLOCK_NAME = re.compile(r"[0-9a-f]{64}")
+
+
+def rows_folder(path: Path) -> Path:
+    return Path(path).with_name(ROWS_FOLDER)
+
+
+def write_state(path: Path, state: dict[str, Any]) -> None:
+    path = Path(path)
+    folder = rows_folder(path)
+    named: set[str] = set()
+    manifest = _externalize(state, folder, named)
+    with store.atomic_path(path) as tmp:
+        torch.save(manifest, tmp)
+        # The digest is written before the state is renamed into place: a crash in between
+        # leaves a mismatch (a fresh start), never a state that is used unverified.
+        store.write_text(path.with_name(STATE_HASH_FILE), f"{store.sha256_of(tmp)}\n")
+    if folder.is_dir():
+        for block in folder.glob("*.bin"):
+            if block.stem not in named:  # an earlier checkpoint's rows that changed since
+                block.unlink(missing_ok=True)
+        if not named:
+            try:
+                folder.rmdir()
+            except OSError:  # a killed writer's temp file, swept with the run's others
+                pass
+
+
+def read_state(path: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """A run's checkpoint, verified against its digest and its blocks' names: (state, None), or
+    (None, the problem)."""
+    path = Path(path)
+    digest = path.with_name(STATE_HASH_FILE)
+    if not digest.exists():
+        return None, f"no {STATE_HASH_FILE} beside it"
+    if digest.read_text().strip() != store.sha256_of(path):
+        return None, f"its content does not match {STATE_HASH_FILE} (a truncated or altered file)"
+    try:
+        # Loaded to the CPU: load_state_dict methods move tensors to the device themselves
+        # and read index arrays with .numpy(), which a CUDA tensor refuses.
+        manifest = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # a file torch cannot read: same treatment as a bad digest
+        return None, f"unreadable ({type(exc).__name__})"
+    try:
+        return _internalize(manifest, rows_folder(path)), None
+    except _BadBlock as exc:
+        return None, str(exc)
+
+
+def state_bytes(path: Path) -> int:
+    """Bytes on disk of a checkpoint: state.pt and the row blocks it names."""
+    path = Path(path)
+    folder = rows_folder(path)
+    blocks = sum(block.stat().st_size for block in folder.glob("*.bin")) if folder.is_dir() else 0
+    return path.stat().st_size + blocks
+
+
+def manifest_bytes(state: dict[str, Any]) -> int:
+    """Bytes torch.save writes for a state that holds no table large enough for row blocks."""
+    import io
+
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return buffer.getbuffer().nbytes
+
+
+class _BadBlock(Exception):
+    pass
+
+
+def _externalize(value: Any, folder: Path, named: set[str]) -> Any:
+    if isinstance(value, torch.Tensor):
+        if value.dim() >= 2 and value.numel() * value.element_size() >= MIN_ROWS_BYTES:
+            return {_ROWS_KEY: _write_blocks(value, folder, named)}
+        return value
+    if isinstance(value, dict):
+        return {key: _externalize(item, folder, named) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_externalize(item, folder, named) for item in value)
+    return value
+
+
+def _write_blocks(table: torch.Tensor, folder: Path, named: set[str]) -> dict[str, Any]:
+    table = table.detach().to("cpu").contiguous()
+    row_bytes = table[0].numel() * table.element_size()
+    rows_per_block = max(1, BLOCK_BYTES // max(row_bytes, 1))
+    raw = table.reshape(-1).view(torch.uint8).numpy()  # no copy: the table's own bytes
+    names = []
+    for start in range(0, table.shape[0], rows_per_block):
+        chunk = raw[start * row_bytes:min(start + rows_per_block, table.shape[0]) * row_bytes]
+        name = hashlib.sha256(chunk).hexdigest()
+        names.append(name)
+        if name not in named:
+            named.add(name)
+            block = folder / f"{name}.bin"
+            if not block.exists():  # written by an earlier checkpoint: the same bytes
+                with store.atomic_path(block) as tmp:
+                    tmp.write_bytes(chunk)
+    return {"dtype": str(table.dtype).removeprefix("torch."), "shape": list(table.shape),
+            "rows_per_block": rows_per_block, "blocks": names}
+
+
+def _internalize(value: Any, folder: Path) -> Any:
+    if isinstance(value, dict):
+        if set(value) == {_ROWS_KEY}:
+            return _read_blocks(value[_ROWS_KEY], folder)
+        return {key: _internalize(item, folder) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_internalize(item, folder) for item in value)
+    return value
+
+
+def _read_blocks(entry: dict[str, Any], folder: Path) -> torch.Tensor:
+    try:
+        dtype = getattr(torch, entry["dtype"])
+        shape, rows_per_block, names = [int(n) for n in entry["shape"]], int(entry["rows_per_block"]), entry["blocks"]
+        if not isinstance(dtype, torch.dtype) or len(shape) < 2 or rows_per_block < 1 or min(shape) < 0:
+            raise ValueError
+    except (KeyError, TypeError, ValueError, AttributeError):
+        raise _BadBlock(f"a row table entry it cannot read in {folder.parent / 'state.pt'}") from None
+    table = torch.empty(shape, dtype=dtype)
+    raw = table.reshape(-1).view(torch.uint8).numpy()
+    row_bytes = raw.size // shape[0] if shape[0] else 0
+    if len(names) != -(-shape[0] // rows_per_block):
+        raise _BadBlock(f"{len(names)} row blocks where its table of {shape[0]} rows needs another number")
+    for index, name in enumerate(names):
+        if not isinstance(name, str) or not _BLOCK_NAME.fullmatch(name):
+            raise _BadBlock(f"a row block name that is not a sha256 ({str(name)[:80]!r})")
+        block = folder / f"{name}.bin"
+        start = index * rows_per_block * row_bytes
+        chunk = raw[start:min(start + rows_per_block * row_bytes, raw.size)]
+        try:
+            with open(block, "rb") as handle:
+                filled = handle.readinto(memoryview(chunk))
+                extra = handle.read(1)
+        except OSError:
+            raise _BadBlock(f"its row block {block} is missing") from None
+        if filled != chunk.size or extra or hashlib.sha256(chunk).hexdigest() != name:
+            raise _BadBlock(f"its row block {block} does not match its name (a truncated or altered file)")
+    return table
