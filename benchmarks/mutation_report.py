@@ -3,6 +3,7 @@ module, and the survivors sorted into the kinds docs/testing.md gives reasons fo
 
     python3 benchmarks/mutation_report.py            # table per module, survivors by kind
     python3 benchmarks/mutation_report.py --list     # also the diff of every survivor of kind other
+    python3 benchmarks/mutation_report.py --write docs/mutation-survivors.md   # every survivor, with its reason
 """
 
 from __future__ import annotations
@@ -35,6 +36,13 @@ def kind_of(removed: str, added: str) -> str:
     return "other"
 
 
+# Why the survivors of kind "other" in a function change nothing a user reads, or why no test
+# within the budget sees them, by mutmut's function name (module.x_function or
+# module.xǁClassǁmethod, without the __mutmut_N suffix). Written after reading each function's
+# survivors (`--list`); a function not here is listed as "not reviewed".
+REASONS: dict[str, str] = {}
+
+
 _FUNCTIONS: dict[str, dict[str, list[str]]] = {}
 
 
@@ -64,6 +72,7 @@ def diff(name: str) -> tuple[str, str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--list", action="store_true", help="print the diff of every survivor of kind other")
+    parser.add_argument("--write", metavar="FILE", help="write every survivor with its kind and reason (Markdown)")
     args = parser.parse_args()
     per_module: dict[str, Counter] = defaultdict(Counter)
     survivors: list[str] = []
@@ -92,6 +101,50 @@ def main() -> None:
         for name in kinds.get("other", []):
             removed, added = diff(name)
             print(f"\n## {name}\n- {removed}\n+ {added}")
+    if args.write:
+        Path(args.write).write_text(survivor_list(survivors))
+        print(f"\n{args.write}: {len(survivors)} survivors")
+
+
+def reason_of(name: str) -> str:
+    removed, added = diff(name)
+    kind = kind_of(removed, added)
+    if kind != "other":
+        return kind
+    return REASONS.get(name.rsplit("__mutmut_", 1)[0], "not reviewed")
+
+
+def survivor_list(survivors: list[str]) -> str:
+    """Markdown: per module, per function, every surviving mutant's change and its reason."""
+    lines = ["# Surviving mutants", "",
+             "Written by `python3 benchmarks/mutation_report.py --write docs/mutation-survivors.md` after",
+             "a mutmut run (docs/testing.md). Per function: why its survivors change nothing a user reads,",
+             "or why no test in the budget sees them; then each mutant's change (removed → added).", ""]
+    by_function: dict[str, list[str]] = defaultdict(list)
+    for name in survivors:
+        by_function[name.rsplit("__mutmut_", 1)[0]].append(name)
+    module = None
+    for function in sorted(by_function, key=lambda f: (f.rsplit(".", 1)[0], f)):
+        if function.rsplit(".", 1)[0] != module:
+            module = function.rsplit(".", 1)[0]
+            lines += [f"## {module}", ""]
+        names = sorted(by_function[function], key=lambda n: int(n.rsplit("_", 1)[1]))
+        lines += [f"### `{function.rsplit('.', 1)[1].replace('ǁ', '.').removeprefix('x_').removeprefix('x.')}`"
+                  f" ({len(names)})", ""]
+        if function in REASONS:
+            lines += [REASONS[function], ""]
+        for name in names:
+            removed, added = diff(name)
+            kind = kind_of(removed, added)
+            note = "" if kind == "other" and function in REASONS else f" — {reason_of(name)}"
+            lines.append(f"- `{name.rsplit('__mutmut_', 1)[1]}`{note}: `{_short(removed)}` → `{_short(added)}`")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _short(code: str, width: int = 110) -> str:
+    code = code.replace("`", "'")
+    return code if len(code) <= width else code[:width - 1] + "…"
 
 
 def _row(module: str, c: Counter) -> None:

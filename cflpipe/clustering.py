@@ -137,15 +137,23 @@ class _Centered:
         for chunk in self.slices:
             total += x[chunk].sum(dim=0, dtype=torch.float64)
         self.mean = (total / self.n).to(self.dtype)
-        self.sq = torch.cat([self.rows_of(chunk).square().sum(dim=1, dtype=torch.float64) for chunk in self.slices])
+        # One chunk of centered rows, rewritten by every pass: a fresh 16 MB tensor per chunk and
+        # pass would be a fresh mapping each time wherever the allocator maps large blocks.
+        self._pass_buffer = torch.empty(self.slices[0].stop - self.slices[0].start if self.slices else 0, self.p,
+                                        dtype=self.dtype, device=x.device)
+        self.sq = torch.cat([self.pass_rows(chunk).square().sum(dim=1, dtype=torch.float64) for chunk in self.slices])
 
     def rows_of(self, chunk: slice) -> torch.Tensor:
         return self.x[chunk].to(self.dtype) - self.mean
 
+    def pass_rows(self, chunk: slice) -> torch.Tensor:
+        """rows_of(chunk) in the pass buffer: valid until the next call."""
+        return torch.sub(self.x[chunk].to(self.dtype), self.mean, out=self._pass_buffer[:chunk.stop - chunk.start])
+
     def sq_distances(self, centers: torch.Tensor) -> torch.Tensor:
         """(n × m) float64 squared distances to m centers given in centered coordinates."""
         centers_sq = centers.square().sum(dim=1, dtype=torch.float64)
-        cross = torch.cat([self.rows_of(chunk) @ centers.T for chunk in self.slices]).to(torch.float64)
+        cross = torch.cat([self.pass_rows(chunk) @ centers.T for chunk in self.slices]).to(torch.float64)
         return (self.sq[:, None] + centers_sq[None, :] - 2.0 * cross).clamp_min_(0.0)
 
     def sums(self, labels: torch.Tensor, count: int) -> torch.Tensor:
@@ -157,7 +165,7 @@ class _Centered:
             onehot = torch.zeros(count, width, dtype=self.dtype, device=self.x.device)
             columns = torch.arange(width, device=self.x.device).expand_as(labels[:, chunk])
             onehot[labels[:, chunk], columns] = 1
-            sums += onehot @ self.rows_of(chunk)
+            sums += onehot @ self.pass_rows(chunk)
         return sums
 
 
