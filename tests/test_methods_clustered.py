@@ -13,6 +13,7 @@ import pytest
 import torch
 from sklearn.metrics import adjusted_rand_score
 
+from cflpipe.clustering import pairwise_sq_distances
 from cflpipe.fl.engine import Run, resolved_config, train_run
 from cflpipe.fl.local import LocalResult
 from cflpipe.fl.method import Context, Update
@@ -23,6 +24,7 @@ from cflpipe.methods.fedgroup import FedGroup, FedGroupParams
 from cflpipe.methods.fesem import FeSEM, FeSEMParams
 from cflpipe.methods.flhc import FLHC, FLHCParams
 from cflpipe.methods.ifca import lowest, train_losses
+from cflpipe.methods.kmeans_cfl import KMeansCFL, KMeansCFLParams
 from cflpipe.spec import dump_yaml, parse_spec
 
 torch.set_num_threads(1)
@@ -684,3 +686,87 @@ def test_cfl_gamma_max_refuses_a_bipartition_whose_halves_are_not_separated_enou
     assert cfl.num_clusters == 2 and adjusted_rand_score(truth, cfl.assignment()) == 1.0
     with pytest.raises(ValueError):
         CFLParams(gamma_max=1.0)
+
+
+# ---------------------------------------------------------------------------- K-means CFL
+
+
+def test_kmeans_cfl_clusters_the_uploaded_models_from_cluster_start_on():
+    """Rounds before cluster_start are FedAvg (one cluster); from it on, K-means on the server's
+    copies of every uploaded model, one model per cluster (the plain mean of its members)."""
+    deltas, truth = opposite_groups((3, 3), dim=24, scale=1.0, noise=0.05)
+    ctx = FakeContext(KMeansCFLParams(clusters=2, cluster_start=2, n_init=3), 6, 24, deltas)
+    km = KMeansCFL(ctx)
+    assert km.num_clusters == 1
+    play_round(km, ctx, [0, 1, 3, 4])  # round 1 < cluster_start
+    assert km.num_clusters == 1 and (km.assignment() == 0).all()
+    torch.testing.assert_close(km.centers[0], deltas[[0, 1, 3, 4]].mean(0))
+    previous = km.centers[0].clone()
+    play_round(km, ctx, [0, 1, 3, 4])  # round 2 = cluster_start
+    seen = [0, 1, 3, 4]
+    assert km.num_clusters == 2
+    assert adjusted_rand_score(truth[seen], km.assignment()[seen]) == 1.0
+    for k in range(2):
+        members = [c for c in seen if km.assignment()[c] == k]
+        torch.testing.assert_close(km.centers[k], previous + deltas[members].mean(0))
+    play_round(km, ctx, range(6))  # every client uploaded: all of them clustered
+    assert adjusted_rand_score(truth, km.assignment()) == 1.0
+
+
+def test_kmeans_cfl_puts_clients_that_never_trained_with_the_nearest_cluster_model():
+    deltas, _ = opposite_groups((3, 3), dim=24, scale=1.0, noise=0.05)
+    deltas[1] = deltas[0] + 0.01  # clients 0 and 1 upload nearly the same model, far from client 3's
+    ctx = FakeContext(KMeansCFLParams(clusters=2, cluster_start=1, n_init=3), 6, 24, deltas)
+    km = KMeansCFL(ctx)
+    km.latest[5] = 2 * deltas[3]  # the server's copy of a client that has not trained (e.g. a warm start)
+    play_round(km, ctx, [0, 1, 3])
+    assignment = km.assignment()
+    assert assignment[0] == assignment[1] != assignment[3]
+    assert assignment[5] == assignment[3]  # nearest cluster model: client 3's
+    expected = pairwise_sq_distances(km.latest[[2, 4]], km.centers).argmin(1).numpy()
+    assert np.array_equal(assignment[[2, 4]], expected)
+
+
+# ---------------------------------------------------------------------------- FL+HC
+
+
+def test_flhc_fedavg_rounds_average_and_the_cut_sees_updates_from_the_global_model(monkeypatch):
+    import cflpipe.methods.flhc as flhc_module
+
+    deltas, truth = opposite_groups((3, 3), dim=24, scale=1.0, noise=0.05)
+    ctx = FakeContext(FLHCParams(cluster_round=1, clusters=2, linkage="average", metric="cosine"), 6, 24,
+                      deltas + 0.3)  # a common part: the global model moves in the FedAvg round
+    flhc = FLHC(ctx)
+    play_round(flhc, ctx, [0, 3])
+    torch.testing.assert_close(flhc.centers[0], (deltas[[0, 3]] + 0.3).mean(0))
+    calls = []
+    real = flhc_module.hierarchical_clusters
+
+    def spy(updates, **kwargs):
+        calls.append((updates.clone(), kwargs))
+        return real(updates, **kwargs)
+
+    monkeypatch.setattr(flhc_module, "hierarchical_clusters", spy)
+    play_round(flhc, ctx, [1, 4])  # the clustering round: every client's update from the global model
+    (updates, kwargs), = calls
+    torch.testing.assert_close(updates, deltas + 0.3)
+    assert kwargs["linkage"] == "average" and kwargs["metric"] == "cosine"
+    assert flhc.round_metrics()["flhc_mean_update_norm"] == pytest.approx(float((deltas + 0.3).norm(dim=1).mean()))
+    assert adjusted_rand_score(truth, flhc.assignment()) == 1.0
+
+
+@pytest.mark.parametrize("large_first", [True, False])
+def test_flhc_a_client_missing_from_the_clustering_round_joins_the_largest_cluster(large_first):
+    """A client whose update diverged in the clustering round has no update to cut: it joins the
+    largest cluster."""
+    per_group = (4, 2) if large_first else (2, 4)
+    deltas, truth = opposite_groups(per_group, dim=24, scale=1.0, noise=0.05)
+    deltas = torch.cat([deltas, torch.zeros(1, 24)])
+    ctx = FakeContext(FLHCParams(cluster_round=0, clusters=2), 7, 24, deltas)
+    flhc = FLHC(ctx)
+    flhc.cluster_aggregate({c: upload(deltas[c]) for c in range(6)})  # client 6 diverged
+    assignment = flhc.assignment()
+    assert adjusted_rand_score(truth, assignment[:6]) == 1.0
+    largest = 0 if large_first else 5
+    assert assignment[6] == assignment[largest] and (assignment >= 0).all()
+    assert sorted(np.bincount(assignment).tolist()) == [2, 5]
