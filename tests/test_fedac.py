@@ -186,3 +186,73 @@ def test_round_metrics_report_the_servers_clusters_g_values_and_pca_dims(tmp_pat
     assert metrics["fedac_g"] == [float(g) if np.isfinite(g) else None for g in fedac.g_values]
     assert len(metrics["fedac_g"]) == len(fedac.g_values) >= 1
     assert metrics["fedac_pca_dims"] == fedac.pca.components.shape[0] == 3
+
+
+def mlp_fedac(tmp_path, **hyperparams):
+    spec = parse_spec({
+        "seeds": [0],
+        "training": {"model": "mlp", "rounds": 4, "clients_per_round": 8, "local_steps": 1, "batch_size": 16,
+                     "eval_every": 4, "device": "cpu"},
+        "scenarios": {"swap4": {"dataset": "digits", "clients": 8, "partition": [{"kind": "iid"}]}},
+        "methods": {"fedac": hyperparams},
+        "results_dir": str(tmp_path),
+    })
+    return prepare_run(spec, "swap4", "fedac", 0).method
+
+
+def uploads(models: torch.Tensor) -> dict:
+    from cflpipe.fl.local import LocalResult
+    from cflpipe.fl.method import Update
+
+    return {c: Update({"model": models[c].clone()}, 10, LocalResult(0.5, 1, 1)) for c in range(len(models))}
+
+
+def test_the_l2_e_step_assigns_the_nearest_center_where_lrcos_sees_no_difference(tmp_path):
+    """The ablation `similarity: l2`: models on one ray at different lengths have the same cosine to
+    both centers, and their own nearest center in L2."""
+    fedac = mlp_fedac(tmp_path, similarity="l2", clusters=2)
+    direction = torch.zeros(fedac.models.shape[1])
+    direction[0] = 1.0
+    centers = torch.stack([direction, 10 * direction])
+    models = torch.stack([0.9 * direction, 9 * direction, 1.2 * direction, 20 * direction])
+    assert fedac.e_step(models, centers).tolist() == [0, 1, 0, 1]
+    # a whole round with L2: the E-step reads the server's models (LrCos reads the projections)
+    generator = torch.Generator().manual_seed(0)
+    planted = fedac.models.clone()
+    planted[4:] += 0.5 * torch.randn(fedac.models.shape[1], generator=generator)
+    fedac.ctx.round = 0
+    fedac.aggregate(uploads(planted + 0.001 * torch.randn(planted.shape, generator=generator)))
+    assert clustering_scores(fedac.clusters, np.repeat([0, 1], 4))["ari"] == 1.0
+
+
+@pytest.mark.parametrize("cnt", [True, False])
+def test_cluster_number_tuning_runs_from_cnt_start_on_and_only_when_on(tmp_path, monkeypatch, cnt):
+    import cflpipe.methods.fedac as fedac_module
+
+    fedac = mlp_fedac(tmp_path, cnt=cnt, cnt_start=3, clusters=2)
+    tuned = []
+    real = fedac_module.tune_cluster_number
+
+    def record(*args, **kwargs):
+        tuned.append(fedac.ctx.round)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(fedac_module, "tune_cluster_number", record)
+    generator = torch.Generator().manual_seed(0)
+    for round_index in range(4):
+        fedac.ctx.round = round_index
+        fedac.aggregate(uploads(fedac.models + 0.01 * torch.randn(fedac.models.shape, generator=generator)))
+    assert tuned == ([2, 3] if cnt else [])  # rounds 3 and 4 (1-based) of cnt_start = 3
+
+
+def test_cnt_splits_when_the_models_have_more_parameters_than_max_clusters():
+    """Cluster ids, not parameters: a split is allowed while fewer than max_clusters are alive."""
+    rng = np.random.default_rng(0)
+    a = rng.normal(0, 0.1, (6, 40)) + 5.0
+    b = rng.normal(0, 0.1, (6, 40)) - 5.0
+    models = torch.tensor(np.concatenate([a, b]))
+    clusters = np.zeros(12, dtype=np.int64)
+    centers = models.mean(0, keepdim=True)
+    split_centers, split_clusters, _ = tune_cluster_number(models, centers, clusters, 0.2, 0.8, 3, nearest)
+    assert split_centers.shape[0] == 2
+    assert clustering_scores(split_clusters, np.repeat([0, 1], 6))["ari"] == 1.0
