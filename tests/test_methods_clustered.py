@@ -770,3 +770,30 @@ def test_flhc_a_client_missing_from_the_clustering_round_joins_the_largest_clust
     largest = 0 if large_first else 5
     assert assignment[6] == assignment[largest] and (assignment >= 0).all()
     assert sorted(np.bincount(assignment).tolist()) == [2, 5]
+
+
+def test_fedgroup_moves_each_group_model_by_its_members_mean_update():
+    """After pre-training, a round of every client: each group's model moves by the mean update of
+    its members (group 0 included) and that move is the group's direction; everyone is evaluated
+    with their group's model."""
+    deltas, truth = planted(2, 5, dim=60)
+    ctx = FakeContext(FedGroupParams(clusters=2, pretrain_scale=5), 10, 60, deltas)
+    group = FedGroup(ctx)
+    play_round(group, ctx, [])  # pre-training: all 10 clients (α·K = 10)
+    assert (group.assignment() >= 0).all() and adjusted_rand_score(truth, group.assignment()) == 1.0
+    before = group.centers.clone()
+    play_round(group, ctx, list(range(10)))
+    for k in range(2):
+        mine = group.assignment() == k
+        torch.testing.assert_close(group.centers[k], before[k] + deltas[mine].mean(0))
+        torch.testing.assert_close(group.directions[k], deltas[mine].mean(0))
+    models, index = group.eval_models()
+    assert len(models) == 2 and np.array_equal(index, group.assignment())
+    # Half-way through the cold start: members with their group's model, the others with the mean.
+    partial_ctx = FakeContext(FedGroupParams(clusters=2, pretrain_scale=3), 10, 60, deltas)
+    partial = FedGroup(partial_ctx)
+    play_round(partial, partial_ctx, [])
+    models, index = partial.eval_models()
+    assigned = partial.assignment() >= 0
+    assert len(models) == 3 and 0 < assigned.sum() < 10 and (partial.assignment()[assigned] == 0).any()
+    assert np.array_equal(index[assigned], partial.assignment()[assigned]) and (index[~assigned] == 2).all()
