@@ -234,3 +234,50 @@ def test_reclustering_with_partial_participation_keeps_the_absent_clients_models
     assert clusters.tolist() == canonical_labels(clusters).tolist()  # numbered by first appearance
     # the round's aggregation then averages the new clusters from their members only
     assert torch.equal(centers[clusters[0]], method.ctx.init)
+
+
+def round_of_uploads(method, seed: int = 0) -> dict:
+    from cflpipe.fl.local import LocalResult
+    from cflpipe.fl.method import Update
+
+    generator = torch.Generator().manual_seed(seed)
+    p = method.centers.shape[1]
+    return {c: Update({"model": method.ctx.init + 0.1 * torch.randn(p, generator=generator)}, 10,
+                      LocalResult(0.5, 1, 1)) for c in range(6)}
+
+
+@pytest.mark.parametrize("schedule", ["constant", "power"])
+def test_a_clustering_round_dampens_the_shared_layers_by_its_schedule_and_raises_the_batch_weights(
+        tmp_path, monkeypatch, schedule):
+    import cflpipe.methods.fedtsdp as fedtsdp_module
+
+    spec = spec_of(tmp_path, {"fedtsdp": {"hopkins_threshold": 0.01, "dampening": 0.5, "dampening_schedule": schedule,
+                                          "hopkins_fraction": 0.5, "public_batch": 8}})
+    method = prepare_run(spec, "s", "fedtsdp", 0).method
+    samples = []
+    real = fedtsdp_module.hopkins
+
+    def spy(points, m, seed):
+        samples.append(m)
+        return real(points, m, seed=seed)
+
+    monkeypatch.setattr(fedtsdp_module, "hopkins", spy)
+    initial, uniform = method.shared_exact, method.sampling_weights.copy()
+    method.ctx.round = 2  # the third round
+    batch = method._draw_public_batch()
+    method.aggregate(round_of_uploads(method))
+    assert samples == [3]  # m̃ = round(0.5 · 6 clients)
+    assert method.shared_exact == pytest.approx(initial * (0.5 ** 3 if schedule == "power" else 0.5))
+    np.testing.assert_allclose(method.sampling_weights, raised_sampling_weights(uniform, batch))
+
+
+def test_the_public_batch_is_drawn_by_the_sampling_weights_without_replacement(tmp_path):
+    spec = spec_of(tmp_path, {"fedtsdp": {"public_batch": 8}})
+    method = prepare_run(spec, "s", "fedtsdp", 0).method
+    favoured = np.array([3, 7, 11, 19, 23, 31, 41, 47])
+    weights = np.zeros(len(method.public))
+    weights[favoured] = 1.0 / len(favoured)
+    method.sampling_weights = weights
+    for round_index in range(3):
+        method.ctx.round = round_index
+        assert method._draw_public_batch().tolist() == favoured.tolist()
