@@ -797,3 +797,17 @@ def test_fedgroup_moves_each_group_model_by_its_members_mean_update():
     assigned = partial.assignment() >= 0
     assert len(models) == 3 and 0 < assigned.sum() < 10 and (partial.assignment()[assigned] == 0).any()
     assert np.array_equal(index[assigned], partial.assignment()[assigned]) and (index[~assigned] == 2).all()
+
+
+@pytest.mark.parametrize("nearer", [0, 1])
+def test_fesem_a_client_missing_from_the_initialization_takes_the_center_nearest_the_initial_model(nearer):
+    deltas, truth = opposite_groups((3, 3), dim=24, scale=1.0, noise=0.05)
+    far = 3 if nearer == 0 else 0
+    deltas[far:far + 3] *= 3.0  # the other group's models lie farther from the initial model (zeros)
+    deltas = torch.cat([deltas, torch.zeros(1, 24)])
+    ctx = FakeContext(FeSEMParams(clusters=2, init_restarts=2), 7, 24, deltas)
+    fesem = FeSEM(ctx)
+    fesem._initialize({c: upload(deltas[c]) for c in range(6)})  # client 6 diverged in that round
+    assignment = fesem.assignment()
+    assert fesem.initialized and adjusted_rand_score(truth, assignment[:6]) == 1.0
+    assert assignment[6] == assignment[3 * nearer]
