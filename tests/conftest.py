@@ -203,3 +203,28 @@ def pytest_collection_modifyitems(config, items):
                     key=lambda item: (file_rank[item.nodeid.split("::")[0]], order[item.nodeid]))
     config.hook.pytest_deselected(items=[item for item in items if item.nodeid not in order])
     items[:] = chosen
+    _limit_cpu_seconds(mutant_cpu_limit(spent))
+
+
+# An endless-loop mutant is stopped after this many times the kept tests' cost, plus a constant
+# for pytest's own work in the worker.
+MUTANT_CPU_FACTOR, MUTANT_CPU_CONSTANT = 4.0, 10.0
+
+
+def mutant_cpu_limit(kept_seconds: float) -> float:
+    """CPU seconds a mutant's worker may use from the moment its tests are chosen. mutmut's own
+    limit scales with every test that reaches the mutated function (222 CPU seconds for a
+    partition helper that 187 tests reach), not with the few this hook keeps."""
+    return MUTANT_CPU_FACTOR * kept_seconds + MUTANT_CPU_CONSTANT
+
+
+def _limit_cpu_seconds(seconds: float) -> None:
+    """Lower this worker's CPU limit (mutmut set it with setrlimit; SIGXCPU is its timeout)."""
+    import math
+    import resource
+
+    used = resource.getrusage(resource.RUSAGE_SELF)
+    limit = math.ceil(used.ru_utime + used.ru_stime + seconds)
+    soft, hard = resource.getrlimit(resource.RLIMIT_CPU)
+    if soft == resource.RLIM_INFINITY or limit < soft:
+        resource.setrlimit(resource.RLIMIT_CPU, (limit, hard))

@@ -15,6 +15,10 @@ DURATIONS = {"tests/test_a.py::slow": 4.0, "tests/test_a.py::quick": 0.1, "tests
 
 def run_hook(tmp_path, monkeypatch, mutant: str | None, budget: str | None = None, durations=DURATIONS,
              fixtures: dict | None = None):
+    import conftest
+
+    limits = []
+    monkeypatch.setattr(conftest, "_limit_cpu_seconds", limits.append)  # never on the test runner itself
     (tmp_path / "mutmut-stats.json").write_text(json.dumps(
         {"duration_by_test": {k: v for k, v in durations.items() if v is not None}}))
     (tmp_path / "mutmut-fixture-seconds.json").unlink(missing_ok=True)
@@ -74,3 +78,29 @@ def test_fixture_set_up_counts_once_per_file_and_for_its_first_test(tmp_path, mo
     # without fixture times (a stats phase before this hook), calls alone
     assert kept == ["tests/test_e.py::a", "tests/test_e.py::b", "tests/test_v.py::own", "tests/test_u.py::x",
                     "tests/test_u.py::y"]
+
+
+def test_a_mutant_worker_gets_a_cpu_limit_from_the_tests_it_runs(tmp_path):
+    """In a worker (a child process here), the hook lowers RLIMIT_CPU to a multiple of the kept
+    tests' cost, so an endless-loop mutant stops in seconds rather than mutmut's minutes."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    (tmp_path / "mutmut-stats.json").write_text(json.dumps({"duration_by_test": {"tests/test_a.py::quick": 0.5}}))
+    child = f"""
+import resource, sys
+from types import SimpleNamespace
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+resource.setrlimit(resource.RLIMIT_CPU, (600, resource.RLIM_INFINITY))  # as mutmut sets it
+from conftest import pytest_collection_modifyitems, mutant_cpu_limit
+config = SimpleNamespace(hook=SimpleNamespace(pytest_deselected=lambda items: None))
+used = sum(resource.getrusage(resource.RUSAGE_SELF)[:2])
+pytest_collection_modifyitems(config, [SimpleNamespace(nodeid="tests/test_a.py::quick")])
+soft, _ = resource.getrlimit(resource.RLIMIT_CPU)
+print(soft - used, mutant_cpu_limit(0.5))
+"""
+    out = subprocess.run([sys.executable, "-c", child], cwd=tmp_path, capture_output=True, text=True, check=True,
+                         env={"MUTANT_UNDER_TEST": "cflpipe.x_f__mutmut_1", "PATH": "/usr/bin:/bin"}).stdout.split()
+    granted, expected = float(out[0]), float(out[1])
+    assert expected == 12.0 and expected <= granted <= expected + 2, out
