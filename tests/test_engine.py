@@ -888,3 +888,38 @@ def test_images_are_standardized_per_channel_and_vectors_left_alone(tmp_path):
     assert torch.equal(torch.sort(torch.cat([data.train.x, data.test.x]).flatten())[0],
                        torch.sort(torch.from_numpy(np.concatenate([raw.x_train, raw.x_test]).astype(np.float32)
                                                    ).flatten())[0])
+
+
+def test_evaluation_figures_equal_a_computation_by_hand(tmp_path):
+    """Per-client accuracy with each client's own model, its macro mean, and every model's
+    accuracy on the pooled test data, recomputed from the final models outside the engine."""
+    spec = parse_spec({
+        "seeds": [0],
+        "training": {"model": "mlp", "rounds": 2, "clients_per_round": 4, "local_steps": 3, "batch_size": 16,
+                     "lr": 0.05, "eval_every": 2, "device": "cpu"},
+        "scenarios": {"s": {"dataset": "digits", "clients": 4,
+                            "partition": [{"kind": "iid"}, {"kind": "label_swap", "groups": 2}]}},
+        "methods": {"local": {}},
+        "results_dir": str(tmp_path),
+    })
+    run = prepare_run(spec, "s", "local", 0)
+    run.execute(resume=False, progress=False)
+    models, index = run.method.eval_models()
+    test = run.data.test
+
+    def predictions(vector, x):
+        run.space.load(vector)
+        run.space.model.eval()
+        with torch.no_grad():
+            return run.space.model(x).argmax(1)
+
+    own = [float((predictions(models[index[c]], test.of(c)[0]) == test.of(c)[1]).double().mean()) for c in range(4)]
+    pooled = [float((predictions(vector, test.x) == test.y).double().mean()) for vector in models]
+    assert len(set(own)) > 1  # the clients' models differ
+    metrics = pd.read_parquet(run.run_dir / "metrics.parquet")
+    final = metrics[(metrics["round"] == 2) & (metrics["split"] == "test")].sort_values("client")
+    np.testing.assert_allclose(final["acc"], own, rtol=1e-12)
+    rounds = pd.read_parquet(run.run_dir / "rounds.parquet").iloc[-1]
+    assert rounds["acc_macro"] == pytest.approx(np.mean(own), rel=1e-12)
+    assert rounds["global_acc_mean"] == pytest.approx(np.mean(pooled), rel=1e-12)
+    assert rounds["global_acc_std"] == pytest.approx(np.std(pooled), rel=1e-12)
