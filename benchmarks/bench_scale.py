@@ -70,9 +70,9 @@ with tempfile.TemporaryDirectory() as tmp:
         "server_s": float(np.median(timing["server_seconds"])),
         "train_s": float(np.median(timing["train_seconds"])),
         "checkpoint_mib": state_bytes(run / "state" / "state.pt") / 2**20,
-        # a checkpoint during the run: not the first (every row is new) nor the last (round 'rounds')
-        "checkpoint_write_mib": float(np.median([b for _, b in checkpoints[1:-1]])) / 2**20,
-        "checkpoint_s": float(np.median([s for s, _ in checkpoints[1:-1]])),
+        # a checkpoint during the run: not the first (every row is new); NaN with a single one
+        "checkpoint_write_mib": float(np.median([b for _, b in checkpoints[1:]] or [np.nan])) / 2**20,
+        "checkpoint_s": float(np.median([s for s, _ in checkpoints[1:]] or [np.nan])),
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "wall_s": wall,
     }}))

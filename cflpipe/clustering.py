@@ -129,6 +129,7 @@ class _Centered:
     accumulated in float64."""
 
     def __init__(self, x: torch.Tensor):
+        x = x.detach()  # the passes write into a buffer (out=), which autograd refuses
         self.x = x
         self.n, self.p = x.shape
         self.dtype = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
@@ -137,8 +138,9 @@ class _Centered:
         for chunk in self.slices:
             total += x[chunk].sum(dim=0, dtype=torch.float64)
         self.mean = (total / self.n).to(self.dtype)
-        # One chunk of centered rows, rewritten by every pass: a fresh 16 MB tensor per chunk and
-        # pass would be a fresh mapping each time wherever the allocator maps large blocks.
+        # One chunk of centered rows, rewritten by every pass: a fresh 16 MB result per chunk and
+        # pass would be a fresh mapping each time wherever the allocator maps large blocks (half-
+        # precision input still converts each chunk first).
         self._pass_buffer = torch.empty(self.slices[0].stop - self.slices[0].start if self.slices else 0, self.p,
                                         dtype=self.dtype, device=x.device)
         self.sq = torch.cat([self.pass_rows(chunk).square().sum(dim=1, dtype=torch.float64) for chunk in self.slices])

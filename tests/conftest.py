@@ -170,6 +170,7 @@ def pytest_collection_modifyitems(config, items):
     if not stats.is_file():
         return
     import json
+    import math
 
     budget = float(os.environ.get("CFLPIPE_MUTATION_TEST_SECONDS", "5"))
     calls = json.loads(stats.read_text())["duration_by_test"]
@@ -203,7 +204,8 @@ def pytest_collection_modifyitems(config, items):
                     key=lambda item: (file_rank[item.nodeid.split("::")[0]], order[item.nodeid]))
     config.hook.pytest_deselected(items=[item for item in items if item.nodeid not in order])
     items[:] = chosen
-    _limit_cpu_seconds(mutant_cpu_limit(spent))
+    if math.isfinite(spent):  # kept tests without stats: mutmut's own limit stays
+        _limit_cpu_seconds(mutant_cpu_limit(spent))
 
 
 # An endless-loop mutant is stopped after this many times the kept tests' cost, plus a constant
@@ -214,7 +216,9 @@ MUTANT_CPU_FACTOR, MUTANT_CPU_CONSTANT = 4.0, 10.0
 def mutant_cpu_limit(kept_seconds: float) -> float:
     """CPU seconds a mutant's worker may use from the moment its tests are chosen. mutmut's own
     limit scales with every test that reaches the mutated function (222 CPU seconds for a
-    partition helper that 187 tests reach), not with the few this hook keeps."""
+    partition helper that 187 tests reach), not with the few this hook keeps. The kept tests'
+    times are wall-clock times of the stats phase; the test files train with one torch thread,
+    so CPU time stays close to them."""
     return MUTANT_CPU_FACTOR * kept_seconds + MUTANT_CPU_CONSTANT
 
 

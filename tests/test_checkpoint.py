@@ -70,6 +70,11 @@ def test_a_checkpoint_writes_only_the_rows_that_changed_and_drops_the_replaced_o
     after = blocks(path)
     assert len(after) == 40 and len(set(after) - set(before)) == 1 and len(set(before) - set(after)) == 1
     assert all(after[name] == before[name] for name in set(after) & set(before))  # not rewritten
+    # a block cut short (an interrupted copy of the run folder) is written again, not trusted
+    damaged = sorted(checkpoint.rows_folder(path).glob("*.bin"))[0]
+    damaged.write_bytes(damaged.read_bytes()[:10])
+    write_state(path, {"latest": changed})
+    assert torch.equal(read_state(path)[0]["latest"], changed)
     assert torch.equal(read_state(path)[0]["latest"], changed)
     # a state without tables (a finished run's cut-down checkpoint) leaves no blocks behind
     write_state(path, {"latest": None})
@@ -122,10 +127,12 @@ def test_a_block_name_outside_the_folder_is_refused_even_with_a_matching_digest(
         (path.parent / "state.sha256").write_text(f"{store.sha256_of(path)}\n")
         state, problem = read_state(path)
         assert state is None and problem.startswith("a row block name that is not a sha256"), problem
-    entry = {"dtype": "os.system", "shape": [1, 2], "rows_per_block": 1, "blocks": []}
-    torch.save({"latest": {"__rows__": entry}}, path)
-    (path.parent / "state.sha256").write_text(f"{store.sha256_of(path)}\n")
-    assert read_state(path)[0] is None
+    for dtype, shape in (("Tensor", [1, 2]), ("os", [1, 2]), ("float32", [1 << 40, 1 << 40])):
+        entry = {"dtype": dtype, "shape": shape, "rows_per_block": 1, "blocks": []}
+        torch.save({"latest": {"__rows__": entry}}, path)
+        (path.parent / "state.sha256").write_text(f"{store.sha256_of(path)}\n")
+        state, problem = read_state(path)
+        assert state is None and problem.startswith("a row table entry it cannot read"), (dtype, problem)
 
 
 def test_a_crash_before_the_new_state_is_in_place_leaves_the_previous_checkpoint_whole(tmp_path, monkeypatch):

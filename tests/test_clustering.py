@@ -281,3 +281,14 @@ def test_kmeans_on_half_precision_models_computes_in_float32():
     assert adjusted_rand_score(truth, half.labels) == 1.0 and half.centers.dtype == torch.float16
     assert np.array_equal(half.labels, single.labels)
     assert torch.isfinite(half.centers).all() and half.inertia == pytest.approx(single.inertia)
+
+
+def test_kmeans_takes_vectors_that_require_grad():
+    """Model parameters flattened without detaching: the passes' buffer must not meet autograd."""
+    from cflpipe.clustering import kmeans
+
+    generator = torch.Generator().manual_seed(0)
+    points = torch.cat([torch.randn(5, 8, generator=generator) + 4, torch.randn(5, 8, generator=generator) - 4])
+    result = kmeans(points.clone().requires_grad_(True), 2, seed=0, n_init=2)
+    assert sorted(np.bincount(result.labels).tolist()) == [5, 5]
+    assert np.array_equal(result.labels, kmeans(points, 2, seed=0, n_init=2).labels)

@@ -66,9 +66,9 @@ def test_fixture_set_up_counts_once_per_file_and_for_its_first_test(tmp_path, mo
                 "own": {"tests/test_v.py::own": 3.0}}
     kept, _ = run_hook(tmp_path, monkeypatch, "m__mutmut_1", budget="3", durations=durations, fixtures=fixtures)
     assert kept == ["tests/test_u.py::x", "tests/test_u.py::y"]  # the 0.1 s tests cost 3.1 s with their fixture
-    kept, _ = run_hook(tmp_path, monkeypatch, "m__mutmut_1", budget="3.5", durations=durations, fixtures=fixtures)
+    kept, _ = run_hook(tmp_path, monkeypatch, "m__mutmut_1", budget="5.75", durations=durations, fixtures=fixtures)
     # the fixture is paid once: after test_e's first test (3.1 s), its second costs 0.1 s
-    assert kept == ["tests/test_u.py::x", "tests/test_u.py::y"]
+    assert kept == ["tests/test_u.py::x", "tests/test_u.py::y", "tests/test_e.py::a", "tests/test_e.py::b"]
     kept, _ = run_hook(tmp_path, monkeypatch, "m__mutmut_1", budget="6", durations=durations, fixtures=fixtures)
     assert kept == ["tests/test_u.py::x", "tests/test_u.py::y", "tests/test_e.py::a", "tests/test_e.py::b"]
     kept, _ = run_hook(tmp_path, monkeypatch, "m__mutmut_1", budget="9.5", durations=durations, fixtures=fixtures)
@@ -92,7 +92,8 @@ def test_a_mutant_worker_gets_a_cpu_limit_from_the_tests_it_runs(tmp_path):
 import resource, sys
 from types import SimpleNamespace
 sys.path.insert(0, {str(Path(__file__).parent)!r})
-resource.setrlimit(resource.RLIMIT_CPU, (600, resource.RLIM_INFINITY))  # as mutmut sets it
+hard = resource.getrlimit(resource.RLIMIT_CPU)[1]
+resource.setrlimit(resource.RLIMIT_CPU, (600 if hard == resource.RLIM_INFINITY else min(600, hard), hard))  # as mutmut
 from conftest import pytest_collection_modifyitems, mutant_cpu_limit
 config = SimpleNamespace(hook=SimpleNamespace(pytest_deselected=lambda items: None))
 used = sum(resource.getrusage(resource.RUSAGE_SELF)[:2])

@@ -8,8 +8,15 @@ round. So every tensor of two or more dimensions and at least `MIN_ROWS_BYTES` i
 blocks of rows, each stored once under its sha256 in `state/rows/<sha256>.bin` (raw bytes);
 `state.pt` holds the blocks' names in its place. A checkpoint writes only the blocks that no
 earlier checkpoint wrote, then `state.pt`, then removes the blocks it no longer names: a crash
-at any point leaves the previous checkpoint whole or the new one whole. Every block is checked
-against its name when read, as `state.pt` is against its digest.
+before `state.pt` is written leaves the previous checkpoint whole, one after it the new one; a
+crash between the new digest and the rename of `state.pt` leaves a mismatch, which restarts the
+run (as it did before row blocks). Every block is checked against its name when read, as
+`state.pt` is against its digest.
+
+The blocks are files of the run's folder, one per distinct row: a run keeps up to one inode per
+client, and two processes writing one run (possible only where flock does not work, see
+docs/architecture.md) would remove each other's blocks. Tensors that shared storage come back as
+separate tensors, every one contiguous: no method's state relies on either.
 """
 
 from __future__ import annotations
@@ -82,7 +89,8 @@ def read_state(path: Path) -> tuple[dict[str, Any] | None, str | None]:
 
 
 def state_bytes(path: Path) -> int:
-    """Bytes on disk of a checkpoint: state.pt and the row blocks it names."""
+    """Bytes on disk of a checkpoint: state.pt and the row blocks beside it (a crash can leave a
+    block the next checkpoint removes)."""
     path = Path(path)
     folder = rows_folder(path)
     blocks = sum(block.stat().st_size for block in folder.glob("*.bin")) if folder.is_dir() else 0
@@ -127,7 +135,8 @@ def _write_blocks(table: torch.Tensor, folder: Path, named: set[str]) -> dict[st
         if name not in named:
             named.add(name)
             block = folder / f"{name}.bin"
-            if not block.exists():  # written by an earlier checkpoint: the same bytes
+            # Written by an earlier checkpoint: the same bytes, unless the file was cut short.
+            if not block.is_file() or block.stat().st_size != chunk.size:
                 with store.atomic_path(block) as tmp:
                     tmp.write_bytes(chunk)
     return {"dtype": str(table.dtype).removeprefix("torch."), "shape": list(table.shape),
@@ -152,8 +161,11 @@ def _read_blocks(entry: dict[str, Any], folder: Path) -> torch.Tensor:
             raise ValueError
     except (KeyError, TypeError, ValueError, AttributeError):
         raise _BadBlock(f"a row table entry it cannot read in {folder.parent / 'state.pt'}") from None
-    table = torch.empty(shape, dtype=dtype)
-    raw = table.reshape(-1).view(torch.uint8).numpy()
+    try:
+        table = torch.empty(shape, dtype=dtype)
+        raw = table.reshape(-1).view(torch.uint8).numpy()
+    except (RuntimeError, MemoryError, TypeError, ValueError):  # a dtype or size no table has
+        raise _BadBlock(f"a row table entry it cannot read in {folder.parent / 'state.pt'}") from None
     row_bytes = raw.size // shape[0] if shape[0] else 0
     if len(names) != -(-shape[0] // rows_per_block):
         raise _BadBlock(f"{len(names)} row blocks where its table of {shape[0]} rows needs another number")
