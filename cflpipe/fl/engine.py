@@ -128,14 +128,21 @@ def train_run(spec: Spec, scenario: str, method: str, seed: int, force: bool = F
 
 def _remove_empty(run_dir: Path, existed: Path) -> None:
     (run_dir / LOCK_FILE).unlink(missing_ok=True)
-    for folder in (run_dir / "state" / "rows", run_dir / "state", run_dir, *run_dir.parents):
+    state_folders = _state_folders(run_dir)
+    for folder in (*state_folders, run_dir, *run_dir.parents):
         if folder == existed:
             return
         try:
             folder.rmdir()
         except OSError:  # not empty (a checkpoint to resume from) or gone
-            if folder not in (run_dir / "state" / "rows", run_dir / "state"):
+            if folder not in state_folders:
                 return
+
+
+def _state_folders(run_dir: Path) -> tuple[Path, Path]:
+    """The checkpoint's folders, innermost first: its row blocks and state/."""
+    state_path = run_dir / "state" / "state.pt"
+    return rows_folder(state_path), state_path.parent
 
 
 def _train_locked(spec: Spec, scenario: str, method: str, seed: int, run_dir: Path, existed: Path, config: dict,
@@ -149,7 +156,7 @@ def _train_locked(spec: Spec, scenario: str, method: str, seed: int, run_dir: Pa
                     and same_run(run_dir / "config.yaml", config) \
                     and all((run_dir / f).exists() for f in OUTPUT_FILES):
                 return RunResult(run_dir, True, _read_json(summary_path))
-            store.sweep_temp_files(run_dir, run_dir / "state", run_dir / "state" / "rows")  # left by a killed writer
+            store.sweep_temp_files(run_dir, *_state_folders(run_dir))  # left by a killed writer
             run = Run(spec, scenario, method, seed, config, config_text, run_dir)
             return run.execute(resume=not force, progress=progress)
         except BaseException:
