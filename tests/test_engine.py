@@ -923,3 +923,203 @@ def test_evaluation_figures_equal_a_computation_by_hand(tmp_path):
     assert rounds["acc_macro"] == pytest.approx(np.mean(own), rel=1e-12)
     assert rounds["global_acc_mean"] == pytest.approx(np.mean(pooled), rel=1e-12)
     assert rounds["global_acc_std"] == pytest.approx(np.std(pooled), rel=1e-12)
+
+
+def test_sampling_among_the_clients_that_train_draws_distinct_ones_each_round(tmp_path):
+    # With LEAF's user-level split, held_out_check leaves only the clients with training samples
+    # to sample from; the set is given directly here (as it would return it).
+    run = prepare_run(parse_spec(tiny_spec(tmp_path, clients_per_round=4)), "swap", "fedavg", 0)
+    run.training_clients = np.array([1, 2, 4, 6, 7])
+    draws = [run.sample(r) for r in range(30)]
+    for sampled in draws:
+        assert len(sampled) == 4 and len(set(sampled.tolist())) == 4 and list(sampled) == sorted(sampled)
+        assert set(sampled.tolist()) <= {1, 2, 4, 6, 7}  # the held-out clients never train
+    assert len({tuple(s) for s in draws}) > 1
+
+
+def test_prepare_run_builds_the_run_train_run_would_record(tmp_path):
+    # Benchmarks and tests execute prepared runs: they must write the config, checkpoint and
+    # run folder that train_run gives the same run (clean_runs looks for state/state.pt).
+    spec = parse_spec(tiny_spec(tmp_path))
+    run = prepare_run(spec, "swap", "fedprox", 1)
+    from cflpipe.fl.engine import resolved_config
+
+    assert run.config == resolved_config(spec, "swap", "fedprox", 1, threads=torch.get_num_threads())
+    assert (run.config["seed"], run.config["threads"]) == (1, torch.get_num_threads())
+    assert yaml.safe_load(run.config_text) == run.config
+    assert run.run_dir == spec.run_dir("swap", "fedprox", 1) == tmp_path / "runs" / "swap" / "fedprox" / "seed1"
+    assert run.state_path == run.run_dir / "state" / "state.pt"
+
+
+def test_a_runs_config_records_the_digests_of_a_users_input_files(tmp_path):
+    # A user's own file is hashed into the run's config: an edited file makes another run (a
+    # finished run is not skipped), while built-in datasets record no digests at all.
+    from cflpipe import store
+    from cflpipe.fl.engine import resolved_config
+
+    path = tmp_path / "mine.npz"
+    np.savez(path, x_train=np.zeros((8, 4), np.float32), y_train=np.arange(8) % 2,
+             x_test=np.zeros((4, 4), np.float32), y_test=np.arange(4) % 2)
+    data = tiny_spec(tmp_path / "results")
+    data["scenarios"]["mine"] = {"dataset": {"name": "files", "path": str(path)}, "clients": 4,
+                                 "partition": [{"kind": "iid"}]}
+    spec = parse_spec({**data, "methods": {"fedavg": {}}})
+    assert resolved_config(spec, "mine", "fedavg", 0)["inputs_sha256"] == {str(path): store.sha256_of(path)}
+    assert "inputs_sha256" not in resolved_config(spec, "swap", "fedavg", 0)
+
+
+def test_a_runs_config_records_the_release_of_a_plugin_it_runs(tmp_path):
+    # A new release of a plugin re-runs what it trained (tests/test_plugins.py checks it end to
+    # end, through the CLI); this checks the config itself, fast.
+    from importlib import metadata
+
+    from cflpipe.fl.engine import resolved_config
+
+    try:
+        version = metadata.version("cflpipe-plugin-example")
+    except metadata.PackageNotFoundError:
+        pytest.skip("cflpipe-plugin-example is not installed (python3 -m pip install -e "
+                    "examples/cflpipe-plugin-example)")
+    spec = parse_spec({**tiny_spec(tmp_path), "methods": {"fedavg": {}, "momentum": {"method": "fedavgm"}}})
+    assert resolved_config(spec, "swap", "momentum", 0)["plugins"] == {"cflpipe-plugin-example": version}
+    assert "plugins" not in resolved_config(spec, "swap", "fedavg", 0)
+
+def test_a_finished_run_is_skipped_only_unforced_and_for_the_same_config(tmp_path):
+    spec = parse_spec(tiny_spec(tmp_path, rounds=1, eval_every=1))
+    run_dir = spec.run_dir("swap", "fedavg", 0)
+    first = train_run(spec, "swap", "fedavg", 0, progress=False)
+    assert not first.skipped and yaml.safe_load((run_dir / "config.yaml").read_text())["seed"] == 0
+    again = train_run(spec, "swap", "fedavg", 0, progress=False)
+    # the skipped run's message names its folder and reports its figures
+    assert (again.skipped, again.run_dir, again.summary) == (True, run_dir, first.summary)
+    forced = train_run(spec, "swap", "fedavg", 0, force=True, progress=False)
+    assert not forced.skipped
+    recorded = yaml.safe_load((run_dir / "config.yaml").read_text())
+    recorded["training"]["lr"] = 0.5  # a run of an earlier definition of the spec, every output there
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(recorded, sort_keys=False))
+    assert not train_run(spec, "swap", "fedavg", 0, progress=False).skipped
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["training"]["lr"] == 0.05
+
+
+def test_a_run_that_fails_before_writing_anything_leaves_the_results_folder_as_it_was(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()  # existed before the run: kept, though empty again
+    spec = parse_spec({**tiny_spec(results), "methods": {"fedavg": {}}, "scenarios": {"s": {
+        "dataset": {"name": "files", "path": str(tmp_path / "missing.npz")}, "clients": 4,
+        "partition": [{"kind": "iid"}]}}})
+    from cflpipe.errors import DataError
+
+    with pytest.raises(DataError, match="no such file"):
+        train_run(spec, "s", "fedavg", 0, progress=False)
+    assert results.is_dir() and list(results.iterdir()) == []
+
+
+def test_a_resume_before_the_first_evaluation_equals_an_uninterrupted_run(tmp_path, monkeypatch, capsys,
+                                                                         record_start_rounds):
+    # A checkpoint before the first evaluation holds empty metrics tables; a resumed run must
+    # extend them like a fresh one and come out byte-identical.
+    from cflpipe.fl import engine
+
+    settings = dict(rounds=3, eval_every=3, checkpoint_every=1, clients_per_round=2, local_steps=1)
+    reference = train_run(parse_spec(tiny_spec(tmp_path / "reference", **settings)), "swap", "fedavg", 0,
+                          progress=False)
+    spec = parse_spec(tiny_spec(tmp_path / "resumed", **settings))
+    save = engine.Run.save_state
+
+    def save_then_stop(self, round_number):
+        save(self, round_number)
+        if round_number == 1:
+            raise _Stopped
+
+    with monkeypatch.context() as patch:
+        patch.setattr(engine.Run, "save_state", save_then_stop)
+        with pytest.raises(_Stopped):
+            train_run(spec, "swap", "fedavg", 0, progress=False)
+    checkpoint, _ = read_state(spec.run_dir("swap", "fedavg", 0) / "state" / "state.pt")
+    assert checkpoint["method"] is not None and checkpoint["tables"]["metrics"] == {}
+    capsys.readouterr()
+    started = record_start_rounds()
+    result = train_run(spec, "swap", "fedavg", 0, progress=False)
+    assert started == [1] and "warning" not in capsys.readouterr().err
+    assert _bytes(result.run_dir) == _bytes(reference.run_dir)
+    # the last checkpoint is cut down to the tables (keep_state: false)
+    final, _ = read_state(result.run_dir / "state" / "state.pt")
+    assert final["round"] == 3 and final["method"] is None and final["clients"] is None
+
+
+def test_a_run_fails_when_more_than_half_its_updates_were_skipped(tmp_path):
+    run = prepare_run(parse_spec(tiny_spec(tmp_path, on_divergence="skip")), "swap", "fedavg", 0)
+    run.tables["rounds"].update(sampled=[4, 4], skipped=[4, 0])
+    run.check_trained()  # exactly half: the run trained
+    run.tables["rounds"]["skipped"] = [4, 1]
+    with pytest.raises(DivergenceError, match="5 of 8 client updates diverged"):
+        run.check_trained()
+
+
+def test_the_exploding_loss_warning_compares_with_ten_times_the_first_finite_loss(tmp_path, capsys):
+    run = prepare_run(parse_spec(tiny_spec(tmp_path)), "swap", "fedavg", 0)
+    run.tables["rounds"]["train_loss"] = [float("nan"), 2.0, 3.0]  # round 1: every update skipped
+    run.warn_if_exploding(20.0)  # 10 × 2.0, not beyond it
+    assert capsys.readouterr().err == ""
+    run.warn_if_exploding(20.5)
+    run.warn_if_exploding(30.0)
+    assert capsys.readouterr().err.count("is over 10× round 1's (2)") == 1
+
+
+def test_summary_figures_that_are_nan_are_written_as_null():
+    # summary.json is read as strict JSON (the report, jq): NaN is not JSON.
+    from cflpipe.fl.engine import _plain
+
+    assert _plain(float("nan")) is None and _plain(np.float64("nan")) is None
+    assert _plain(np.float32(0.5)) == 0.5 and _plain(np.int64(3)) == 3 and _plain(pd.NA) is None
+
+
+def test_a_follow_up_trains_from_its_plans_result_unless_that_diverged(tmp_path):
+    from cflpipe.fl.plan import ClientPlan
+
+    run = prepare_run(parse_spec(tiny_spec(tmp_path)), "swap", "fedavg", 0)
+    ctx, start = run.ctx, run.ctx.init
+    given = []
+
+    def follow_up(trained):
+        given.append(trained)
+        return ClientPlan(trained.vector, steps=1)
+
+    out = ctx.run({0: ClientPlan(start, then=follow_up),
+                   1: ClientPlan(start, lr=1e12, momentum=0.0, then=follow_up)})
+    assert given == [out[0]]  # called with the plan's outcome, and not for the diverged plan
+    assert out[1].diverged and out[1].then is None
+    assert out[0].then is not None and not torch.equal(out[0].then.vector, out[0].vector)
+    # the same training as a plan of its own from the first plan's result
+    alone = ctx.run({0: ClientPlan(out[0].vector, steps=1)})[0]
+    assert torch.equal(out[0].then.vector, alone.vector)
+
+
+def test_an_update_whose_follow_up_diverged_is_a_diverged_update(tmp_path):
+    from cflpipe.fl.local import LocalResult
+    from cflpipe.fl.method import Method
+    from cflpipe.fl.plan import Trained
+
+    run = prepare_run(parse_spec(tiny_spec(tmp_path)), "swap", "fedavg", 0)
+    vector = run.ctx.init
+    fine, broken = LocalResult(0.5, 3, 48), LocalResult(float("nan"), 1, 16)
+    method = Method(run.ctx)
+    update = method.update(2, {"model": vector}, Trained(vector, fine, then=Trained(vector, broken)))
+    assert update.result is broken and update.result.diverged  # the engine skips it
+    update = method.update(2, {"model": vector}, Trained(vector, fine, then=Trained(vector, LocalResult(0.2, 1, 16))))
+    assert update.result is fine and update.n == int(run.ctx.train_sizes()[2])
+
+
+def test_context_train_applies_its_mask_and_step_size(tmp_path):
+    run = prepare_run(parse_spec(tiny_spec(tmp_path)), "swap", "fedavg", 0)
+    ctx, start, space = run.ctx, run.ctx.init, run.space
+    masked, _ = ctx.train(0, start, trainable=space.head)
+    assert torch.equal(masked[space.body], start[space.body]) and not torch.equal(masked[space.head], start[space.head])
+    still, _ = ctx.train(0, start, lr=0.0)
+    assert torch.equal(still, start)
+
+
+def test_the_learning_rate_decays_by_lr_decay_every_round(tmp_path):
+    run = prepare_run(parse_spec(tiny_spec(tmp_path, lr=0.08, lr_decay=0.5)), "swap", "fedavg", 0)
+    run.ctx.round = 3
+    assert run.ctx.lr() == pytest.approx(0.08 * 0.5 ** 3)

@@ -86,6 +86,10 @@ def check_invariants(p: Partition, dataset: Dataset, sc: Scenario) -> None:
     assert key.equals(key.sort_values(["c", "t", "s"]).reset_index(drop=True))
     assert len(p.stats) == sc.clients
     assert (p.stats["client"].to_numpy() == np.arange(sc.clients)).all()
+    # stats.parquet holds integers (a float column would read 12.0 samples and change the file).
+    assert p.stats["client"].dtype == np.int32 and p.stats["group"].dtype == np.int32
+    counted = ["n_train", "n_test", *(f"label_{k}" for k in range(p.num_classes))]
+    assert (p.stats[counted].dtypes == np.int64).all()
     # Stats agree with the rows.
     n = table.groupby("client").size().reindex(range(sc.clients), fill_value=0).to_numpy()
     n_test = (table["split"] == "test").groupby(table["client"]).sum().reindex(range(sc.clients)).to_numpy()
@@ -588,3 +592,230 @@ def test_pathological_sizes_top_up_from_the_clients_other_labels():
                            np.random.default_rng(seed), "s.partition[0]", "scenarios.s")
         assert counts.sum(axis=1).tolist() == [12, 12] and (counts >= 1).all()
         assert counts[:, 0].sum() == 3 and counts[:, 1].sum() == 21
+
+
+# --------------------------------------------------------------------------- edges of the splits
+
+
+def image_dataset(labels: np.ndarray, num_classes: int, height: int, width: int) -> Dataset:
+    x = np.zeros((len(labels), 1, height, width), dtype=np.float32)
+    y = np.asarray(labels, dtype=np.int64)
+    return Dataset("fake", x, y, x[:0], y[:0], num_classes)
+
+
+@pytest.mark.parametrize("steps", [
+    [{"kind": "iid"}],
+    [{"kind": "quantity", "min": 1, "max": 1}],  # no label split: iid
+    [{"kind": "dirichlet", "alpha": 0.5, "min_size": 0}],  # min_size 0 is treated as 1, not more
+    [{"kind": "dirichlet", "alpha": 0.5, "min_size": 1}, {"kind": "quantity", "min": 1, "max": 1}],
+    [{"kind": "pathological", "labels_per_client": 1}],  # each label has exactly as many samples as holders
+], ids=["iid", "quantity", "dirichlet", "dirichlet-quantity", "pathological"])
+def test_a_pool_of_exactly_one_sample_per_client_gives_each_client_one(steps):
+    # Every bound is inclusive: clients == pool size, clients × min_size == pool size, a quantity
+    # that uses the whole pool and a min_size equal to the quantity min are all possible.
+    ds = fake_dataset(np.array([0, 1, 2, 0, 1, 2]), 3)
+    sc = scenario(6, *steps)
+    p = build_partition(sc, ds, WHERE)
+    check_invariants(p, ds, sc)
+    assert sorted(p.clients["sample"]) == list(range(6))
+    assert p.stats["n_train"].tolist() == [1] * 6 and p.stats["n_test"].tolist() == [0] * 6
+
+
+def test_quantity_leaves_the_rest_of_the_pool_unused():
+    ds = fake_dataset(random_labels(40, 4), 4)
+    sc = scenario(4, {"kind": "iid"}, {"kind": "quantity", "min": 3, "max": 5})
+    p = build_partition(sc, ds, WHERE)
+    check_invariants(p, ds, sc)
+    sizes = sizes_of(p)
+    assert ((sizes >= 3) & (sizes <= 5)).all() and len(p.clients) == sizes.sum() < 40
+
+
+def test_random_label_sets_take_their_sizes_from_quantity():
+    ds = fake_dataset(random_labels(600, 5), 5)
+    sc = scenario(10, {"kind": "pathological", "labels_per_client": 2, "label_sets": "random"},
+                  {"kind": "quantity", "min": 20, "max": 30})
+    p = build_partition(sc, ds, WHERE)
+    check_invariants(p, ds, sc)
+    sizes = sizes_of(p)
+    assert ((sizes >= 20) & (sizes <= 30)).all()
+    held = p.stats[[f"label_{k}" for k in range(5)]].to_numpy() > 0
+    assert (held.sum(axis=1) == 2).all()
+
+
+def test_labels_outside_the_classes_are_refused():
+    # A dataset (a user's own files, a plugin) whose labels do not fit its num_classes.
+    for labels in ([0, 1, 3, 1], [-1, 0, 1, 2]):
+        ds = fake_dataset(np.array(labels), 3)
+        assert "dataset fake must lie in [0, 3)" in one_line_error(scenario(2), ds, "dataset")
+
+
+def test_only_odd_multiples_of_90_are_refused_on_non_square_images():
+    wide = image_dataset(random_labels(40, 2), 2, 4, 6)
+    for angles in ([0, 90], [270, 0]):
+        message = one_line_error(scenario(4, {"kind": "rotation", "groups": 2, "angles": angles}), wide,
+                                 "partition[0].angles")
+        assert f"rotating 4x6 images by {max(angles)} " in message
+    # Half turns keep the shape; free angles rotate inside the frame (reshape=False).
+    sc = scenario(4, {"kind": "rotation", "groups": 4, "angles": [0, 180, 22.5, 135]})
+    p = build_partition(sc, wide, WHERE)
+    check_invariants(p, wide, sc)
+    # The recorded string is what apply_transform turns by: 22.5 must not become 22.
+    assert sorted(p.stats["transform"]) == ["rotate:0", "rotate:135", "rotate:180", "rotate:22.5"]
+
+
+def test_label_swap_pairs_through_a_scenario():
+    ds = digits()
+    sc = scenario(9, {"kind": "iid"}, {"kind": "label_swap", "groups": 3, "pairs": 2})
+    p = build_partition(sc, ds, WHERE)
+    check_invariants(p, ds, sc)
+    assert p.groups == 3
+    perms = {g: np.array([int(v) for v in t.removeprefix("labels:").split("-")])
+             for g, t in p.stats.groupby("group")["transform"].first().items()}
+    assert (perms[0] == np.arange(10)).all()
+    for g in (1, 2):
+        assert (perms[g] != np.arange(10)).sum() == 4 and (perms[g][perms[g]] == np.arange(10)).all()
+    assert not (perms[1] == perms[2]).all()
+    table = p.clients
+    pool = ds.pool_labels("all")[table["sample"]]
+    assert (table["label"].to_numpy() == [perms[g][y] for g, y in zip(table["group"], pool)]).all()
+
+
+def test_pair_swaps_reach_every_distinct_swap_and_count_them():
+    from cflpipe.partition import _pair_swaps
+
+    # 4 labels have exactly 3 double swaps: all of them fit, one group more does not.
+    draw = _pair_swaps(4, 4, 2, np.random.default_rng(0), "f", "d")
+    assert {tuple(row) for row in draw} == {(0, 1, 2, 3), (1, 0, 3, 2), (2, 3, 0, 1), (3, 2, 1, 0)}
+    # Triple swaps of 6 labels: 6! / (2³ · 3!) = 15 (2 · 3 in place of 2³ would say 20).
+    assert len({tuple(row) for row in _pair_swaps(6, 16, 3, np.random.default_rng(0), "f", "d")}) == 16
+    with pytest.raises(PartitionError, match=r"there are 15 distinct swaps, so at most 16 groups, got 22"):
+        _pair_swaps(6, 22, 3, np.random.default_rng(0), "f", "d")
+
+
+def test_error_messages_name_the_dataset_and_the_related_step():
+    ds = digits()
+    message = one_line_error(scenario(5, {"kind": "dirichlet", "alpha": 0.3, "min_size": 30},
+                                      {"kind": "quantity", "min": 10, "max": 40}), ds, "partition[0].min_size")
+    assert f"from {WHERE}.partition[1] (quantity min 10)" in message
+    assert "dataset digits" in one_line_error(scenario(10, {"kind": "pathological", "labels_per_client": 11}),
+                                              ds, "partition[0].labels_per_client")
+    assert "dataset digits has no natural split" in one_line_error(scenario(10, {"kind": "natural"}), ds,
+                                                                   "partition[0].kind")
+    message = one_line_error(scenario(10, {"kind": "pathological", "labels_per_client": 3},
+                                      {"kind": "quantity", "min": 2, "max": 9}), ds, "partition[1].min")
+    assert f"({WHERE}.partition[0].labels_per_client)" in message
+    tabular = fake_dataset(random_labels(100, 3), 3, image=False)
+    assert "dataset fake has 3 classes" in one_line_error(scenario(8, {"kind": "label_swap", "groups": 7}),
+                                                          tabular, "partition[0].groups")
+    assert "dataset fake has 3 classes, so at most 1 disjoint label pairs, got 2" in one_line_error(
+        scenario(8, {"kind": "label_swap", "groups": 2, "pairs": 2}), tabular, "partition[0].pairs")
+    tiny = fake_dataset(np.array([0, 0, 1, 1, 1, 1, 1, 1]), 2)
+    assert "label 0 has 2 samples but 3 clients hold it" in one_line_error(
+        scenario(6, {"kind": "pathological", "labels_per_client": 1}), tiny, "partition[0].labels_per_client")
+    random_sets = {"kind": "pathological", "labels_per_client": 2, "label_sets": "random"}
+    one_line_error(scenario(6, random_sets), tiny, "partition[0].labels_per_client")
+    one_line_error(scenario(2, random_sets, {"kind": "quantity", "min": 1, "max": 3}), tiny, "partition[1].min")
+    # A label of 10 samples cannot give its one holder 11.
+    lopsided = fake_dataset(np.repeat([0, 1], [10, 100]), 2)
+    one_line_error(scenario(2, {"kind": "pathological", "labels_per_client": 1},
+                            {"kind": "quantity", "min": 11, "max": 11}), lopsided, "partition[1].max")
+
+
+def test_natural_split_with_the_datasets_own_test_split():
+    sources_train, sources_test = np.array([0, 0, 1, 1, 1, 2, 2]), np.array([0, 1, 2])
+    x = np.zeros((10, 3), dtype=np.float32)
+    y = np.array([0, 1, 0, 1, 0, 1, 0, 1, 0, 1])
+    ds = Dataset("fake", x[:7], y[:7], x[7:], y[7:], 2, source_train=sources_train, source_test=sources_test)
+    sc = scenario(3, {"kind": "natural", "holdout": "dataset"})
+    p = build_partition(sc, ds, WHERE)
+    # Each device's test rows are exactly its samples of the test split (pool index 7 on).
+    table = p.clients
+    assert ((table["split"] == "test") == (table["sample"] >= 7)).all()
+    assert p.stats["n_train"].tolist() == [2, 3, 2] and p.stats["n_test"].tolist() == [1, 1, 1]
+    # pool: train deals only the train split's samples to the devices.
+    p = build_partition(scenario(3, {"kind": "natural"}, pool="train"), ds, WHERE)
+    assert sorted(p.clients["sample"]) == list(range(7)) and sizes_of(p).tolist() == [2, 3, 2]
+
+
+def test_assemble_refuses_a_client_without_samples():
+    from cflpipe.partition import NO_TRANSFORM, _assemble
+
+    # A regression in a split that left the last client empty must not become a silent 0-sample client.
+    with pytest.raises(AssertionError, match="client 2 without samples"):
+        _assemble(np.array([0, 1, 1]), np.array([0, 1, 2]), np.zeros(3, bool), np.full(3, -1),
+                  np.array([NO_TRANSFORM], dtype=object), np.array([0, 1, 0]), 2, 0)
+
+
+@pytest.mark.parametrize("sizes, expected", [
+    ([6, 2, 1], [5, 2, 2]),  # one sample from the largest to the one below min_size
+    ([3, 5, 0], [3, 3, 2]),  # donors cut to a common level 3; a client at that level gives nothing
+])
+def test_repair_min_size_moves_the_deficit_from_the_largest_clients(sizes, expected):
+    from cflpipe.partition import _repair_min_size
+
+    before = np.concatenate([np.repeat(np.arange(3), sizes), [-1, -1]])  # two samples unused
+    owner = before.copy()
+    _repair_min_size(owner, 3, 2, np.random.default_rng(0))
+    assert np.bincount(owner[owner >= 0], minlength=3).tolist() == expected
+    moved = owner != before
+    assert (owner[-2:] == -1).all()  # unused samples stay unused
+    gained = np.asarray(expected) > np.asarray(sizes)
+    assert gained[owner[moved]].all() and not gained[before[moved]].any()
+
+
+def test_label_pools_keep_the_shuffle_order_within_each_class():
+    from cflpipe.partition import _label_pools
+
+    # A stable sort of the shuffled indices: the pools depend on the seed alone, not on which
+    # sorting algorithm numpy picks on this CPU.
+    labels = np.random.default_rng(0).integers(0, 4, 300)
+    pools = _label_pools(labels, 4, np.random.default_rng(5))
+    order = np.random.default_rng(5).permutation(300)
+    for c in range(4):
+        assert pools[c].tolist() == order[labels[order] == c].tolist()
+
+
+def test_labelwise_dirichlet_gives_the_last_client_its_share():
+    # alpha 100 is close to uniform: each of 5 clients gets about a fifth of every class.
+    ds = fake_dataset(random_labels(1000, 4), 4)
+    p = build_partition(scenario(5, {"kind": "dirichlet", "alpha": 100.0}), ds, WHERE)
+    assert sizes_of(p).min() > 150
+
+
+def test_clientwise_dirichlet_spreads_a_runout_labels_share_by_the_clients_proportions():
+    from cflpipe.partition import _split_dirichlet_clientwise
+
+    # alpha 1000: one client wants about a third of each label; label 0 runs out at 10, and
+    # what it misses is spread evenly over labels 1 and 2 (not piled on the last one).
+    labels = np.repeat([0, 1, 2], [10, 500, 500])
+    owner = np.full(len(labels), -1)
+    _split_dirichlet_clientwise(owner, labels, 3, np.array([600]), 1000.0, np.random.default_rng(0))
+    counts = np.bincount(labels[owner == 0], minlength=3)
+    assert counts[0] == 10 and counts.sum() == 600 and abs(int(counts[1]) - int(counts[2])) < 30
+    # A label's last sample is drawn by the proportions like any other (not left to a fallback):
+    # labels 0 and 1 hold one sample each and a client of size 2 wants a third of each.
+    labels = np.repeat([0, 1, 2], [1, 1, 50])
+    taken = set()
+    for seed in range(10):
+        owner = np.full(len(labels), -1)
+        _split_dirichlet_clientwise(owner, labels, 3, np.array([2]), 1000.0, np.random.default_rng(seed))
+        taken |= set(labels[owner == 0].tolist())
+    assert {0, 1} <= taken
+
+
+def test_pathological_fill_tops_up_exactly_and_splits_the_rest_evenly():
+    from types import SimpleNamespace
+
+    from cflpipe.partition import _fill_pathological
+
+    def fill(size, spare):
+        counts = np.zeros((1, len(spare)), dtype=np.int64)
+        _fill_pathological(counts, np.arange(len(spare))[None], np.array([size]), np.array(spare),
+                           (1, SimpleNamespace(min=len(spare))), np.random.default_rng(0), "s.partition[0]",
+                           "scenarios.s")
+        return counts[0].tolist()
+
+    # 3 + 3 wanted, label 0 has 2: the one missing sample is the last one label 1 has.
+    assert fill(6, [1, 3]) == [2, 4]
+    # 4 + 3 + 3 wanted, label 0 has 1: the 3 missing go 2 + 1 to labels 1 and 2, first label first.
+    assert fill(10, [0, 9, 9]) == [1, 5, 4]

@@ -1,27 +1,39 @@
 """The plan seam's trainers beyond the built-in methods: an auxiliary per-client network trained
 with a loss of its own, plans with different settings in one round, and a loss that vmap cannot
-run, which the batched trainer hands to the sequential path and says so once per run."""
+run, which the batched trainer hands to the sequential path and says so once per run. Then the
+pieces both trainers share, checked by hand: the step rules' arithmetic on a quadratic, the local
+loop's guards and loss record, and the flat parameter space."""
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from cflpipe.fl.engine import prepare_run
-from cflpipe.fl.local import Anchor
+from cflpipe.fl.local import (SGD, Anchor, FOMAMLStep, LocalResult, LoopState, MoreauStep, SGDStep, StepConfig,
+                              batch_indices, run_loop, sgd, step_config)
+from cflpipe.fl.params import ParamSpace, cluster_average
 from cflpipe.fl.plan import ClientPlan
+from cflpipe.fl.trainers import BatchedTrainer, build_trainer
+from cflpipe.models import MLP
 from cflpipe.spec import parse_spec
 
 torch.set_num_threads(1)
 
 
-def tiny_run(tmp_path, trainer: str, clients: int = 4):
+def tiny_run(tmp_path, trainer: str, clients: int = 4, **training):
+    settings = {"model": "mlp", "rounds": 2, "clients_per_round": 4, "local_steps": 3, "batch_size": 8,
+                "lr": 0.1, "device": "cpu", "trainer": trainer, **training}
+    if "local_epochs" in training:
+        del settings["local_steps"]
     spec = parse_spec({
         "seeds": [0],
-        "training": {"model": "mlp", "rounds": 2, "clients_per_round": 4, "local_steps": 3, "batch_size": 8,
-                     "lr": 0.1, "device": "cpu", "trainer": trainer},
+        "training": settings,
         "scenarios": {"s": {"dataset": "digits", "clients": clients, "partition": [{"kind": "iid"}]}},
         "methods": {"fedavg": {}},
         "results_dir": str(tmp_path / trainer),
@@ -95,6 +107,7 @@ def test_a_loss_vmap_cannot_run_falls_back_to_sequential_said_once(tmp_path, cap
             assert torch.equal(expected[True][c].vector, expected[False][c].vector)
     err = capsys.readouterr().err
     assert err.count("the batched trainer cannot run some client plans") == 1
+    assert "(RuntimeError: " in err  # the exception vmap raised, not a stand-in
     assert len(err.strip().splitlines()) == 1
     assert run.trainer.counts == {"batched": 0, "sequential": 8}
 
@@ -120,6 +133,8 @@ def test_a_plan_with_into_writes_its_trained_vector_there_unless_it_diverged(tmp
             assert trained[c].result.diverged
             assert torch.equal(table[c], before[c])  # a diverged client's row keeps its last value
             assert trained[c].vector.data_ptr() != table[c].data_ptr()
+            # its own copy, not the live parameters that the next plan's training overwrites
+            assert trained[c].vector.data_ptr() != run.space.flat.data_ptr()
     with pytest.raises(ValueError, match="`into` cannot be combined with a follow-up"):
         ClientPlan(start, into=table[0], then=lambda trained: ClientPlan(trained.vector))
 
@@ -178,12 +193,13 @@ def test_plans_that_differ_in_mask_anchor_mask_loss_or_inputs_are_not_batched_to
     group only when everything but their data and start is the same."""
     outcomes, counts = {}, {}
     for trainer in ("sequential", "batched"):
-        run = tiny_run(tmp_path / trainer, trainer, clients=12)
+        run = tiny_run(tmp_path / trainer, trainer, clients=16)
         space, start = run.space, run.ctx.init
         pull = start + 0.1
-        variants = [dict(trainable=space.body), dict(trainable=None),
-                    dict(anchors=(Anchor(pull, 0.5, space.head),)), dict(anchors=(Anchor(pull, 0.5, None),)),
-                    dict(loss=one_hot_regression), dict(inputs="own, halved")]
+        variants = [dict(trainable=space.body), dict(trainable=space.head), dict(trainable=None),
+                    dict(anchors=(Anchor(pull, 0.5, space.head),)), dict(anchors=(Anchor(pull, 0.5, space.body),)),
+                    dict(anchors=(Anchor(pull, 0.5, None),)), dict(loss=one_hot_regression),
+                    dict(inputs="own, halved")]
         # each variant twice (clients 2k and 2k + 1), so every variant could form a group of its own
         plans = {}
         for k, options in enumerate(variants):
@@ -193,8 +209,8 @@ def test_plans_that_differ_in_mask_anchor_mask_loss_or_inputs_are_not_batched_to
                 plans[client] = ClientPlan(start, lr=0.1, **options)
         outcomes[trainer] = run.ctx.run(plans)
         counts[trainer] = dict(run.trainer.counts)
-    assert counts["batched"] == {"batched": 12, "sequential": 0}  # six groups of two
-    for client in range(12):
+    assert counts["batched"] == {"batched": 16, "sequential": 0}  # eight groups of two
+    for client in range(16):
         a, b = outcomes["sequential"][client].vector, outcomes["batched"][client].vector
         assert float((a - b).abs().max()) <= 1e-5 * float(a.abs().max()), client
 
@@ -240,3 +256,200 @@ def test_dropout_masks_follow_seed_round_client_and_stream(tmp_path):
         return trainer.generator(ctx, 0, ClientPlan(ctx.init)).initial_seed()
 
     assert batches(0) == batches(0) and batches(1) != batches(0)
+    # and from a seed of its own: dropout masks and batch orders are not one stream read twice
+    batch_seed = batches(0)
+    assert torch.initial_seed() != batch_seed
+
+
+def test_the_auto_trainer_batches_on_a_gpu_and_for_the_cnn_on_a_cpu():
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")  # a device name: no GPU needed
+    assert build_trainer("auto", cpu, "mlp").name == "sequential"  # measured slower batched on a CPU
+    assert build_trainer("auto", cpu, "cnn").name == "batched"
+    assert build_trainer("auto", gpu, "mlp").name == "batched"
+    assert build_trainer("sequential", gpu, "cnn").name == "sequential"  # a named trainer is kept
+
+
+def test_the_fallback_message_names_the_exception_and_its_first_line_once(capsys):
+    trainer = BatchedTrainer()
+    trainer.say_fallback(ValueError("shapes differ\nthe rest of a long message"))
+    trainer.say_fallback(KeyError("a later failure"))
+    assert capsys.readouterr().err == ("cflpipe: the batched trainer cannot run some client plans "
+                                       "(ValueError: shapes differ); training them sequentially\n")
+    BatchedTrainer().say_fallback(NotImplementedError())  # no message: its name stands in
+    assert "(NotImplementedError: NotImplementedError)" in capsys.readouterr().err
+
+
+def test_plans_without_momentum_or_weight_decay_take_the_runs(tmp_path):
+    run = tiny_run(tmp_path, "sequential", momentum=0.5, weight_decay=0.05)
+    start = run.ctx.init
+
+    def trained(**options):  # client 0 each time: the same batches
+        return run.ctx.run({0: ClientPlan(start, **options)})[0].vector
+
+    default = trained()
+    assert torch.equal(default, trained(momentum=0.5, weight_decay=0.05))
+    assert not torch.equal(default, trained(momentum=0.0))
+    assert not torch.equal(default, trained(weight_decay=0.0))
+
+
+def test_local_epochs_set_each_clients_steps_from_its_data(tmp_path):
+    run = tiny_run(tmp_path, "sequential", local_epochs=0.1)
+    trained = run.ctx.run({c: ClientPlan(run.ctx.init) for c in range(4)})
+    for c in range(4):
+        n = len(run.data.client(c, "train")[1])
+        assert trained[c].result.steps == math.ceil(0.1 * n / 8) == 5  # ~360 samples, batches of 8
+
+
+def test_clients_without_data_or_steps_train_alone_and_one_sample_clients_batch(tmp_path, capsys):
+    """A client with no training data or no steps is returned untouched with an empty loss record
+    by both trainers, without a fallback; clients of one sample each still train as a group."""
+    outcomes = {}
+    for trainer in ("sequential", "batched"):
+        run = tiny_run(tmp_path, trainer, clients=6)
+        split = run.data.train
+        # clients 0 and 1 own no rows, 2 and 3 one row each, 4 and 5 the rest
+        split.offsets = np.array([0, 0, 0, 1, 2, 500, len(split.y)])
+        start = run.ctx.init
+        plans = {c: ClientPlan(start, lr=0.1) for c in range(4)}
+        plans.update({c: ClientPlan(start, lr=0.1, steps=0) for c in (4, 5)})
+        outcomes[trainer] = run.ctx.run(plans)
+        if trainer == "batched":
+            assert run.trainer.counts == {"batched": 2, "sequential": 4}
+    assert capsys.readouterr().err == ""
+    for trained in outcomes.values():
+        for c in (0, 1, 4, 5):
+            assert trained[c].result == LocalResult(0.0, 0, 0)
+            assert torch.equal(trained[c].vector, start)
+        for c in (2, 3):
+            assert (trained[c].result.steps, trained[c].result.samples) == (3, 3)
+            assert not torch.equal(trained[c].vector, start)
+    for c in (2, 3):
+        a, b = outcomes["sequential"][c].vector, outcomes["batched"][c].vector
+        assert float((a - b).abs().max()) <= 1e-5 * float(a.abs().max())
+
+
+# ---------------------------------------------------------------------- step rules by hand
+
+
+def pull_to(w, x, y):
+    """The loss ½‖w − x‖² and its gradient w − x (a fresh tensor, as vmap's is): the batch `x` is
+    a target vector, so each rule's arithmetic can be followed by hand."""
+    return (0.5 * (w - x) ** 2).sum(), w - x
+
+
+def vec(*values):
+    return torch.tensor(values, dtype=torch.float64)
+
+
+def test_the_sgd_step_adds_weight_decay_and_pulls_then_momentum_by_hand():
+    w = vec(1.0, 2.0)
+    config = step_config(w, 0.1, 0.5, 0.1, [Anchor(vec(0.0, 0.0), 0.5)], None)
+    state = LoopState(vec(1.0, 1.0), {})
+    loss = SGD.step(w, [(vec(0.0, 1.0), None)], pull_to, state, config)
+    # g = w − x = (1, 1); + 0.1·w → (1.1, 1.2); + 0.5·(w − 0) → (1.6, 2.2)
+    # v = 0.5·(1, 1) + g = (2.1, 2.7); w = (1, 2) − 0.1·v
+    assert torch.allclose(w, vec(0.79, 1.73), rtol=0, atol=1e-12)
+    assert torch.allclose(state.velocity, vec(2.1, 2.7), rtol=0, atol=1e-12)
+    assert float(loss) == 1.0
+
+
+def test_gradient_clipping_shortens_long_gradients_and_leaves_short_ones():
+    rule, config = SGDStep(clip=1.0), StepConfig(lr=1.0)
+    for g, expected in ((vec(3.0, 4.0), -vec(3.0, 4.0) / (5 + 1e-6)),  # norm 5: scaled to 1
+                        (vec(3e-7, 4e-7), -vec(3e-7, 4e-7))):  # norm 5e-7, below the 1e-6 guard: as it is
+        w = vec(0.0, 0.0)
+        rule.step(w, [(-g, None)], pull_to, LoopState(None, {}), config)
+        assert torch.allclose(w, expected, rtol=1e-12, atol=0)
+
+
+def test_the_fomaml_step_by_hand_with_momentum_and_weight_decay():
+    w, state = vec(1.0, 2.0), LoopState(vec(1.0, 1.0), {})
+    config = StepConfig(lr=0.1, momentum=0.5, weight_decay=0.1)
+    loss = FOMAMLStep(alpha=0.5).step(w, [(vec(0.0, 0.0), None), (vec(1.0, 1.0), None)], pull_to, state, config)
+    # w̃ = w − 0.5·(w − 0) = (0.5, 1); meta-gradient w̃ − (1, 1) = (−0.5, 0), at w̃: loss 0.125
+    # from w again: d = (−0.5, 0) + 0.1·(1, 2) = (−0.4, 0.2); v = 0.5·(1, 1) + d = (0.1, 0.7); w − 0.1·v
+    assert torch.allclose(w, vec(0.99, 1.93), rtol=0, atol=1e-12)
+    assert torch.allclose(state.velocity, vec(0.1, 0.7), rtol=0, atol=1e-12)
+    assert float(loss) == 0.125
+
+
+def test_the_moreau_step_by_hand_with_momentum_and_weight_decay():
+    theta, local = vec(1.0, 2.0), vec(1.0, 0.0)
+    state = LoopState(vec(1.0, 1.0), {"local": local})
+    config = StepConfig(lr=0.1, momentum=0.5, weight_decay=0.1)
+    rule = MoreauStep(lam=1.0, inner_steps=2, personal_lr=0.5)
+    loss = rule.step(theta, [(vec(1.0, 1.0), None)], pull_to, state, config)
+    # inner 1: (θ − x) + (θ − w) = (0, 1) + (0, 2); θ = (1, 2) − 0.5·(0, 3) = (1, 0.5)
+    # inner 2: (0, −0.5) + (0, 0.5) = 0: θ stays, loss ½·0.25 = 0.125
+    # envelope λ(w − θ) = (0, −0.5); d = (0, −0.5) + 0.1·(1, 0); v = 0.5·(1, 1) + d = (0.6, 0); w − 0.1·v
+    assert torch.allclose(theta, vec(1.0, 0.5), rtol=0, atol=1e-12)
+    assert torch.allclose(local, vec(0.94, 0.0), rtol=0, atol=1e-12)
+    assert torch.allclose(state.velocity, vec(0.6, 0.0), rtol=0, atol=1e-12)
+    assert float(loss) == 0.125
+
+
+def test_anchors_of_strength_zero_are_dropped_and_every_other_kept():
+    w, mask = torch.zeros(3), torch.tensor([True, False, True])
+    config = step_config(w, 0.1, 0.0, 0.0, [Anchor(w + 1, 1.0), Anchor(w + 2, 0.0), Anchor(w + 3, 0.5, mask)],
+                         None)
+    assert [float(v[0]) for v, _ in config.pulls] == [1.0, 3.0]
+    assert config.pulls[0][1] == 1.0 and config.pulls[1][1].tolist() == [0.5, 0.0, 0.5]
+
+
+def test_rules_without_anchors_refuse_a_plan_with_anchors_or_a_trainable_mask():
+    w = torch.zeros(3)
+    for anchors, trainable in (([Anchor(w + 1, 0.5)], None), ((), torch.tensor([True, False, True]))):
+        config = step_config(w, 0.1, 0.0, 0.0, anchors, trainable)
+        with pytest.raises(ValueError, match="FOMAMLStep does not apply anchors or a trainable mask"):
+            run_loop(w, torch.zeros(1, 2, 1, dtype=torch.long), lambda b: (w, None), pull_to, FOMAMLStep(0.1),
+                     config, {}, torch.zeros(()))
+
+
+def test_the_local_loss_is_the_mean_of_the_steps_losses():
+    model = nn.Linear(4, 10)
+    nn.init.zeros_(model.weight), nn.init.zeros_(model.bias)
+    space = ParamSpace(model)
+    x, y = torch.randn(6, 4), torch.arange(6)
+    result = sgd(space, x, y, steps=3, batch_size=2, lr=0.0, generator=torch.Generator().manual_seed(0))
+    # zero logits: every batch's cross-entropy is ln 10
+    assert result.loss == pytest.approx(math.log(10), rel=1e-6)
+    assert (result.steps, result.samples) == (3, 6)
+
+
+def test_batch_indices_draw_only_the_passes_they_use():
+    generator = torch.Generator().manual_seed(5)
+    rows = batch_indices(10, 4, 5, generator)  # 5 batches of 4 from 10 samples: two passes
+    replay = torch.Generator().manual_seed(5)
+    passes = torch.cat([torch.randperm(10, generator=replay) for _ in range(2)])
+    assert torch.equal(rows, passes[:20].view(5, 4))
+    # the generator was advanced by those two permutations and no more (each costs O(n))
+    assert torch.equal(torch.randperm(10, generator=generator), torch.randperm(10, generator=replay))
+
+
+# ---------------------------------------------------------------------- the flat parameter space
+
+
+def test_the_param_space_numbers_layers_and_keeps_the_models_dtype():
+    space = ParamSpace(MLP((4,), 3, hidden=5))  # fc1 4·5 + 5, fc2 5·5 + 5, fc3 5·3 + 3
+    assert space.num_layers == 3 and space.size == 25 + 30 + 18
+    assert space.first_layers(1).tolist() == [True] * 25 + [False] * 48
+    assert space.first_layers(2).tolist() == [True] * 55 + [False] * 18
+    assert torch.equal(space.first_layers(2), space.body) and torch.equal(~space.body, space.head)
+    # a network without layer names (a method's auxiliary one): a layer per parameter tensor
+    aux = ParamSpace(nn.Linear(4, 3, bias=False).double())
+    assert aux.num_layers == 1 and aux.flat.dtype == aux.grad.dtype == torch.float64
+
+
+def test_grads_are_flat_notices_a_gradient_outside_the_flat_vector():
+    model = nn.Linear(2, 2)
+    space = ParamSpace(model)
+    assert space.grads_are_flat()
+    model.bias.grad = torch.zeros(2)  # a tensor of its own: backward would no longer fill space.grad
+    assert not space.grads_are_flat()
+
+
+def test_cluster_average_counts_a_cluster_with_any_positive_weight():
+    vectors = torch.tensor([[1.0, 1.0], [3.0, 5.0], [2.0, 0.0]])
+    means, present = cluster_average(vectors, torch.tensor([0, 0, 2]), torch.tensor([0.5, 0.5, 1.0]), 3)
+    assert present.tolist() == [True, False, True]  # total weights 1, 0, 1
+    assert means.tolist() == [[2.0, 3.0], [0.0, 0.0], [2.0, 0.0]]

@@ -1,0 +1,225 @@
+"""From a scenario to the clients' tensors: the transforms a partition records, the hold-out and
+public draws, the partition's files, the checks that keep a stale partition from being trained on,
+and the federated data built from them. Small inputs built here, no training."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from cflpipe.data.base import Dataset
+from cflpipe.errors import PartitionError
+from cflpipe.fl.data import (
+    DIGESTS,
+    FederatedData,
+    SplitData,
+    _fingerprint,
+    _standardizer,
+    build_federated_data,
+    partition_scenario,
+)
+from cflpipe.partition import (
+    PUBLIC_FILE,
+    _holdout,
+    _pool_sources,
+    _public_samples,
+    apply_transform,
+    build_partition,
+    load_partition,
+    write_partition,
+)
+from cflpipe.spec import Scenario, parse_spec
+
+torch.set_num_threads(1)
+
+TABLE_COLUMNS = {"clients.parquet": ["client", "split", "sample", "group", "transform", "label"],
+                 "stats.parquet": ["client", "group", "transform", "n_train", "n_test", "label_0", "label_1"]}
+
+
+def dataset(n_train: int = 40, n_test: int = 10, sources: bool = False) -> Dataset:
+    rng = np.random.default_rng(0)
+    x = rng.random((n_train + n_test, 1, 4, 4), dtype=np.float32)
+    y = np.arange(n_train + n_test) % 2
+    source = np.arange(n_train + n_test) % 4 if sources else None
+    return Dataset("fake", x[:n_train], y[:n_train], x[n_train:], y[n_train:], 2,
+                   source_train=None if source is None else source[:n_train],
+                   source_test=None if source is None else source[n_train:])
+
+
+def files_spec(tmp_path, params: dict | None = None, **scenario):
+    """A spec over a user's .npz file (the one dataset whose file is digested into the partition's
+    fingerprint); `params` in the order given."""
+    path = tmp_path / "mine.npz"
+    if not path.exists():
+        rng = np.random.default_rng(1)
+        np.savez(path, x_train=rng.random((40, 1, 4, 4), dtype=np.float32), y_train=np.arange(40) % 2,
+                 x_test=rng.random((10, 1, 4, 4), dtype=np.float32), y_test=np.arange(10) % 2)
+    return parse_spec({
+        "seeds": [0], "results_dir": str(tmp_path / "results"),
+        "training": {"model": "mlp", "rounds": 1, "clients_per_round": 2, "local_steps": 1, "device": "cpu"},
+        "scenarios": {"s": {"dataset": {"name": "files", **(params or {"path": str(path)})}, "clients": 4,
+                            "partition": [{"kind": "iid"}], **scenario}},
+        "methods": {"fedavg": {}}})
+
+
+# --------------------------------------------------------------------------- transforms
+
+
+def test_free_angle_rotation_turns_a_ramp_by_exactly_that_angle():
+    # Bilinear interpolation reproduces a linear image exactly, so the centre of a turned ramp is
+    # known by hand: rotate:θ maps j - c to cos θ (j - c) - sin θ (i - c) (rotate:90 gives c - i,
+    # as np.rot90). 45° must not be taken for a quarter turn, nor 91° for 90°.
+    n, c = 9, 4
+    i, j = np.mgrid[0:n, 0:n]
+    ramp = (j - c).astype(np.float32)[None, None]
+    centre = (slice(None), slice(None), slice(2, 7), slice(2, 7))  # its sources lie inside the image
+    for angle in (45, 91, 135):
+        theta = np.deg2rad(angle)
+        expected = (np.cos(theta) * (j - c) - np.sin(theta) * (i - c))[None, None]
+        turned, _ = apply_transform(ramp, np.zeros(1, dtype=np.int64), f"rotate:{angle}")
+        np.testing.assert_allclose(turned[centre], expected[centre], atol=1e-5)
+
+
+def test_free_angle_rotation_keeps_the_pixel_range_and_pads_with_black():
+    # Bilinear weights are a convex combination: a [0, 1] image stays in [0, 1] (a spline of higher
+    # order overshoots), and what comes from outside the image is 0, the images' background.
+    x = np.random.default_rng(2).random((3, 1, 9, 9), dtype=np.float32)
+    turned, _ = apply_transform(x, np.zeros(3, dtype=np.int64), "rotate:45")
+    assert turned.min() >= 0 and turned.max() <= x.max()
+    corners = turned[:, :, [0, 0, -1, -1], [0, -1, 0, -1]]
+    assert (corners == 0).all()
+
+
+# --------------------------------------------------------------------------- hold-out and public draw
+
+
+def test_holdout_keeps_a_sample_on_each_side_of_every_client_with_two():
+    # clients of 1, 2, 3 and 10 samples: one sample trains, never tests; from two on at least one
+    # is held out and at least one trains, otherwise round(test_fraction * n)
+    client = np.repeat(np.arange(4), [1, 2, 3, 10])
+    for fraction, expected in ((0.2, [0, 1, 1, 2]), (0.9, [0, 1, 2, 9])):
+        is_test = _holdout(client, 4, fraction, np.random.default_rng(0))
+        assert np.bincount(client[is_test], minlength=4).tolist() == expected
+
+
+def test_public_samples_are_distinct_and_default_to_the_whole_test_split():
+    ds = dataset(n_test=10)
+
+    def draw(**public):
+        sc = Scenario(dataset={"name": "digits"}, clients=2, pool="train", public=public)
+        return _public_samples(sc, ds, np.random.default_rng(0), "scenarios.s")
+
+    assert draw().tolist() == list(range(10))
+    assert draw(size=10).tolist() == list(range(10))  # all of it, asked for by size
+    some = draw(size=4)
+    assert len(set(some.tolist())) == 4 and (np.diff(some) > 0).all() and some.max() < 10
+
+
+def test_pool_sources_are_those_of_the_datasets_pool():
+    # natural partitions read the devices without concatenating the inputs: the same as
+    # Dataset.pool, also for a dataset that records devices of one split only (no devices then)
+    with_sources, without = dataset(sources=True), dataset()
+    one_sided = Dataset("fake", without.x_train, without.y_train, without.x_test, without.y_test, 2,
+                        source_train=np.zeros(40, dtype=np.int64))
+    for ds in (with_sources, without, one_sided):
+        for pool in ("train", "all"):
+            expected = ds.pool(pool)[2]
+            got = _pool_sources(ds, pool)
+            assert (got is None) == (expected is None)
+            if expected is not None:
+                assert np.array_equal(got, expected)
+
+
+# --------------------------------------------------------------------------- partition files
+
+
+def test_partition_files_hold_their_documented_columns_and_a_stale_public_file_goes(tmp_path):
+    ds = dataset()
+    with_public = build_partition(Scenario(dataset={"name": "digits"}, clients=4, pool="train",
+                                           public={"size": 3}), ds)
+    write_partition(with_public, tmp_path)
+    for name, columns in TABLE_COLUMNS.items():
+        assert pq.read_schema(tmp_path / name).names == columns  # no pandas index column
+    assert pq.read_schema(tmp_path / PUBLIC_FILE).names == ["sample"]
+    assert np.array_equal(load_partition(tmp_path).public, with_public.public)
+    # the scenario loses `public:`: the old public file would otherwise be read as this partition's
+    write_partition(build_partition(Scenario(dataset={"name": "digits"}, clients=4, pool="train"), ds), tmp_path)
+    assert not (tmp_path / PUBLIC_FILE).exists()
+    # the picture is for people: a partition without it still loads
+    (tmp_path / "label_hist.png").unlink()
+    assert load_partition(tmp_path).public is None
+
+
+# --------------------------------------------------------------------------- federated data
+
+
+def test_client_gives_train_rows_by_default_and_test_rows_when_asked():
+    def split(values: list[int], sizes: list[int]) -> SplitData:
+        offsets = np.concatenate([[0], np.cumsum(sizes)])
+        return SplitData(torch.tensor(values, dtype=torch.float32)[:, None], torch.tensor(values),
+                         offsets, torch.from_numpy(np.repeat(np.arange(len(sizes)), sizes)))
+
+    data = FederatedData(split([0, 1, 2, 3, 4], [3, 2]), split([10, 11, 12], [1, 2]), np.array([-1, -1]), 2,
+                         (1,), ["none", "none"])
+    assert data.client(1)[1].tolist() == [3, 4]
+    assert data.client(1, "train")[1].tolist() == [3, 4]
+    assert data.client(1, "test")[1].tolist() == [11, 12]
+
+
+def test_standardized_images_stay_float32():
+    # float32 statistics: a float64 copy of the whole pool would double its memory
+    ds = dataset()
+    standardized = _standardizer(ds)(ds.x_train)
+    assert standardized.dtype == np.float32
+    np.testing.assert_allclose(standardized.mean(), 0, atol=1e-5)
+
+
+def test_federated_data_follows_the_written_partition(tmp_path):
+    spec = files_spec(tmp_path)
+    out = partition_scenario(spec, "s")
+    data = build_federated_data(spec, "s", torch.device("cpu"))
+    partition = load_partition(out)
+    assert data.public is None  # no `public:`: nothing for the server
+    assert data.transforms == ["none"] * 4
+    assert data.train.sizes().tolist() == partition.stats["n_train"].tolist()
+    # a table the digests list has gone: one line naming it, not a crash
+    (out / "stats.parquet").unlink()
+    with pytest.raises(PartitionError, match=r"stats\.parquet: missing"):
+        build_federated_data(spec, "s", torch.device("cpu"))
+
+
+def test_an_up_to_date_partition_is_left_alone_unless_forced(tmp_path):
+    spec = files_spec(tmp_path)
+    out = partition_scenario(spec, "s")
+    # the digests cover the tables the clients' data is read from, not the picture
+    assert [line.split("  ")[1] for line in (out / DIGESTS).read_text().splitlines()] == \
+        ["clients.parquet", "stats.parquet"]
+    # files are renamed into place when written: a new inode is a rewrite
+    inode = (out / "clients.parquet").stat().st_ino
+    assert partition_scenario(spec, "s") == out
+    assert (out / "clients.parquet").stat().st_ino == inode
+    partition_scenario(spec, "s", force=True)
+    assert (out / "clients.parquet").stat().st_ino != inode
+
+
+def test_the_fingerprint_follows_the_users_file_not_the_order_of_its_params(tmp_path):
+    spec = files_spec(tmp_path)
+    path = spec.scenarios["s"].dataset.params["path"]
+    fingerprint = _fingerprint(spec, "s")
+    # the same definition spelled in another order is the same partition
+    reordered = files_spec(tmp_path, {"classes": 2, "path": path})
+    assert _fingerprint(reordered, "s") == _fingerprint(files_spec(tmp_path, {"path": path, "classes": 2}), "s")
+    # an edited file is another partition: the one written from the old file is refused
+    partition_scenario(spec, "s")
+    with np.load(path) as npz:
+        arrays = dict(npz)
+    arrays["y_train"] = 1 - arrays["y_train"]
+    np.savez(path, **arrays)
+    assert _fingerprint(spec, "s") != fingerprint
+    assert str(path) in json.loads(_fingerprint(spec, "s"))["inputs_sha256"]
+    with pytest.raises(PartitionError, match="built from a different definition"):
+        build_federated_data(spec, "s", torch.device("cpu"))
