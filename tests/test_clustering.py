@@ -7,12 +7,17 @@ from sklearn.cluster import AgglomerativeClustering
 from sklearn.metrics import adjusted_rand_score
 
 from cflpipe.clustering import (
+    as_matrix,
     canonical_labels,
     cfl_bipartition,
     cosine_similarity_matrix,
+    dbscan_precomputed,
     decomposed_cosine_similarity,
+    fcca_similarity,
     fit_pca,
     hierarchical_clusters,
+    hopkins,
+    js_divergence_matrix,
     kmeans,
     nearest_center,
     pairwise_sq_distances,
@@ -292,3 +297,123 @@ def test_kmeans_takes_vectors_that_require_grad():
     result = kmeans(points.clone().requires_grad_(True), 2, seed=0, n_init=2)
     assert sorted(np.bincount(result.labels).tolist()) == [5, 5]
     assert np.array_equal(result.labels, kmeans(points, 2, seed=0, n_init=2).labels)
+
+
+# ---------------------------------------------------------------------------- edge cases callers meet
+
+
+def test_integer_input_is_converted_to_float64():
+    assert as_matrix(np.array([[1, 2], [3, 4]])).dtype == torch.float64
+    assert nearest_center(np.array([[0, 0], [9, 9]]), np.array([[8, 8], [1, 1]])).tolist() == [1, 0]
+
+
+def test_distances_and_nearest_centers_of_no_rows_are_empty():
+    centers = torch.randn(3, 5, dtype=torch.float64)
+    d = pairwise_sq_distances(torch.zeros(0, 5), centers)
+    assert d.shape == (0, 3) and d.dtype == torch.float64
+    labels = nearest_center(torch.zeros(0, 5), centers)
+    assert labels.shape == (0,) and labels.dtype == np.int64
+
+
+def test_cosine_similarity_stays_within_minus_one_and_one():
+    # Normalizing in floating point leaves some rows' self-similarity at 1 + 2⁻⁵² (and −1 − 2⁻⁵²
+    # against their negatives): 1 − s feeds square roots and distances downstream.
+    a = torch.from_numpy(np.random.default_rng(0).normal(size=(200, 7)))
+    s = cosine_similarity_matrix(torch.cat([a, -a]))
+    assert s.max() == 1.0 and s.min() == -1.0
+
+
+def test_kmeans_on_float64_input_keeps_float64_precision():
+    # Means of 0.1 and 0.2, 5.0 and 5.3: float32 arithmetic would be off by about 1e-7.
+    x = torch.tensor([[0.1], [0.2], [5.0], [5.3]], dtype=torch.float64)
+    result = kmeans(x, 2, init=torch.tensor([[0.0], [5.0]], dtype=torch.float64))
+    expected = torch.tensor([[(0.1 + 0.2) / 2], [(5.0 + 5.3) / 2]], dtype=torch.float64)
+    assert torch.allclose(result.centers, expected, rtol=0, atol=1e-14)
+    assert result.inertia == pytest.approx(2 * 0.05 ** 2 + 2 * 0.15 ** 2, rel=1e-12)
+
+
+def test_kmeans_centers_on_the_mean_of_every_chunk_of_rows(monkeypatch):
+    """Real model matrices span several chunks of rows: the mean that float32 products are taken
+    from must be that of all of them, or the common part of the models comes back and cancels."""
+    import cflpipe.clustering as clustering
+
+    g = torch.Generator().manual_seed(0)
+    p = 20_000
+    offsets = 0.01 * torch.randn(3, p, generator=g)
+    truth = np.repeat([0, 1, 2], 10)
+    x = (1000.0 + offsets[truth] + 0.001 * torch.randn(30, p, generator=g)).float()
+    monkeypatch.setattr(clustering, "_CHUNK_ELEMENTS", 4 * p)  # 4 rows per chunk: 8 chunks
+    result = kmeans(x, 3, seed=0, n_init=2, init="k-means++")
+    assert adjusted_rand_score(truth, result.labels) == 1.0
+    exact = kmeans(x.double(), 3, seed=0, n_init=2, init="k-means++")
+    assert result.inertia == pytest.approx(exact.inertia, rel=1e-3)
+
+
+def test_principal_directions_of_float32_updates_are_computed_in_float64():
+    w = torch.randn(6, 50, generator=torch.Generator().manual_seed(2))
+    v = principal_directions(w, 3)
+    assert v.dtype == torch.float64 and torch.equal(v, principal_directions(w.double(), 3))
+
+
+# ---------------------------------------------------------------------------- FedTSDP's tools
+
+
+def test_hopkins_by_hand_on_four_points_with_every_row_sampled():
+    """samples = n draws every row once (without replacement), so Σv is the sum of the rows'
+    nearest-neighbour distances: 1, 1, 2, 4 (× 0.01) for 0, 1, 3, 7 (× 0.01). The totals stay below
+    1, as for FedTSDP's probability outputs."""
+    x = 0.01 * np.array([[0.0], [1.0], [3.0], [7.0]])
+    u = 0.07 * np.random.default_rng(5).random((4, 1))  # the uniform draws in the bounding box [0, 0.07]
+    z = np.abs(u - x.T).min(axis=1).sum()
+    v = 0.01 * (1 + 1 + 2 + 4)
+    assert hopkins(x, 4, seed=5) == pytest.approx(z / (z + v), rel=1e-12)
+    assert hopkins(x.astype(np.float32), 4, seed=5) == hopkins(x.astype(np.float32).astype(np.float64), 4, seed=5)
+    two = hopkins(np.array([[0.0, 0.0], [3.0, 4.0]]), 2, seed=0)  # two clients are enough
+    assert 0.0 <= two <= 1.0
+
+
+def test_js_divergence_takes_numpy_probabilities():
+    p = torch.softmax(torch.randn(3, 4, 5, generator=torch.Generator().manual_seed(1)), -1).double()
+    assert np.array_equal(js_divergence_matrix(p.numpy()), js_divergence_matrix(p))
+
+
+def test_dbscan_reads_the_matrix_as_distances_not_as_coordinates():
+    # Clients 0 and 1 lie 1 apart (within eps); read as points in R³ the rows would be √2 apart.
+    distances = np.array([[0.0, 1.0, 9.0], [1.0, 0.0, 9.0], [9.0, 9.0, 0.0]])
+    assert dbscan_precomputed(distances, 1.2, 2).tolist() == [0, 0, -1]
+
+
+# ---------------------------------------------------------------------------- FCCA's similarity
+
+
+def test_fcca_similarity_equals_its_definition_on_short_vectors():
+    """B_{y,i,j} = mean_s cos(first[i,y,s], second[j,y,s]), P = max(|B_{y,i,i}|, |B_{y,j,j}|),
+    D = mean_y B·P, computed loop by loop; the reconstructions are short (norms about 0.1), so any
+    normalization over the wrong axis or by a wrong floor shows."""
+    g = torch.Generator().manual_seed(3)
+    first = 0.05 * torch.randn(3, 2, 4, 5, generator=g, dtype=torch.float64)
+    second = first + 0.05 * torch.randn(3, 2, 4, 5, generator=g, dtype=torch.float64)
+    clients, labels, samples, _ = first.shape
+    basic = torch.zeros(labels, clients, clients, dtype=torch.float64)
+    for y in range(labels):
+        for i in range(clients):
+            for j in range(clients):
+                basic[y, i, j] = torch.stack([torch.nn.functional.cosine_similarity(
+                    first[i, y, s], second[j, y, s], dim=0) for s in range(samples)]).mean()
+    expected = torch.zeros(clients, clients, dtype=torch.float64)
+    for i in range(clients):
+        for j in range(clients):
+            expected[i, j] = sum(basic[y, i, j] * max(abs(basic[y, i, i]), abs(basic[y, j, j]))
+                                 for y in range(labels)) / labels
+    assert (basic.diagonal(dim1=1, dim2=2).abs() < 0.99).all()  # confidences below 1: P matters
+    assert torch.allclose(fcca_similarity(first, second), expected, atol=1e-12)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered in sqrt")  # scipy's, on those samples
+def test_js_divergence_of_nearly_identical_outputs_is_about_zero():
+    # scipy's square root of a sum that rounds below 0 is nan for about half of these samples.
+    rng = np.random.default_rng(0)
+    p = rng.dirichlet(np.ones(10), size=50)
+    q = p * (1 + 1e-9 * rng.normal(size=p.shape))
+    q /= q.sum(axis=1, keepdims=True)
+    assert js_divergence_matrix(np.stack([p, q]))[0, 1] < 1e-12

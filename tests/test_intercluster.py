@@ -6,8 +6,10 @@ import pytest
 import torch
 
 from cflpipe.fl.engine import prepare_run, train_run
+from cflpipe.fl.local import LocalResult
+from cflpipe.fl.method import Update
 from cflpipe.methods import all_methods
-from cflpipe.methods.intercluster import awcfl_mix
+from cflpipe.methods.intercluster import awcfl_mix, sample_mean
 from cflpipe.spec import parse_spec
 
 torch.set_num_threads(1)
@@ -35,7 +37,31 @@ def test_beta_zero_keeps_and_beta_one_replaces_by_the_others_mean():
     assert torch.equal(awcfl_mix(centers[:1], 0.5), centers[:1])  # one cluster: nothing to mix
 
 
-def test_modifiers_exist_for_every_cluster_method():
+def test_two_clusters_each_move_beta_towards_the_other():
+    centers = torch.tensor([[4.0, 0.0], [0.0, 8.0]])
+    torch.testing.assert_close(awcfl_mix(centers, 0.25), torch.tensor([[3.0, 2.0], [1.0, 6.0]]))
+
+
+def test_sample_mean_draws_distinct_inputs_and_flattens_an_empty_set():
+    x = torch.arange(10.0)[:, None, None] * torch.tensor([[1.0, 100.0]])  # ten distinct (1 × 2) inputs
+    mean = sample_mean(x, 9, np.random.default_rng(0))
+    left_out = x.reshape(10, 2).sum(0) - 9 * mean  # without replacement: exactly one input is missing
+    assert mean.shape == (2,) and any(torch.allclose(left_out, row) for row in x.reshape(10, 2))
+    assert torch.equal(sample_mean(x, 10, np.random.default_rng(0)), x.reshape(10, 2).mean(0))
+    empty = sample_mean(torch.zeros(0, 3, 2, 2), 5, np.random.default_rng(0))
+    assert torch.equal(empty, torch.zeros(12))  # an (image) input's size, flattened
+
+
+def _uploads(method, vectors: torch.Tensor, feature_means: torch.Tensor | None = None) -> dict[int, Update]:
+    """An upload per client of its cluster's row of `vectors` (and of `feature_means`)."""
+    updates = {}
+    for client, k in enumerate(method.clusters):
+        tensors = {"model": vectors[k].clone()}
+        if feature_means is not None:
+            tensors["feature_mean"] = feature_means[k].clone()
+        updates[client] = Update(tensors, 10, LocalResult(0.5, 1, 1))
+    return updates
+
     names = set(all_methods())
     for base in ("cfl", "ifca", "fesem", "flhc", "fedgroup", "oracle"):
         assert {f"{base}_awcfl", f"{base}_mcfl"} <= names
@@ -60,6 +86,47 @@ def test_mcfl_selects_the_cluster_with_the_nearest_feature_mean(tmp_path):
     assert mcfl.select_model(near_second) == 0
     # A test set with no samples still gets a model (a client whose one sample went to train).
     assert mcfl.select_model(near_first[:0]) in (0, 1)
+
+
+def test_awcfl_mixes_the_cluster_models_after_each_aggregation(tmp_path):
+    run = prepare_run(rot2_spec(tmp_path, {"oracle_awcfl": {"beta": 0.25}}), "rot2", "oracle_awcfl", 0)
+    method = run.method
+    p = method.centers.shape[1]
+    a, b = torch.full((p,), 4.0), torch.full((p,), -4.0)
+    method.aggregate(_uploads(method, torch.stack([a, b])))
+    # Each group averages to its own vector, then takes β = 1/4 of the other group's.
+    torch.testing.assert_close(method.centers, torch.stack([0.75 * a + 0.25 * b, 0.75 * b + 0.25 * a]))
+
+
+def test_mcfl_uploads_train_feature_means_and_the_engine_selects_by_them(tmp_path):
+    run = prepare_run(rot2_spec(tmp_path, {"oracle_mcfl": {"feature_samples": 100_000}}), "rot2", "oracle_mcfl", 0)
+    mcfl = run.method
+    assert mcfl.selects_by_data  # what the engine reads to evaluate each test set with select_model
+    near_second = torch.full((40, 1, 8, 8), 1.6)
+    assert mcfl.select_model(near_second) == 0, "no cluster has a feature mean yet: the first model"
+    # A client's upload carries the mean of its training inputs (all of them, fewer than n).
+    update = mcfl.local_update(3, mcfl.payload(3))
+    x, _ = run.data.client(3, "train")
+    torch.testing.assert_close(update.tensors["feature_mean"], x.reshape(len(x), -1).mean(0))
+    # Aggregation records every uploaded mean; a cluster with one member has that member's mean.
+    dim = mcfl.feature_means.shape[1]
+    planted = torch.stack([torch.full((dim,), -1.0), torch.full((dim,), 2.0)])
+    updates = _uploads(mcfl, mcfl.centers, planted)
+    lone = int(np.nonzero(mcfl.clusters == 1)[0][0])
+    updates = {c: u for c, u in updates.items() if mcfl.clusters[c] == 0 or c == lone}
+    mcfl.aggregate(updates)
+    mcfl.eval_models()
+    means, present = mcfl.cluster_feature_means()
+    assert present.tolist() == [True, True]
+    torch.testing.assert_close(means, planted)
+    assert mcfl.select_model(near_second) == 1
+
+
+def test_mcfl_sends_every_other_cluster_model_with_the_own_one(tmp_path):
+    run = prepare_run(rot2_spec(tmp_path, {"fesem_mcfl": {"clusters": 3}}), "rot2", "fesem_mcfl", 0)
+    payload = run.method.payload(0)
+    assert payload.tensors["other_cluster_models"].shape == (2, run.space.size)
+    assert payload.nbytes == 3 * run.space.size * 4
 
 
 def test_byte_counts_match_the_payloads(tmp_path):

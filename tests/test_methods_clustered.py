@@ -811,3 +811,123 @@ def test_fesem_a_client_missing_from_the_initialization_takes_the_center_nearest
     assignment = fesem.assignment()
     assert fesem.initialized and adjusted_rand_score(truth, assignment[:6]) == 1.0
     assert assignment[6] == assignment[3 * nearer]
+
+
+def test_fedgroup_pretraining_measures_updates_from_the_initial_model_and_pretrains_only_newcomers(monkeypatch):
+    """With a non-zero initial model: the groups' first directions are their members' mean update
+    (pre-trained model − initial model), their models the mean pre-trained model; k-means runs as
+    configured (k-means++, kmeans_init restarts, kmeans_iter, the round's seed); a client already in
+    a group (group 0 included) is never pre-trained again."""
+    import cflpipe.methods.fedgroup as fedgroup_module
+
+    deltas, truth = planted(2, 5, dim=60)
+    ctx = FakeContext(FedGroupParams(clusters=2, pretrain_scale=5, kmeans_init=4, kmeans_iter=7), 10, 60, deltas)
+    ctx.init = torch.full((60,), 0.5)
+    calls = []
+    real = fedgroup_module.kmeans
+
+    def spy(features, k, **kwargs):
+        calls.append(kwargs)
+        return real(features, k, **kwargs)
+
+    monkeypatch.setattr(fedgroup_module, "kmeans", spy)
+    group = FedGroup(ctx)
+    play_round(group, ctx, [])
+    (kwargs,), = [calls]
+    assert kwargs["init"] == "k-means++" and kwargs["n_init"] == 4 and kwargs["max_iter"] == 7
+    assert isinstance(kwargs["seed"], np.random.Generator)
+    assert adjusted_rand_score(truth, group.assignment()) == 1.0
+    for k in range(2):
+        mine = group.assignment() == k
+        torch.testing.assert_close(group.directions[k], deltas[mine].mean(0))
+        torch.testing.assert_close(group.centers[k], ctx.init + deltas[mine].mean(0))
+    row = play_round(group, ctx, list(range(10)))
+    assert "off_round_bytes_down" not in row and not [c for r, c, steps in ctx.trained if r == 1 and steps == 20]
+
+
+def test_fedgroup_initializes_when_exactly_k_clients_pretrain():
+    deltas, _ = planted(2, 5, dim=60)
+    ctx = FakeContext(FedGroupParams(clusters=2, pretrain_scale=1), 10, 60, deltas)
+    group = FedGroup(ctx)
+    play_round(group, ctx, [])
+    assert group.initialized and sorted(group.assignment()[group.assignment() >= 0].tolist()) == [0, 1]
+
+
+def test_cfl_client_absent_at_a_split_is_sent_the_model_the_split_was_computed_at():
+    deltas, _ = opposite_groups((4, 4))
+    ctx = FakeContext(CFLParams(warmup=0), 8, 40, deltas)
+    ctx.init = torch.full((40,), 0.5)
+    cfl = CFL(ctx)
+    play_round(cfl, ctx, [0, 1, 4, 5])  # round 1 splits; the cluster's model was the initial one
+    assert cfl.num_clusters == 2 and cfl.pending[2] == 0
+    assert torch.equal(cfl.payload(2).tensors["model"], ctx.init)
+
+
+def test_cfl_relative_eps2_refuses_a_split_whose_largest_update_is_below_eps2_times_the_scale():
+    """Largest update norms ≈ 2 in every round, so the scale is ≈ 2: eps2 = 0.5 asks for a norm
+    above ≈ 1 (splits), eps2 = 1.5 for one above ≈ 3 (no split)."""
+    deltas, _ = opposite_groups((4, 3), scale=2.0)
+    found = {}
+    for eps2 in (0.5, 1.5):
+        ctx = FakeContext(CFLParams(warmup=1, thresholds="relative", eps1=0.2, eps2=eps2), 7, 40, deltas)
+        cfl = CFL(ctx)
+        for _ in range(2):
+            play_round(cfl, ctx, np.arange(7))
+        found[eps2] = cfl.num_clusters
+    assert found == {0.5: 2, 1.5: 1}
+
+
+def test_cfl_warns_once_when_no_update_arrived_during_the_warmup(capsys):
+    deltas, _ = opposite_groups((4, 3), scale=2.0)
+    ctx = FakeContext(CFLParams(warmup=1, thresholds="relative", eps1=0.2, eps2=0.5), 7, 40, deltas)
+    cfl = CFL(ctx)
+    play_round(cfl, ctx, [])  # the warm-up round: nobody sampled, so no scale
+    for _ in range(2):
+        play_round(cfl, ctx, np.arange(7))
+    assert np.isnan(cfl.scale()) and cfl.num_clusters == 1, "no scale: never split"
+    assert capsys.readouterr().err.count("no update arrived during CFL's warm-up") == 1
+    scaled = CFL(FakeContext(CFLParams(warmup=1, thresholds="relative"), 7, 40, deltas))
+    for _ in range(2):
+        play_round(scaled, scaled.ctx, np.arange(7))
+    assert capsys.readouterr().err == ""
+
+
+def test_flhc_absolute_threshold_is_the_distance_itself():
+    assert FLHCParams(distance_threshold=1.9).cut(123.0) == {"distance_threshold": 1.9}
+    assert FLHCParams(distance_threshold=1.9, threshold="relative").cut(2.0) == {"distance_threshold": 3.8}
+
+
+def test_fesem_pull_of_a_client_with_one_training_sample():
+    ctx = FakeContext(FeSEMParams(clusters=2, lam=0.1), 4, 8, torch.zeros(4, 8))
+    ctx.train_sizes = lambda: np.array([1, 9, 10, 10])
+    # α_0 = 1/30: coefficient 2λ/(m·α_0) = 2 · 0.1 / (4 / 30)
+    assert FeSEM(ctx).pull_strength(0) == pytest.approx(2 * 0.1 * 30 / 4)
+
+
+def test_ifca_never_picks_a_model_whose_loss_is_nan():
+    assert lowest(np.array([[np.nan, 1.0, 0.5], [2.0, np.nan, 3.0]])).tolist() == [2, 0]
+
+
+def test_fedgroup_pretrainings_that_all_diverge_leave_their_clients_unassigned_until_the_next_try():
+    deltas, truth = planted(2, 5, dim=60)
+    ctx = FakeContext(FedGroupParams(clusters=2, pretrain_scale=3), 10, 60, deltas)
+    ctx.training.on_divergence = "skip"
+    plain = ctx.run
+
+    def diverging(plans):
+        return {c: Trained(t.vector, LocalResult(float("nan"), 1, 1)) for c, t in plain(plans).items()}
+
+    group = FedGroup(ctx)
+    ctx.run = diverging
+    play_round(group, ctx, [])  # every pre-training diverges: no group yet, tried again next round
+    assert not group.initialized and (group.assignment() < 0).all()
+    ctx.run = plain
+    play_round(group, ctx, [])
+    assert group.initialized
+    newcomers = [int(c) for c in np.nonzero(group.assignment() < 0)[0]]
+    ctx.run = diverging
+    group.round_start(np.array(newcomers))  # the newcomers' pre-trainings diverge: still unassigned
+    assert (group.assignment()[newcomers] < 0).all()
+    ctx.run = plain
+    group.round_start(np.array(newcomers))
+    assert adjusted_rand_score(truth, group.assignment()) == 1.0

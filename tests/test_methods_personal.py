@@ -454,3 +454,57 @@ def test_perfedavg_fine_tuning_is_plain_sgd_whatever_the_training_momentum_and_d
     ctx.space.load(method.global_model)
     sgd(ctx.space, x, y, steps=2, batch_size=4, lr=0.05, generator=torch.Generator().manual_seed(_mix(0, 2, 3, 2)))
     assert torch.allclose(models[3], ctx.space.read(), atol=1e-6)
+
+
+# ---------------------------------------------------------------------------- what each plan carries
+
+
+def test_fedprox_plan_pulls_towards_the_received_global_model():
+    method, ctx = make_method("fedprox", {"mu": 0.5})
+    payload = method.payload(0)
+    (anchor,) = method.plan(0, payload).anchors
+    assert torch.equal(anchor.vector, payload.tensors["model"]) and anchor.strength == 0.5
+
+
+def test_perfedavg_alpha_null_adapts_with_the_training_lr():
+    method, ctx = make_method("perfedavg", {"alpha": None, "beta": 0.2}, model=Softmax(4, 3))
+    update = method.local_update(1, method.payload(1))
+    x, y = ctx.data.client(1, "train")
+    ctx.space.load(ctx.init)
+    sgd(ctx.space, x, y, steps=3, batch_size=4, lr=0.2, rule=FOMAMLStep(0.1),  # α = the run's lr, 0.1
+        generator=torch.Generator().manual_seed(_mix(0, 0, 1)))
+    assert torch.equal(update.tensors["model"], ctx.space.read())
+
+
+def test_ditto_reports_a_diverged_personal_model():
+    """The personal model's divergence must reach the engine's on_divergence rule even when the
+    global part trained fine: λ = 10³⁰ makes every personal step overshoot."""
+    method, ctx = make_method("ditto", {"lam": 1e30, "personal_steps": 5})
+    ctx.clients["personal"][0] = ctx.init + 1.0
+    update = method.local_update(0, method.payload(0))
+    assert torch.isfinite(update.tensors["model"]).all()
+    assert update.result.diverged
+
+
+def test_cgpfl_plan_trains_with_the_moreau_envelope_step():
+    method, ctx = make_method("cgpfl", {"clusters": 2, "lam": 3.0, "inner_steps": 4, "personal_lr": 0.02})
+    plan = method.plan(0, method.payload(0))
+    assert plan.rule == MoreauStep(3.0, 4, 0.02)
+
+
+def test_cgpfl_seeds_every_generalized_model_from_nearby_uploads():
+    # Squared distances between these uploads add up to far below 1: still distinct seeds.
+    method, ctx = make_method("cgpfl", {"clusters": 3}, clients=4)
+    uploads = [ctx.init + shift for shift in (0.001, 0.02, -0.02, 0.021)]
+    method.receive({c: fake_update("model", v, 1, personal=v) for c, v in enumerate(uploads)})
+    assert bool(method.seeded.all())
+
+
+def test_cgpfl_never_seeds_a_model_with_a_copy_of_a_seeded_one():
+    """30 uploads of only two distinct models and K = 3: the third model waits (enough rows that
+    a matrix-product distance would leave rounding noise where the distance is 0)."""
+    method, ctx = make_method("cgpfl", {"clusters": 3}, clients=30)
+    g = torch.Generator().manual_seed(3)
+    two = ctx.init + 10.0 * torch.randn(2, ctx.init.shape[0], generator=g)
+    method.receive({c: fake_update("model", two[c % 2], 1, personal=two[c % 2]) for c in range(30)})
+    assert int(method.seeded.sum()) == 2
