@@ -221,3 +221,158 @@ def test_report_shows_the_similarity_heatmap_and_the_papers_tables(tmp_path):
     cell = csv[(csv["table"] == "intra_acc") & (csv["method"] == "fcca")].iloc[0]
     assert cell["text"].startswith(f"{summary.loc['fcca', 'intra_acc_mean'] * 100:.1f}")
     assert cell["mean"] == pytest.approx(summary.loc["fcca", "intra_acc_mean"] * 100)
+
+
+# ---------------------------------------------------------------------- mechanisms, one at a time
+
+
+def test_flow_loss_is_the_negative_log_likelihood_with_an_alpha_weighted_augmentation():
+    """Eq. 3 per row: −log p(z | y) − const + α·[y' given]·(−log p(z' | y') − const), averaged; the
+    flow's own log_prob is the reference, so a wrong sign, factor or sum axis shows."""
+    net = flow(blocks=1, hidden=4)
+    with torch.no_grad():  # away from the near-identity initialization, so log|det J| is not ~0
+        for p in net.parameters():
+            p.add_(0.3 * torch.randn(p.shape, generator=torch.Generator().manual_seed(1)))
+    gen = torch.Generator().manual_seed(2)
+    z, noise = torch.randn(3, FEATURES, generator=gen), torch.randn(3, FEATURES, generator=gen)
+    y, unknown = torch.tensor([0, 1, 2]), torch.tensor([3, 3, 0])
+    onehot = net.onehot(unknown, torch.float32)
+    onehot[2] = 0  # the third row has no y' (its client holds every label)
+    rows = torch.cat([z, net.onehot(y, torch.float32), noise, onehot], dim=1)
+    constant = FEATURES / 2 * np.log(2 * np.pi)
+    with torch.no_grad():
+        own = -net.flow(net.onehot(y, torch.float32)).log_prob(z) - constant
+        augmented = -net.flow(net.onehot(unknown, torch.float32)).log_prob(noise) - constant
+        expected = (own + 0.5 * torch.tensor([1.0, 1.0, 0.0]) * augmented).mean()
+        assert float(FlowLikelihood(FEATURES, CLASSES + 1, alpha=0.5)(net, rows, y)) == pytest.approx(
+            float(expected), rel=1e-5)
+        assert float(FlowLikelihood(FEATURES, CLASSES + 1, alpha=0.0)(net, rows, y)) == pytest.approx(
+            float(own.mean()), rel=1e-5)
+
+
+def test_each_block_is_two_couplings_on_alternating_halves():
+    for blocks in (1, 2):
+        couplings = ConditionalFlow(FEATURES, CLASSES, blocks, 4).flow.transform.transforms
+        assert len(couplings) == 2 * blocks
+        masks = [c.mask.tolist() for c in couplings]
+        assert masks[0] == [True, False] * (FEATURES // 2) and masks[1] == [not m for m in masks[0]]
+
+
+def test_reconstructions_invert_every_flow_on_the_generators_two_noise_draws():
+    """ε1 and ε2 are the generator's two draws (the same for every client), each inverted per
+    label; the global torch RNG is not used, so the server's noise follows only its seed."""
+    space = ParamSpace(flow(blocks=1, hidden=4))
+    init = space.read()
+    vectors = torch.stack([init, init + 0.2 * torch.randn(init.shape, generator=torch.Generator().manual_seed(3))])
+    torch.manual_seed(99)
+    state = torch.get_rng_state()
+    first, second = reconstructions(space, vectors, 2, torch.Generator().manual_seed(7))
+    assert torch.equal(torch.get_rng_state(), state)
+    noise = torch.randn(2, 2, FEATURES, generator=torch.Generator().manual_seed(7))
+    net = space.model
+    with torch.no_grad():
+        for i, vector in enumerate(vectors):
+            space.load(vector)
+            for label in range(CLASSES):
+                context = net.onehot(torch.full((2,), label), torch.float32)
+                assert torch.allclose(first[i, label], net.inverse(noise[0], context), atol=1e-6)
+                assert torch.allclose(second[i, label], net.inverse(noise[1], context), atol=1e-6)
+    assert not torch.allclose(first, second)  # ε1 ≠ ε2: B_{y,i,i} is not trivially 1
+
+
+@pytest.fixture(scope="module")
+def fcca_spec(tmp_path_factory):
+    """Four digits clients and the smallest cINN (one block, 4 hidden units)."""
+    tmp = tmp_path_factory.mktemp("fcca")
+    flow_settings = {"clusters": 2, "flow_blocks": 1, "flow_hidden": 4, "server_samples": 3}
+    return parse_spec({
+        "seeds": [0, 1],
+        "training": {"model": "mlp", "rounds": 2, "clients_per_round": 4, "local_steps": 1, "batch_size": 8,
+                     "lr": 0.01, "eval_every": 1, "device": "cpu"},
+        "scenarios": {"s": {"dataset": "digits", "clients": 4,
+                            "partition": [{"kind": "iid"}, {"kind": "label_swap", "groups": 2, "pairs": 1}]}},
+        "methods": {"fcca": {**flow_settings, "alpha": 0.5, "flow_clip": 3.0},
+                    "fcca_per_prox": {**flow_settings, "mu": 0.25}},
+        "results_dir": str(tmp / "results"), "data_dir": str(tmp / "data"),
+    })
+
+
+def fcca_method(spec, method: str = "fcca", seed: int = 0):
+    from cflpipe.fl.engine import prepare_run
+
+    return prepare_run(spec, "s", method, seed).method
+
+
+def trained(vector: torch.Tensor, loss: float = 0.5, then: "Trained | None" = None):
+    from cflpipe.fl.local import LocalResult
+    from cflpipe.fl.plan import Trained
+
+    return Trained(vector, LocalResult(loss, 1, 8), then=then)
+
+
+def test_the_run_seeds_the_cinn_init_and_its_settings_reach_the_cinn_training(fcca_spec):
+    fcca, again, other = fcca_method(fcca_spec), fcca_method(fcca_spec), fcca_method(fcca_spec, seed=1)
+    assert torch.equal(fcca.ctx.clients["flow"], again.ctx.clients["flow"])
+    assert not torch.equal(fcca.ctx.clients["flow"], other.ctx.clients["flow"])  # another seed, another init
+    plan = fcca.flow_plan(0, trained(fcca.ctx.init))
+    assert plan.space == "flow" and plan.loss.alpha == 0.5 and plan.rule.clip == 3.0
+
+
+def test_fcca_prox_pulls_the_encoder_and_classifier_to_what_the_client_received(fcca_spec):
+    fcca = fcca_method(fcca_spec, "fcca_per_prox")
+    payload = fcca.payload(1)
+    plan = fcca.plan(1, payload)
+    assert len(plan.anchors) == 1 and plan.anchors[0].strength == 0.25 and plan.anchors[0].mask is None
+    assert torch.equal(plan.anchors[0].vector, plan.start)
+    assert torch.equal(plan.start[fcca.body_mask], payload.tensors["body"])
+
+
+def test_a_client_uploads_and_keeps_its_trained_cinn_and_a_diverged_one_is_left_out(fcca_spec):
+    """finish(): the trained cINN goes up and stays with the client (which trains it on next
+    round), FCCA+Per's classifier stays too; a diverged cINN's loss is not in flow_nll, and a
+    client whose encoder diverged (no cINN training) sends its stored cINN in a diverged update."""
+    fcca = fcca_method(fcca_spec, "fcca_per_prox")
+    fcca.round_start(np.arange(4))
+    model, stored = fcca.ctx.init + 0.5, fcca.ctx.clients.get("flow", 2).clone()
+    cinn = stored + 1.0
+    update = fcca.finish(2, fcca.payload(2), trained(model, then=trained(cinn, loss=2.0)))
+    assert torch.equal(update.tensors["flow"], cinn) and torch.equal(update.keep["flow"], cinn)
+    assert torch.equal(update.keep["head"], model[fcca.head_mask])
+    assert torch.equal(update.tensors["head"], model[fcca.head_mask]) and not update.result.diverged
+    diverged = fcca.finish(3, fcca.payload(3), trained(model, then=trained(cinn, loss=float("nan"))))
+    assert diverged.result.diverged
+    assert fcca.round_metrics() == {"flow_nll": 2.0}
+    encoder_diverged = fcca.finish(1, fcca.payload(1), trained(model, loss=float("inf")))
+    assert encoder_diverged.result.diverged
+    assert torch.equal(encoder_diverged.tensors["flow"], fcca.ctx.clients.get("flow", 1))
+    fcca.round_start(np.arange(4))
+    assert np.isnan(fcca.round_metrics()["flow_nll"])  # a round without a finite cINN loss
+
+
+def test_the_server_clusters_by_the_cinns_with_noise_drawn_from_the_run_seed_and_round(fcca_spec):
+    """Clients 0, 1 and 2, 3 upload two different cINNs: k-means on D puts them in two clusters,
+    whose classifiers are their members' heads averaged by training samples. Re-clustering twice
+    in one round gives the same D; another round or another seed redraws ε1, ε2 (the paper
+    redraws them every round)."""
+    fcca, other_seed = fcca_method(fcca_spec), fcca_method(fcca_spec, seed=1)
+    generator = torch.Generator().manual_seed(0)
+    flows = fcca.flows + torch.randn(2, fcca.flows.shape[1], generator=generator).repeat_interleave(2, 0)
+    heads = torch.randn(fcca.client_heads.shape, generator=generator)
+    for method in (fcca, other_seed):
+        method.flows, method.client_heads = flows.clone(), heads.clone()
+        method.heard[:] = True
+    fcca.recluster()
+    assert fcca.assign.tolist() == [0, 0, 1, 1]
+    sizes = torch.from_numpy(fcca.ctx.train_sizes()).float()
+    for cluster, members in enumerate(([0, 1], [2, 3])):
+        expected = (sizes[members, None] * heads[members]).sum(0) / sizes[members].sum()
+        assert torch.allclose(fcca.heads[cluster], expected, atol=1e-6)
+    first = fcca.similarity.clone()
+    assert torch.isfinite(first).all()
+    fcca.recluster()
+    assert torch.equal(fcca.similarity, first)
+    other_seed.recluster()
+    assert not torch.equal(other_seed.similarity, first)
+    fcca.ctx.round = 1
+    fcca.recluster()
+    assert not torch.equal(fcca.similarity, first)

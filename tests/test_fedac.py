@@ -256,3 +256,54 @@ def test_cnt_splits_when_the_models_have_more_parameters_than_max_clusters():
     split_centers, split_clusters, _ = tune_cluster_number(models, centers, clusters, 0.2, 0.8, 3, nearest)
     assert split_centers.shape[0] == 2
     assert clustering_scores(split_clusters, np.repeat([0, 1], 6))["ari"] == 1.0
+
+
+def test_the_pca_map_is_refitted_every_pca_every_rounds_and_follows_its_seed(tmp_path, capsys):
+    """pca_every 2: the map is fitted in rounds 1 and 3 (1-based) and kept in between, where only
+    the sampled clients are projected again with the kept map. The randomized SVD is seeded: the
+    same round on the same models fits the same map, bit for bit."""
+    fedac = mlp_fedac(tmp_path, components=3, pca_every=2, cnt=False)
+    twin = mlp_fedac(tmp_path, components=3, pca_every=2, cnt=False)
+    generator = torch.Generator().manual_seed(0)
+    start, versions = fedac.pca_version, []
+    for round_index in range(4):
+        fedac.ctx.round = round_index
+        models = fedac.models + 0.01 * torch.randn(fedac.models.shape, generator=generator)
+        kept = fedac.pca
+        fedac.aggregate(uploads(models))
+        versions.append(fedac.pca_version - start)
+        if round_index == 0:
+            twin.ctx.round = 0
+            twin.aggregate(uploads(models))
+            assert torch.equal(twin.pca.components, fedac.pca.components)
+        if round_index % 2:  # kept map: the projections are the round's models under it
+            assert fedac.pca is kept
+            assert torch.allclose(fedac.projections, kept.transform(models), atol=1e-6)
+    assert versions == [1, 1, 2, 2]
+    assert "LrCos keeps" not in capsys.readouterr().err  # 8 models give the 3 components asked for
+
+
+def test_a_resumed_run_has_the_pca_map_it_was_saved_with_or_none(tmp_path):
+    for similarity in ("l2", "lrcos"):
+        fedac = mlp_fedac(tmp_path, similarity=similarity, components=3)
+        fresh = mlp_fedac(tmp_path, similarity=similarity, components=3)
+        fresh.load_state_dict(fedac.state_dict())  # no round yet: no map
+        assert fresh.pca is None
+        fedac.ctx.round = 0
+        fedac.aggregate(uploads(fedac.models + 0.01 * torch.randn(fedac.models.shape,
+                                                                  generator=torch.Generator().manual_seed(1))))
+        fresh.load_state_dict(fedac.state_dict())
+        if similarity == "l2":  # the L2 ablation never fits a map
+            assert fresh.pca is None
+        else:
+            assert torch.equal(fresh.pca.mean, fedac.pca.mean)
+            assert torch.equal(fresh.pca.components, fedac.pca.components)
+
+
+def test_the_g_value_of_a_lone_cluster_is_reported_as_missing(tmp_path):
+    """One cluster has no other to compare with: G is inf, written as a missing value."""
+    fedac = mlp_fedac(tmp_path, clusters=1, cnt=False)
+    fedac.ctx.round = 0
+    fedac.aggregate(uploads(fedac.models + 0.01 * torch.randn(fedac.models.shape,
+                                                              generator=torch.Generator().manual_seed(2))))
+    assert np.isinf(fedac.g_values).all() and fedac.round_metrics()["fedac_g"] == [None]

@@ -281,3 +281,27 @@ def test_the_public_batch_is_drawn_by_the_sampling_weights_without_replacement(t
     for round_index in range(3):
         method.ctx.round = round_index
         assert method._draw_public_batch().tolist() == favoured.tolist()
+
+
+def test_shared_layers_sets_the_initial_number_of_shared_layers(tmp_path):
+    run = prepare_run(spec_of(tmp_path, {"fedtsdp": {"shared_layers": 1}}), "s", "fedtsdp", 0)
+    method = run.method
+    method.round_start(np.arange(6))
+    assert method.shared_count() == 1 and method.round_metrics()["shared_layers"] == 1.0
+    assert method.payload(0).tensors["shared"].numel() == int(run.space.first_layers(1).sum())
+
+
+def test_clients_are_evaluated_with_their_clusters_shared_layers_and_their_own_other_layers(tmp_path):
+    method = prepare_run(spec_of(tmp_path, {"fedtsdp": {"shared_layers": 1}}), "s", "fedtsdp", 0).method
+    p = method.centers.shape[1]
+    method.centers = torch.stack([torch.full((p,), 10.0), torch.full((p,), 20.0)])
+    method.clusters = np.array([0, 0, 0, 1, 1, 1])
+    own = torch.arange(6.0)[:, None].repeat(1, p)
+    method.ctx.clients["model"] = own.clone()
+    shared = method.ctx.space.first_layers(1)
+    models, index = method.eval_models()
+    for client in range(6):
+        vector = models[index[client]]
+        assert torch.equal(vector, method.eval_params(client))
+        assert torch.all(vector[shared] == 10.0 * (1 + method.clusters[client]))
+        assert torch.equal(vector[~shared], own[client][~shared])
