@@ -722,6 +722,110 @@ REASONS: dict[str, str] = {
         "emptied: killed by test_mcfl_uploads_train_feature_means_and_the_engine_selects_by_them (added "
         "after the pass; it calls select_model before any evaluation). Equivalent: the generator without "
         "len(x) or without the purpose (another valid seeded stream).",
+    "cflpipe.methods.fcca.xǁFlowLikelihoodǁ__call__":
+        "The sign, the factor 1/2 and the sum axes of Eq. 3 and of its α-weighted augmentation term: "
+        "killed by test_flow_loss_is_the_negative_log_likelihood_with_an_alpha_weighted_augmentation "
+        "(added after the review; it compares with the flow's own log_prob). Equivalent: `.sum(+1)` for "
+        "`.sum(-1)` (3 mutants), since the rows are 2-D (samples × features), so axis 1 is the last axis.",
+    "cflpipe.methods.fcca.xǁFCCAǁfinish":
+        "What goes up and what the client keeps: the trained cINN and not the stored one, `keep` dropped "
+        "(the cINN would restart from its init every round), FCCA+Per's classifier not kept, a diverged "
+        "cINN's loss counted in flow_nll, and a crash or wrong vector when the encoder diverged (`then` "
+        "is None). All killed by "
+        "test_a_client_uploads_and_keeps_its_trained_cinn_and_a_diverged_one_is_left_out (added after the"
+        " review).",
+    "cflpipe.methods.fcca.xǁFCCAǁrecluster":
+        "Killed by test_the_server_clusters_by_the_cinns_with_noise_drawn_from_the_run_seed_and_round "
+        "(added after the review): `labels = None` or `canonical_labels(None)` (everyone in cluster 0), "
+        "and server noise not seeded by the run's seed and round (generator None, a part of mix_seed "
+        "dropped). Equivalent: mix_seed without the purpose gives another stream that still follows seed "
+        "and round; the k-means seed (None or the default 0) and init (Forgy for k-means++) reach the "
+        "same partition on the tests' well-separated D; `.to(None)` leaves D float64 and the weights are "
+        "cast by cluster_average (`weights.to(vectors)`).",
+    "cflpipe.methods.fcca.xǁFCCAǁ__init__":
+        "α and flow_clip not passed on to the cINN's training, and the cINN init without the run seed: "
+        "killed by test_the_run_seeds_the_cinn_init_and_its_settings_reach_the_cinn_training (added after"
+        " the review). `mix_seed(ctx.seed)` without the purpose is another per-seed stream. `_flow_losses"
+        " = None` is equivalent: round_start sets it to [] before any finish. The `devices` mutants are "
+        "the CUDA branch: on a CPU run fork_rng forks the CPU generator either way (devices=None means "
+        "every CUDA device, none here). No GPU where the tests run; on a GPU `and False` or `index and "
+        "0`/`or 1` would let the flow's seeding reseed the run's CUDA generator or fork the wrong device.",
+    "cflpipe.methods.fcca.x_reconstructions":
+        "Noise not drawn from the server's generator (global RNG), and ε1's inversions replaced by ε2's "
+        "(which makes B_{y,i,i} trivially 1 and turns off the confidence weighting P): killed by "
+        "test_reconstructions_invert_every_flow_on_the_generators_two_noise_draws (added after the "
+        "review).",
+    "cflpipe.methods.fcca.xǁFCCAǁplan":
+        "FCCA+Prox's anchor dropped (`and False`, anchors argument left out): killed by "
+        "test_fcca_prox_pulls_the_encoder_and_classifier_to_what_the_client_received (added after the "
+        "review). Equivalent: `or True` adds a zero-strength anchor when μ = 0, and step_config drops "
+        "anchors of strength 0 (fl/local.py, `if a.strength != 0`).",
+    "cflpipe.methods.fcca.xǁConditionalFlowǁ__init__":
+        "The number of couplings (zuko's default of 3 for `2 * blocks`): killed by "
+        "test_each_block_is_two_couplings_on_alternating_halves (added after the review). Equivalent: "
+        "slope exp(+CLAMP) for exp(−CLAMP). zuko's MonotonicAffineTransform only uses `abs(scale / "
+        "log(slope))`, so the bound |log scale| < 2 is the same.",
+    "cflpipe.methods.fcca.xǁFCCAǁround_metrics":
+        "`float(None)` for a round without a finite cINN loss: killed by "
+        "test_a_client_uploads_and_keeps_its_trained_cinn_and_a_diverged_one_is_left_out (added after the"
+        " review). Equivalent: `or True` takes np.mean of an empty list, which is NaN as well (with a "
+        "RuntimeWarning).",
+    "cflpipe.methods.fedac.xǁFedACǁ__init__":
+        "Equivalent: initial values overwritten before they are read. pca_round (None, +1, -2) is read "
+        "only once a map exists, and the fit that creates it also sets pca_round. pca_version 1 and "
+        "client_pca_version -2 are only compared for inequality. The first LrCos aggregation replaces "
+        "projections (zeros of shape (0,), (m,), (m, 1)) with the full projection, and the L2 ablation "
+        "never reads them. `_said_dims = None` is falsy like False. `rng(173)` for `rng(0xAC)` (172) is "
+        "another valid random R⁰.",
+    "cflpipe.methods.fedac.xǁFedACǁ_update_projections":
+        "Killed by test_the_pca_map_is_refitted_every_pca_every_rounds_and_follows_its_seed (added after "
+        "the review): the refit schedule (`round + pca_round`), an unseeded randomized SVD (seed=None) "
+        "and the D-components warning also printed when D is kept whole (`<=`). Equivalent: the seed left"
+        " at fit_pca's default 0 or the purpose 203 for 0xCA, which give another deterministic stream.",
+    "cflpipe.methods.fedac.xǁFedACǁe_step":
+        "The L2 branch: killed by "
+        "test_the_l2_e_step_assigns_the_nearest_center_where_lrcos_sees_no_difference (added after the "
+        "pass).",
+    "cflpipe.methods.fedac.xǁFedACǁstate_dict":
+        "Resume with no PCA map (before the first round, or the L2 ablation, which never fits one) and "
+        "with one: a one-element `empty` that resumes as a bogus map, a crash when there is no map, the "
+        "mean dropped. Killed by test_a_resumed_run_has_the_pca_map_it_was_saved_with_or_none (added "
+        "after the review).",
+    "cflpipe.methods.fedac.x_cluster_ratios":
+        "`k == 2` and `np.array(None)`: killed by "
+        "test_cnt_splits_when_the_models_have_more_parameters_than_max_clusters (added after the pass). "
+        "Equivalent: bincount without minlength, because the callers pass clusters right after an M-step,"
+        " so every label 0..K−1 has a member. `clamp_min(2)` differs only for a one-member cluster, whose"
+        " center is that member, so its intra distance is 0 (up to rounding) either way.",
+    "cflpipe.methods.fedac.xǁFedACǁload_state_dict":
+        "A map built from empty tensors instead of None: killed by "
+        "test_a_resumed_run_has_the_pca_map_it_was_saved_with_or_none (added after the review). `device ="
+        " None` is identical on CPU (Tensor.to(None) returns the tensor); on a GPU the resumed map would "
+        "stay on the CPU.",
+    "cflpipe.methods.fedac.xǁFedACǁround_metrics":
+        "A lone cluster's infinite G written as inf rather than missing: killed by "
+        "test_the_g_value_of_a_lone_cluster_is_reported_as_missing (added after the review).",
+    "cflpipe.methods.fedtsdp.xǁFedTSDPǁ__init__":
+        "`shared_layers` ignored (`or True`): killed by "
+        "test_shared_layers_sets_the_initial_number_of_shared_layers (added after the review). "
+        "Equivalent: last_hopkins, last_clustered, _round_shared and _mask are set again by round_start "
+        "before the round's first payload or round_metrics. times_clustered is only checkpointed and "
+        "incremented, and nothing reads it.",
+    "cflpipe.methods.fedtsdp.x__noise_to_singletons":
+        "Equivalent: noise points get labels above every cluster label either way (initial None, +1 or "
+        "-2, `+ 2`), and canonical_labels then renumbers by first appearance. The labels are never empty "
+        "(DBSCAN of at least one client).",
+    "cflpipe.methods.fedtsdp.x_two_stage_clusters":
+        "Equivalent: a start label of 1 or a gap of 2 between stage-1 groups keeps the groups' labels "
+        "disjoint, and canonical_labels renumbers them.",
+    "cflpipe.methods.fedtsdp.xǁFedTSDPǁ_recluster":
+        "Equivalent: `offset + 1` leaves one unused label, whose padding center (the initial model) is "
+        "dropped when the labels are renumbered. The mapping moves each center with its label.",
+    "cflpipe.methods.fedtsdp.xǁFedTSDPǁeval_models":
+        "`mask = None` evaluates every client with its cluster's whole model, losing its personalization "
+        "layers: killed by "
+        "test_clients_are_evaluated_with_their_clusters_shared_layers_and_their_own_other_layers (added "
+        "after the review).",
 }
 
 
