@@ -399,7 +399,8 @@ REASONS: dict[str, str] = {
         "Equivalent: `jobs[1][1]` for the first plan (a group has at least two plans and every field "
         "`first` is read for is part of the group key); the initial `steps = 1`, overwritten by the loop;"
         " vmap's randomness `different` for networks without dropout, where nothing random is drawn. "
-        "`steps / per_step * batch` changes `LocalResult.samples`, which no code outside the tests reads.",
+        "`steps / per_step * batch` (a float where per_step is 1) is killed by the int check in "
+        "test_the_batched_trainer_applies_every_setting_of_a_plan_as_the_sequential_one (added after the pass).",
     "cflpipe.fl.trainers.xǁBatchedTrainerǁgroup_key":
         "Equivalent: `id(a.mask)` / `id(plan.trainable)` also for None (id(None) is one constant, the "
         "same partition) and the inverted `inputs is None` flag (the same partition). The rest (masks all"
@@ -486,10 +487,10 @@ REASONS: dict[str, str] = {
         "Equivalent: the unknown-name guard protects input no caller gives (the only callers pass names "
         "read from the model itself).",
     "cflpipe.clustering.x__row_slices":
-        "Equivalent: `max(2, …)` rows per chunk only differs for rows of more than 2²² parameters, where "
+        "Equivalent: `max(2, …)` rows per chunk only differs for rows of more than 2²¹ parameters, where "
         "a chunk then holds two rows instead of one (memory, not results: kmeans and nearest_center give "
         "the same answer in any chunking, test_kmeans_gives_the_same_answer_in_any_chunking); "
-        "`max(features, 2)` only differs for zero features.",
+        "`max(features, 2)` only differs for rows of zero or one feature (chunk sizes, not results).",
     "cflpipe.clustering.x_as_matrix":
         "Integer input (documented: numpy arrays are accepted and converted) left as None or as integers:"
         " killed by test_integer_input_is_converted_to_float64 (added after the pass).",
@@ -503,8 +504,8 @@ REASONS: dict[str, str] = {
         " complete linkage's merge order unchanged "
         "(test_cfl_bipartition_equals_reference_agglomerative_on_negative_similarity); the diagonal (None"
         " → nan, 1.0) is dropped by `squareform(checks=False)`, and `checks=True` passes on the exactly "
-        "symmetric (s + sᵀ)/2 with zero diagonal; `clip(d, None, None)` is a no-op only where d < 0, "
-        "which cosine similarities clamped to [−1, 1] never give.",
+        "symmetric (s + sᵀ)/2 with zero diagonal; `clip(d, None, None)` drops the clamp at 0, which "
+        "matters only where d < 0, which cosine similarities clamped to [−1, 1] never give.",
     "cflpipe.clustering.x_cosine_similarity_matrix":
         "`(b is a) and False` normalizes b by the same operations, bit for bit (equivalent). The clamp's "
         "bounds dropped or widened: killed by test_cosine_similarity_stays_within_minus_one_and_one "
@@ -589,8 +590,9 @@ REASONS: dict[str, str] = {
         "client came back.",
     "cflpipe.methods.fedgroup.xǁFedGroupǁround_start":
         "Killed by tests added after the pass: k-means' seed, restarts and k-means++ init, and group 0's "
-        "clients pre-trained again as newcomers (test_fedgroup_pretraining_measures_updates_from_the_init"
-        "ial_model_and_pretrains_only_newcomers); `len(clients) <= k`, which never initialized with α = 1"
+        "clients pre-trained again as newcomers "
+        "(test_fedgroup_pretraining_measures_updates_from_the_initial_model_and_pretrains_only_newcomers); "
+        "`len(clients) <= k`, which never initialized with α = 1"
         " (test_fedgroup_initializes_when_exactly_k_clients_pretrain). Equivalent: `replace=None` (falsy)"
         " and the purposes 0xF6 / 0xF7 renumbered (another valid seeded stream).",
     "cflpipe.methods.cfl.xǁCFLǁ__init__":
@@ -736,11 +738,12 @@ REASONS: dict[str, str] = {
         " review).",
     "cflpipe.methods.fcca.xǁFCCAǁrecluster":
         "Killed by test_the_server_clusters_by_the_cinns_with_noise_drawn_from_the_run_seed_and_round "
-        "(added after the review): `labels = None` or `canonical_labels(None)` (everyone in cluster 0), "
+        "(added after the pass): `labels = None` or `canonical_labels(None)` (everyone in cluster 0), "
         "and server noise not seeded by the run's seed and round (generator None, a part of mix_seed "
         "dropped). Equivalent: mix_seed without the purpose gives another stream that still follows seed "
-        "and round; the k-means seed (None or the default 0) and init (Forgy for k-means++) reach the "
-        "same partition on the tests' well-separated D; `.to(None)` leaves D float64 and the weights are "
+        "and round. Not seen (a gap, left): the k-means seed (None or the default 0) and init (Forgy for "
+        "k-means++) reach the same partition on the tests' well-separated D. Equivalent: `.to(None)` "
+        "leaves D float64 and the weights are "
         "cast by cluster_average (`weights.to(vectors)`).",
     "cflpipe.methods.fcca.xǁFCCAǁ__init__":
         "α and flow_clip not passed on to the cINN's training, and the cINN init without the run seed: "
@@ -762,7 +765,7 @@ REASONS: dict[str, str] = {
         "anchors of strength 0 (fl/local.py, `if a.strength != 0`).",
     "cflpipe.methods.fcca.xǁConditionalFlowǁ__init__":
         "The number of couplings (zuko's default of 3 for `2 * blocks`): killed by "
-        "test_each_block_is_two_couplings_on_alternating_halves (added after the review). Equivalent: "
+        "test_each_block_is_two_couplings_on_alternating_halves (added after the pass). Equivalent: "
         "slope exp(+CLAMP) for exp(−CLAMP). zuko's MonotonicAffineTransform only uses `abs(scale / "
         "log(slope))`, so the bound |log scale| < 2 is the same.",
     "cflpipe.methods.fcca.xǁFCCAǁround_metrics":
@@ -799,15 +802,15 @@ REASONS: dict[str, str] = {
         " center is that member, so its intra distance is 0 (up to rounding) either way.",
     "cflpipe.methods.fedac.xǁFedACǁload_state_dict":
         "A map built from empty tensors instead of None: killed by "
-        "test_a_resumed_run_has_the_pca_map_it_was_saved_with_or_none (added after the review). `device ="
+        "test_a_resumed_run_has_the_pca_map_it_was_saved_with_or_none (added after the pass). `device ="
         " None` is identical on CPU (Tensor.to(None) returns the tensor); on a GPU the resumed map would "
         "stay on the CPU.",
     "cflpipe.methods.fedac.xǁFedACǁround_metrics":
         "A lone cluster's infinite G written as inf rather than missing: killed by "
-        "test_the_g_value_of_a_lone_cluster_is_reported_as_missing (added after the review).",
+        "test_the_g_value_of_a_lone_cluster_is_reported_as_missing (added after the pass).",
     "cflpipe.methods.fedtsdp.xǁFedTSDPǁ__init__":
         "`shared_layers` ignored (`or True`): killed by "
-        "test_shared_layers_sets_the_initial_number_of_shared_layers (added after the review). "
+        "test_shared_layers_sets_the_initial_number_of_shared_layers (added after the pass). "
         "Equivalent: last_hopkins, last_clustered, _round_shared and _mask are set again by round_start "
         "before the round's first payload or round_metrics. times_clustered is only checkpointed and "
         "incremented, and nothing reads it.",

@@ -25,6 +25,8 @@ from cflpipe.fl.params import ParamSpace, cluster_average, weighted_average
 from cflpipe.models import build_model
 from cflpipe.spec import parse_spec
 
+from conftest import require_plugin
+
 torch.set_num_threads(1)
 
 STABLE_FILES = ("metrics.parquet", "clusters.parquet", "rounds.parquet", "plots.csv", "summary.json",
@@ -975,14 +977,12 @@ def test_a_runs_config_records_the_release_of_a_plugin_it_runs(tmp_path):
 
     from cflpipe.fl.engine import resolved_config
 
-    try:
-        version = metadata.version("cflpipe-plugin-example")
-    except metadata.PackageNotFoundError:
-        pytest.skip("cflpipe-plugin-example is not installed (python3 -m pip install -e "
-                    "examples/cflpipe-plugin-example)")
+    require_plugin()
+    version = metadata.version("cflpipe-plugin-example")
     spec = parse_spec({**tiny_spec(tmp_path), "methods": {"fedavg": {}, "momentum": {"method": "fedavgm"}}})
     assert resolved_config(spec, "swap", "momentum", 0)["plugins"] == {"cflpipe-plugin-example": version}
     assert "plugins" not in resolved_config(spec, "swap", "fedavg", 0)
+
 
 def test_a_finished_run_is_skipped_only_unforced_and_for_the_same_config(tmp_path):
     spec = parse_spec(tiny_spec(tmp_path, rounds=1, eval_every=1))
@@ -1058,12 +1058,12 @@ def test_a_run_fails_when_more_than_half_its_updates_were_skipped(tmp_path):
 
 def test_the_exploding_loss_warning_compares_with_ten_times_the_first_finite_loss(tmp_path, capsys):
     run = prepare_run(parse_spec(tiny_spec(tmp_path)), "swap", "fedavg", 0)
-    run.tables["rounds"]["train_loss"] = [float("nan"), 2.0, 3.0]  # round 1: every update skipped
+    run.tables["rounds"].update(round=[1, 2, 3], train_loss=[float("nan"), 2.0, 3.0])  # round 1: all skipped
     run.warn_if_exploding(20.0)  # 10 × 2.0, not beyond it
     assert capsys.readouterr().err == ""
     run.warn_if_exploding(20.5)
     run.warn_if_exploding(30.0)
-    assert capsys.readouterr().err.count("is over 10× round 1's (2)") == 1
+    assert capsys.readouterr().err.count("is over 10× round 2's (2)") == 1
 
 
 def test_summary_figures_that_are_nan_are_written_as_null():

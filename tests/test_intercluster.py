@@ -62,6 +62,8 @@ def _uploads(method, vectors: torch.Tensor, feature_means: torch.Tensor | None =
         updates[client] = Update(tensors, 10, LocalResult(0.5, 1, 1))
     return updates
 
+
+def test_modifiers_exist_for_every_cluster_method():
     names = set(all_methods())
     for base in ("cfl", "ifca", "fesem", "flhc", "fedgroup", "oracle"):
         assert {f"{base}_awcfl", f"{base}_mcfl"} <= names

@@ -686,6 +686,8 @@ def test_pair_swaps_reach_every_distinct_swap_and_count_them():
     # 4 labels have exactly 3 double swaps: all of them fit, one group more does not.
     draw = _pair_swaps(4, 4, 2, np.random.default_rng(0), "f", "d")
     assert {tuple(row) for row in draw} == {(0, 1, 2, 3), (1, 0, 3, 2), (2, 3, 0, 1), (3, 2, 1, 0)}
+    with pytest.raises(PartitionError, match=r"at most 4 groups, got 5"):
+        _pair_swaps(4, 5, 2, np.random.default_rng(0), "f", "d")
     # Triple swaps of 6 labels: 6! / (2³ · 3!) = 15 (2 · 3 in place of 2³ would say 20).
     assert len({tuple(row) for row in _pair_swaps(6, 16, 3, np.random.default_rng(0), "f", "d")}) == 16
     with pytest.raises(PartitionError, match=r"there are 15 distinct swaps, so at most 16 groups, got 22"):

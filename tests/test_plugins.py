@@ -25,19 +25,9 @@ from cflpipe import plugins
 from cflpipe.errors import SpecError
 from cflpipe.spec import parse_spec
 
-ROOT = Path(__file__).resolve().parents[1]
-PLUGIN = "cflpipe-plugin-example"
+from conftest import PLUGIN, ROOT, require_plugin
+
 PLUGIN_DIR = ROOT / "examples" / PLUGIN
-
-
-def require_plugin() -> None:
-    try:
-        metadata.distribution(PLUGIN)
-    except metadata.PackageNotFoundError:
-        message = f"{PLUGIN} is not installed (python3 -m pip install -e examples/{PLUGIN})"
-        if os.environ.get("CI", "").strip().lower() in ("true", "1", "yes"):
-            pytest.fail(f"{message}; CI=true, where the plugin tests must run, not skip")
-        pytest.skip(message)
 
 
 def cli(*args: str, cwd: Path, pythonpath: list[Path] = ()) -> subprocess.CompletedProcess:

@@ -7,6 +7,7 @@ loop's guards and loss record, and the flat parameter space."""
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -107,7 +108,7 @@ def test_a_loss_vmap_cannot_run_falls_back_to_sequential_said_once(tmp_path, cap
             assert torch.equal(expected[True][c].vector, expected[False][c].vector)
     err = capsys.readouterr().err
     assert err.count("the batched trainer cannot run some client plans") == 1
-    assert "(RuntimeError: " in err  # the exception vmap raised, not a stand-in
+    assert re.search(r"\(\w+Error: ", err)  # the exception vmap raised (its type varies by torch release)
     assert len(err.strip().splitlines()) == 1
     assert run.trainer.counts == {"batched": 0, "sequential": 8}
 
@@ -159,6 +160,7 @@ def test_the_batched_trainer_applies_every_setting_of_a_plan_as_the_sequential_o
         assert torch.equal(b.vector[~space.body], start[~space.body])
         assert float((a.vector - b.vector).abs().max()) <= 1e-5 * float(a.vector.abs().max())
         assert (a.result.steps, a.result.samples) == (b.result.steps, b.result.samples) == (3, 24)
+        assert type(b.result.samples) is int  # a count of samples, as the sequential trainer's
         assert abs(a.result.loss - b.result.loss) <= 1e-5 * abs(a.result.loss)
 
 

@@ -339,13 +339,15 @@ class Run:
     def warn_if_exploding(self, loss: float) -> None:
         """Warn once when the mean training loss grows far beyond the first round's (finite, but
         on its way to diverging)."""
-        losses = [v for v in self.tables["rounds"]["train_loss"] if v is not None and math.isfinite(v)]
-        if self._warned_exploding or not losses or not math.isfinite(loss) or loss <= EXPLODING_FACTOR * losses[0]:
+        rounds = self.tables["rounds"]
+        first = next(((r, v) for r, v in zip(rounds["round"], rounds["train_loss"])
+                      if v is not None and math.isfinite(v)), None)
+        if self._warned_exploding or first is None or not math.isfinite(loss) or loss <= EXPLODING_FACTOR * first[1]:
             return
         self._warned_exploding = True
         print(f"warning: {self.scenario}/{self.method_name}/seed{self.seed}: round {self.ctx.round + 1} training "
-              f"loss {loss:.4g} is over {EXPLODING_FACTOR:g}× round 1's ({losses[0]:.4g}); training may be "
-              f"diverging (lower training.lr)", file=sys.stderr)
+              f"loss {loss:.4g} is over {EXPLODING_FACTOR:g}× round {first[0]}'s ({first[1]:.4g}); training may "
+              f"be diverging (lower training.lr)", file=sys.stderr)
 
     def append(self, table: str, row: dict[str, Any]) -> None:
         columns = self.tables[table]
