@@ -368,14 +368,14 @@ class _Stopped(Exception):
     pass
 
 
-def _interrupted_after_round_4(spec, monkeypatch):
+def _interrupted_after_round(spec, monkeypatch, last_round: int = 4):
     from cflpipe.fl import engine
 
     save = engine.Run.save_state
 
     def save_then_stop(self, round_number):
         save(self, round_number)
-        if round_number == 4:
+        if round_number == last_round:
             raise _Stopped
 
     with monkeypatch.context() as patch:
@@ -402,7 +402,7 @@ def test_a_damaged_checkpoint_is_detected_and_the_run_starts_afresh(tmp_path, fi
                                                                     capsys, damage, problem):
     _, runs = finished_runs
     spec = parse_spec(tiny_spec(tmp_path))
-    _interrupted_after_round_4(spec, monkeypatch)
+    _interrupted_after_round(spec, monkeypatch)
     state = spec.run_dir("swap", "fedavg", 0) / "state" / "state.pt"
     damage(state)
     capsys.readouterr()
@@ -416,7 +416,7 @@ def test_an_intact_checkpoint_resumes_silently(tmp_path, finished_runs, monkeypa
                                                  record_start_rounds):
     _, runs = finished_runs
     spec = parse_spec(tiny_spec(tmp_path))
-    _interrupted_after_round_4(spec, monkeypatch)
+    _interrupted_after_round(spec, monkeypatch)
     capsys.readouterr()
     started = record_start_rounds()
     result = train_run(spec, "swap", "fedavg", 0, progress=False)
@@ -1018,23 +1018,11 @@ def test_a_resume_before_the_first_evaluation_equals_an_uninterrupted_run(tmp_pa
                                                                          record_start_rounds):
     # A checkpoint before the first evaluation holds empty metrics tables; a resumed run must
     # extend them like a fresh one and come out byte-identical.
-    from cflpipe.fl import engine
-
     settings = dict(rounds=3, eval_every=3, checkpoint_every=1, clients_per_round=2, local_steps=1)
     reference = train_run(parse_spec(tiny_spec(tmp_path / "reference", **settings)), "swap", "fedavg", 0,
                           progress=False)
     spec = parse_spec(tiny_spec(tmp_path / "resumed", **settings))
-    save = engine.Run.save_state
-
-    def save_then_stop(self, round_number):
-        save(self, round_number)
-        if round_number == 1:
-            raise _Stopped
-
-    with monkeypatch.context() as patch:
-        patch.setattr(engine.Run, "save_state", save_then_stop)
-        with pytest.raises(_Stopped):
-            train_run(spec, "swap", "fedavg", 0, progress=False)
+    _interrupted_after_round(spec, monkeypatch, last_round=1)
     checkpoint, _ = read_state(spec.run_dir("swap", "fedavg", 0) / "state" / "state.pt")
     assert checkpoint["method"] is not None and checkpoint["tables"]["metrics"] == {}
     capsys.readouterr()
