@@ -230,7 +230,7 @@ REASONS: dict[str, str] = {
     "cflpipe.partition.x_apply_transform":
         "Killed by test_rotations when run by hand (`% 361`, `turned = None`, the quarter-turn count "
         "dropped or divided by 91, axes (-3, -1) or (-2, +1)), a test in the pass's selection and budget:"
-        " why the pass recorded these as surviving is not known. `angle * 90` and `angle / 91` (45° taken"
+        " the third pass recorded them as surviving, the fourth as killed. `angle * 90` and `angle / 91` (45° taken"
         " for no turn, 91° for 90°) and the interpolation order (3 by default, 2) are killed by "
         "test_free_angle_rotation_turns_a_ramp_by_exactly_that_angle, `cval=1.0` by "
         "test_free_angle_rotation_keeps_the_pixel_range_and_pads_with_black (both added after the pass). "
@@ -829,6 +829,53 @@ REASONS: dict[str, str] = {
         "layers: killed by "
         "test_clients_are_evaluated_with_their_clusters_shared_layers_and_their_own_other_layers (added "
         "after the review).",
+    "cflpipe.clustering.xǁ_Centeredǁpass_rows":
+        "Memory, not results: `out=None` or no `out` allocates a fresh chunk instead of reusing the pass "
+        "buffer, and `out=` a slice past the last chunk's rows makes torch resize it; the values are the "
+        "same (test_kmeans_gives_the_same_answer_in_any_chunking).",
+    "cflpipe.fl.checkpoint.x__externalize":
+        "Equivalent: a table of exactly MIN_ROWS_BYTES goes to row blocks or into state.pt; either way it"
+        " round-trips to the same bytes (storage, not state).",
+    "cflpipe.fl.checkpoint.x__read_blocks":
+        "Gap, left: `and` for `or` in the check of a row-table entry (17-19) lets an entry with zero rows"
+        " per block or one dimension through to a ZeroDivisionError or a reshape error instead of the "
+        "clean refusal; only a hand-made state.pt with a matching digest has such an entry, and no fast "
+        "test builds one. Equivalent: `min(shape) <= 0` or `< 1` and the `shape[0]` guards of `row_bytes`"
+        " (40, 43, 44) differ only for a table with a zero dimension, which is never large enough "
+        "(MIN_ROWS_BYTES) to be stored as row blocks; `read(None)` or `read(2)` after the block is filled"
+        " is non-empty exactly when `read(1)` is (77, 78).",
+    "cflpipe.fl.checkpoint.x__write_blocks":
+        "`.to(None)` for `.to(\"cpu\")`: identical for CPU tables, where the tests run; a CUDA table would "
+        "then fail loudly at `.numpy()` (a GPU-only gap). `max(row_bytes, 2)` differs only for rows of "
+        "one byte, which no table of at least MIN_ROWS_BYTES that a method keeps has.",
+    "cflpipe.fl.checkpoint.x_manifest_bytes":
+        "Killed by test_clean_reports_exactly_the_bytes_it_frees_and_a_dry_run_the_same (added after the "
+        "fourth pass).",
+    "cflpipe.fl.checkpoint.x_read_state":
+        "As cflpipe.fl.engine.x_read_state in the third pass: `weights_only` None or left out is torch's "
+        "default, True since torch 2.6 (a gap only on torch 2.2-2.5, which pyproject allows); "
+        "`map_location` None or left out matters only for a checkpoint written on a GPU and resumed "
+        "without one (a gap, left: needs a GPU).",
+    "cflpipe.fl.checkpoint.x_state_bytes":
+        "Equivalent: globbing a missing folder finds nothing, so `or True` gives 0 as well; `else 1` adds"
+        " a byte to both sides of clean's difference (before and after), which cancels; the figure is "
+        "otherwise read only by the benchmark.",
+    "cflpipe.fl.checkpoint.x_write_state":
+        "Equivalent: `missing_ok` None or False only matters if a block listed by the glob a moment "
+        "before is gone, i.e. another writer, which the run's lock excludes.",
+    "cflpipe.fl.engine.x__cut_down_state":
+        "Killed by test_clean_reports_exactly_the_bytes_it_frees_and_a_dry_run_the_same (added after the "
+        "fourth pass).",
+    "cflpipe.fl.engine.x__state_folders":
+        "Equivalent: only the state file's folder is used (rows_folder takes the name's parent), so "
+        "`STATE.PT` gives the same folders.",
+    "cflpipe.fl.engine.x_clean_runs":
+        "The lock's description (None) only reaches the message a second process prints; mutant 1 "
+        "changes no line mutmut can show. `break` for a `continue` stops cleaning at the first run it "
+        "skips, so later finished runs keep their models: a gap, left (the clean test's skipped run is "
+        "last in its matrix).",
+    "cflpipe.partition.x_small_test_sets":
+        "Text: 101 for 100 in the percentage a warning prints.",
 }
 
 
