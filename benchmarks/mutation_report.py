@@ -97,8 +97,11 @@ REASONS: dict[str, str] = {
     "cflpipe.methods.fesem.xǁFeSEMǁ_initialize": "The clients missing from the initialization: killed by "
     "test_fesem_a_client_missing_from_the_initialization_takes_the_center_nearest_the_initial_model (added after "
     "the pass); the k-means seed and restarts are equivalent on its data.",
-    "cflpipe.partition.x__label_permutations": "The branch that enumerates every permutation (few classes) is "
-    "reached by no test: every test dataset has 10 classes. A gap, left for a later pass.",
+    "cflpipe.partition.x__label_permutations": "The branch that enumerates every permutation (few classes) was "
+    "reached by no test (every test dataset has 10 classes): now by "
+    "test_few_class_label_permutations_are_distinct_non_identity_draws_of_every_permutation (added after the "
+    "fourth pass). Sending few classes to the drawing branch instead is equivalent: it draws valid distinct "
+    "permutations too.",
     "cflpipe.methods.cfl.xǁCFLǁ_split": "Guards for clusters of fewer than two members (never split), the halves' "
     "order (renumbered afterwards), `>=` vs `>` on a continuous γ and dtypes of label arrays.",
     "cflpipe.partition.x__plan_groups":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import time
 from pathlib import Path
 
@@ -821,3 +822,21 @@ def test_pathological_fill_tops_up_exactly_and_splits_the_rest_evenly():
     assert fill(6, [1, 3]) == [2, 4]
     # 4 + 3 + 3 wanted, label 0 has 1: the 3 missing go 2 + 1 to labels 1 and 2, first label first.
     assert fill(10, [0, 9, 9]) == [1, 5, 4]
+
+
+def test_few_class_label_permutations_are_distinct_non_identity_draws_of_every_permutation():
+    # Datasets of few classes (CelebA's 2, a user's 3-class files) take the enumerating branch:
+    # group 0 keeps the labels, the others are distinct permutations, drawn by the seed.
+    from cflpipe.partition import _label_permutations
+
+    three = _label_permutations(3, 6, np.random.default_rng(0), "f", "d")
+    assert three.shape == (6, 3) and tuple(three[0]) == (0, 1, 2)
+    assert {tuple(row) for row in three} == set(itertools.permutations(range(3)))  # all 3! of them
+    draws = {tuple(map(tuple, _label_permutations(4, 3, np.random.default_rng(s), "f", "d"))) for s in range(8)}
+    assert len(draws) > 1  # the seed picks which permutations
+    for draw in draws:
+        assert draw[0] == (0, 1, 2, 3) and len(set(draw)) == 3
+        assert all(sorted(row) == [0, 1, 2, 3] for row in draw)
+    assert tuple(_label_permutations(2, 2, np.random.default_rng(0), "f", "d")[1]) == (1, 0)
+    with pytest.raises(PartitionError, match="at most 2 distinct label permutations, got 3"):
+        _label_permutations(2, 3, np.random.default_rng(0), "f", "d")
