@@ -105,26 +105,29 @@ def cmd_train(args) -> int:
 
     torch.set_num_threads(args.threads)
     spec = _load(args)
-    scenario, method = _scenario(spec, args.scenario), _method(spec, args.method)
+    scenario = _scenario(spec, args.scenario)
+    methods = [_method(spec, method) for method in args.method]
     seeds = [_seed(spec, seed) for seed in args.seed]
-    twice = sorted({seed for seed in seeds if seeds.count(seed) > 1})
-    if twice:
-        raise SpecError(f"--seed: {' '.join(map(str, twice))} given twice; give each seed once")
-    # Several seeds in one process pay Python's and torch's start-up once (most of a small run's
+    for option, what, values in (("--method", "method", methods), ("--seed", "seed", seeds)):
+        twice = [str(v) for v in dict.fromkeys(v for v in values if values.count(v) > 1)]
+        if twice:
+            raise SpecError(f"{option}: {' '.join(twice)} given twice; give each {what} once")
+    # Several runs in one process pay Python's and torch's start-up once (most of a small run's
     # time); every run is still its own folder, resumed or skipped on its own. A failed run does
-    # not keep the job's other seeds from training; the first failure is the job's error.
-    failed: list[tuple[int, CflpipeError]] = []
-    for seed in seeds:
-        try:
-            result = train_run(spec, scenario, method, seed, force=args.force, progress=not args.quiet)
-        except CflpipeError as exc:
-            failed.append((seed, exc))
-            continue
-        print(result.message, flush=True)
+    # not keep the job's other runs from training; the first failure is the job's error.
+    failed: list[tuple[str, CflpipeError]] = []
+    for method in methods:
+        for seed in seeds:
+            try:
+                result = train_run(spec, scenario, method, seed, force=args.force, progress=not args.quiet)
+            except CflpipeError as exc:
+                failed.append((f"{method}/seed{seed}" if len(methods) > 1 else str(seed), exc))
+                continue
+            print(result.message, flush=True)
     if failed:
-        seed, first = failed[0]
-        others = [str(k) for k, _ in failed[1:]]
-        also = f" (seeds {', '.join(others)} failed too)" if others else ""
+        _, first = failed[0]
+        others = [name for name, _ in failed[1:]]
+        also = f" ({'runs' if len(methods) > 1 else 'seeds'} {', '.join(others)} failed too)" if others else ""
         raise type(first)(f"{first}{also}")  # the first failure's class: its exit code
     return 0
 
@@ -310,20 +313,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scenario", required=True, metavar="NAME", help="one of the spec's scenarios")
     p.set_defaults(func=cmd_partition)
 
-    p = _sub(sub, "train", "run one scenario × method for one or more seeds",
+    p = _sub(sub, "train", "run one scenario's methods for one or more seeds",
              "Writes RESULTS/runs/SCENARIO/METHOD/seedK/ (metrics, clusters, rounds, timing as Parquet,\n"
              "summary.json, config.yaml). A finished run is skipped, a killed one resumes from its state/\n"
              "checkpoint and ends with the same bytes; after a run finishes its checkpoint keeps only what\n"
              "the outputs are made from unless training.keep_state is true. The partition comes first.",
              "  cflpipe train --scenario digits-swap4 --method fedavg --seed 0\n"
              "  cflpipe train --config config/experiments/fesem.yaml \\\n"
-             "      --scenario femnist-iid --method fesem-2 --seed 0 1 2\n")
+             "      --scenario femnist-iid --method fesem-2 fedavg --seed 0 1 2\n")
     _add_config(p)
     p.add_argument("--scenario", required=True, metavar="NAME", help="one of the spec's scenarios")
-    p.add_argument("--method", required=True, metavar="NAME", help="one of the spec's method entries")
+    p.add_argument("--method", required=True, nargs="+", metavar="NAME",
+                   help="one or more of the spec's method entries (each method's seeds run before the next method's)")
     p.add_argument("--seed", required=True, type=int, nargs="+", metavar="SEED",
                    help="one or more of the spec's seeds, run one after the other in this process "
-                        "(the workflow passes all of them: start-up is paid once)")
+                        "(the workflow passes all of them, and with workflow.train_jobs: scenario every method "
+                        "of the scenario: start-up is paid once)")
     p.add_argument("--force", action="store_true", help="re-run a finished run from scratch")
     p.add_argument("--threads", type=int, default=1, metavar="N",
                    help="CPU threads for torch (default 1, as the workflow's jobs: the bytes of a run depend on "

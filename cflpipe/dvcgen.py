@@ -25,10 +25,10 @@ EMBEDDED_SOURCE = "cflpipe/data/embedded.py"
 REQUIRED_KEYS = ("seeds", "training")
 
 
-def job_name(scenario: str, method: str) -> str:
-    """Stage suffix of one training job, every seed of a scenario × method:
-    `train@<scenario>.<method>` (names never contain dots)."""
-    return f"{scenario}.{method}"
+def job_name(scenario: str, method: str | None = None) -> str:
+    """Stage suffix of one training job: `train@<scenario>` (every method × seed of it) or
+    `train@<scenario>.<method>` (every seed of one method; names never contain dots)."""
+    return scenario if method is None else f"{scenario}.{method}"
 
 
 def dvc_runs(config: str | Path) -> dict:
@@ -56,12 +56,20 @@ def dvc_runs(config: str | Path) -> dict:
         else:
             source = EMBEDDED_SOURCE
         partitions[name] = {"data": source}
-    # One stage trains all seeds of a scenario × method in one process, as a Snakemake job does.
-    # `entry` is the method's key in the spec file (a sweep's entry for the entries it expands
-    # into): DVC tracks params only under keys written in the file.
+    # One stage trains several runs in one process, as a Snakemake job does: every method × seed
+    # of a scenario, or with `workflow.train_jobs: method` every seed of a scenario × method.
+    # `runs` is the folder the stage keeps (persist), `param` the spec key its runs depend on
+    # besides training and the scenario: the method's key in the spec file (a sweep's entry for
+    # the entries it expands into; DVC tracks params only under keys written in the file), or all
+    # of `methods` for a scenario's stage.
     seeds = " ".join(str(seed) for seed in spec.seeds)
-    jobs = {job_name(s, m): {"scenario": s, "method": m, "entry": spec.method_entry(m), "seeds": seeds}
-            for s, m in dict.fromkeys((s, m) for s, m, _ in spec.matrix())}
+    pairs = list(dict.fromkeys((s, m) for s, m, _ in spec.matrix()))
+    if spec.workflow.train_jobs == "method":
+        jobs = {job_name(s, m): {"scenario": s, "methods": m, "runs": f"{s}/{m}",
+                                 "param": f"methods.{spec.method_entry(m)}", "seeds": seeds} for s, m in pairs}
+    else:
+        jobs = {job_name(s): {"scenario": s, "methods": " ".join(m for t, m in pairs if t == s), "runs": s,
+                              "param": "methods", "seeds": seeds} for s in dict.fromkeys(s for s, _ in pairs)}
     return {"config": config, "results": spec.results_dir, "data": spec.data_dir,
             "downloads": downloads, "partitions": partitions, "jobs": jobs}
 

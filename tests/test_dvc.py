@@ -14,7 +14,7 @@ from cflpipe import dvcgen
 from cflpipe.errors import SpecError
 from cflpipe.spec import load_spec
 
-from conftest import ROOT, TINY_RUNS, run, write_spec
+from conftest import ROOT, TINY_RUNS, TINY_SPEC, run, write_spec
 
 # Deterministic outputs (everything but timing.*), compared byte for byte.
 RUN_FILES = ("metrics.parquet", "clusters.parquet", "rounds.parquet", "plots.csv", "summary.json", "config.yaml")
@@ -38,10 +38,24 @@ def test_dvc_runs_file_is_in_sync_with_default_spec(monkeypatch):
     assert text == dvcgen.render("config/config.yaml"), "run: cflpipe dvc-runs --config config/config.yaml"
     data = yaml.safe_load(text)
     spec = load_spec(ROOT / "config/config.yaml")
-    assert [(j["scenario"], j["method"], int(k)) for j in data["jobs"].values() for k in j["seeds"].split()] \
-        == spec.matrix()
+    assert [(j["scenario"], m, int(k)) for j in data["jobs"].values() for m in j["methods"].split()
+            for k in j["seeds"].split()] == spec.matrix()
+    assert list(data["jobs"]) == list(spec.scenarios)  # one stage per scenario (workflow.train_jobs)
+    assert {j["param"] for j in data["jobs"].values()} == {"methods"}
     assert list(data["partitions"]) == list(spec.scenarios)
     assert data["downloads"] == []  # the default spec runs offline
+
+
+def test_dvc_runs_one_stage_per_method_on_request(tmp_path, monkeypatch):
+    """`workflow.train_jobs: method`: a stage per scenario × method keeping its own runs' folder
+    and tracking its own method entry (a sweep's entry for the entries it expands into)."""
+    monkeypatch.chdir(tmp_path)
+    methods = {"fedavg": {}, "prox": {"method": "fedprox", "sweep": {"mu": [0.1, 1.0]}}}
+    write_spec(tmp_path / "spec.yaml", {**TINY_SPEC, "methods": methods, "workflow": {"train_jobs": "method"}})
+    jobs = dvcgen.dvc_runs("spec.yaml")["jobs"]
+    assert jobs == {f"swap.{m}": {"scenario": "swap", "methods": m, "runs": f"swap/{m}", "param": f"methods.{e}",
+                                  "seeds": "0"}
+                    for m, e in (("fedavg", "fedavg"), ("prox-mu0p1", "prox"), ("prox-mu1p0", "prox"))}
 
 
 def test_dvc_runs_check_names_the_fix(tmp_path, monkeypatch):
@@ -72,7 +86,7 @@ def test_dvc_repro_matches_snakemake_and_is_idempotent(tmp_path, tiny_snakemake_
     first = run(["dvc", "repro"], repo, timeout=600)
     assert first.returncode == 0, first.stdout
     assert sorted(line.split("'")[1] for line in first.stdout.splitlines() if line.startswith("Running stage")) \
-        == sorted(["partition@swap", "aggregate", "report"] + [f"train@{s}.{m}" for s, m, _ in TINY_RUNS])
+        == sorted(["partition@swap", "train@swap", "aggregate", "report"])
 
     theirs, ours = tiny_snakemake_run.results, repo / "results/config"  # results/<spec file name>
     assert tiny_snakemake_run.first.returncode == 0, tiny_snakemake_run.first.stdout
@@ -93,10 +107,10 @@ def test_dvc_repro_matches_snakemake_and_is_idempotent(tmp_path, tiny_snakemake_
     assert set(metrics["swap"]) == {"fedavg", "fedprox"} and 0 < metrics["swap"]["fedavg"]["acc_macro_mean"] <= 1
 
     # `dvc exp run -S config/config.yaml:methods.fedprox.mu=0.5` edits the spec, then reproduces:
-    # only the fedprox run and the aggregate depend on that param.
+    # the scenario's stage (which would skip its finished fedavg run) and the aggregate depend on it.
     spec = yaml.safe_load((repo / "config/config.yaml").read_text())
     spec["methods"]["fedprox"]["mu"] = 0.5
     write_spec(repo / "config/config.yaml", spec)
     status = run(["dvc", "status", "--json"], repo)
     assert status.returncode == 0, status.stdout
-    assert sorted(yaml.safe_load(status.stdout)) == ["aggregate", "train@swap.fedprox"]
+    assert sorted(yaml.safe_load(status.stdout)) == ["aggregate", "train@swap"]

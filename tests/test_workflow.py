@@ -49,14 +49,14 @@ def test_default_spec_dry_run_and_lint(tmp_path):
     assert dry.returncode == 0, dry.stdout
     spec = load_spec(ROOT / "config/config.yaml")
     counts = job_counts(dry.stdout)
-    groups = {(s, m) for s, m, _ in spec.matrix()}
-    assert counts["train"] == len(groups)  # one job trains every seed of a scenario × method
+    assert counts["train"] == len(spec.scenarios)  # one job trains every method × seed of a scenario
     assert counts["partition"] == len(spec.scenarios)
     assert counts["aggregate"] == counts["report"] == counts["all"] == 1
     # every rule gets the spec file; train runs exactly the spec's matrix (which may skip pairs)
-    trains = re.findall(r"cflpipe train --config config/config.yaml --scenario (\S+) --method (\S+) "
+    trains = re.findall(r"cflpipe train --config config/config.yaml --scenario (\S+) --method ([\w -]+?) "
                         r"--seed ([\d ]+?) --threads", dry.stdout)
-    assert sorted((s, m, int(k)) for s, m, seeds in trains for k in seeds.split()) == sorted(spec.matrix())
+    assert sorted((s, m, int(k)) for s, methods, seeds in trains for m in methods.split() for k in seeds.split()) \
+        == sorted(spec.matrix())
 
     lint = snakemake("--lint", cwd=tmp_path)
     assert lint.returncode == 0, lint.stdout
@@ -67,15 +67,16 @@ def test_default_spec_dry_run_and_lint(tmp_path):
 def test_tiny_spec_end_to_end_then_nothing_to_do(tiny_snakemake_run):
     first, results = tiny_snakemake_run.first, tiny_snakemake_run.results
     assert first.returncode == 0, first.stdout
-    groups = {(s, m) for s, m, _ in TINY_RUNS}
-    assert job_counts(first.stdout) == {"partition": 1, "train": len(groups), "aggregate": 1, "report": 1,
-                                        "all": 1, "total": len(groups) + 4}
+    # one train job for the scenario's two methods
+    assert job_counts(first.stdout) == {"partition": 1, "train": 1, "aggregate": 1, "report": 1, "all": 1,
+                                        "total": 5}
     for scenario, method, seed in TINY_RUNS:
         run_dir = results / "runs" / scenario / method / f"seed{seed}"
         assert all((run_dir / name).is_file() for name in RUN_FILES), sorted(run_dir.iterdir())
-        assert (results / "logs/train" / scenario / f"{method}.log").is_file()
-        assert (results / "benchmarks/train" / scenario / f"{method}.tsv").is_file()
         assert yaml.safe_load((run_dir / "config.yaml").read_text())["training"]["rounds"] == 2
+    assert (results / "runs/swap/.trained").is_file()
+    assert "swap/fedavg/seed0: finished" in (results / "logs/train/swap.log").read_text()
+    assert (results / "benchmarks/train/swap.tsv").is_file()
     for name in ("clients.parquet", "stats.parquet", "label_hist.png"):
         assert (results / "partitions/swap" / name).is_file()
     for name in ("runs.parquet", "summary.parquet", "curves.parquet", "summary.csv"):
@@ -86,6 +87,64 @@ def test_tiny_spec_end_to_end_then_nothing_to_do(tiny_snakemake_run):
     second = tiny_snakemake_run.second
     assert second.returncode == 0, second.stdout
     assert "Nothing to be done" in second.stdout, second.stdout
+
+
+def run_bytes(results, runs) -> dict[str, bytes]:
+    """The bytes of every output file of `runs` but the wall-clock ones (timing.*)."""
+    return {f"{s}/{m}/seed{k}/{name}": (results / "runs" / s / m / f"seed{k}" / name).read_bytes()
+            for s, m, k in runs for name in RUN_FILES if not name.startswith("timing")}
+
+
+@pytest.mark.slow
+def test_scenario_jobs_redo_only_runs_that_are_missing_or_new(tiny_snakemake_run, tmp_path):
+    """After a scenario's job: a run folder deleted by hand (then, as for any intermediate file
+    snakemake reruns nothing while what follows is up to date, `--forcerun aggregate`), or a method
+    added to the spec, runs the scenario's job again, which trains just that run and skips the
+    finished ones; then there is nothing to do."""
+    assert tiny_snakemake_run.first.returncode == 0, tiny_snakemake_run.first.stdout
+    workdir = tmp_path / "work"
+    shutil.copytree(tiny_snakemake_run.workdir, workdir, symlinks=True)  # copy2 keeps the mtimes
+    results = workdir / "results/tiny"
+    before = run_bytes(results, TINY_RUNS)
+    fedavg = results / "runs/swap/fedavg/seed0/metrics.parquet"
+    untouched = fedavg.stat().st_mtime_ns
+
+    shutil.rmtree(results / "runs/swap/fedprox")
+    again = snakemake("--configfile", "tiny.yaml", "--cores", "2", "--forcerun", "aggregate", cwd=workdir)
+    assert again.returncode == 0, again.stdout
+    assert job_counts(again.stdout) == {"train": 1, "aggregate": 1, "report": 1, "all": 1, "total": 4}
+    log = (results / "logs/train/swap.log").read_text()
+    assert "swap/fedavg/seed0: already finished" in log and "swap/fedprox/seed0: finished: personalized" in log
+    assert run_bytes(results, TINY_RUNS) == before
+    assert fedavg.stat().st_mtime_ns == untouched
+    assert "Nothing to be done" in snakemake("--configfile", "tiny.yaml", "--cores", "2", cwd=workdir).stdout
+
+    spec = yaml.safe_load((workdir / "tiny.yaml").read_text())
+    spec["methods"]["local"] = {}
+    write_spec(workdir / "tiny.yaml", spec)
+    added = snakemake("--configfile", "tiny.yaml", "--cores", "2", cwd=workdir)
+    assert added.returncode == 0, added.stdout
+    assert job_counts(added.stdout)["train"] == 1, added.stdout
+    log = (results / "logs/train/swap.log").read_text()
+    assert log.count("already finished") == 2 and "swap/local/seed0: finished: personalized" in log, log
+    assert fedavg.stat().st_mtime_ns == untouched
+    assert "Nothing to be done" in snakemake("--configfile", "tiny.yaml", "--cores", "2", cwd=workdir).stdout
+
+
+@pytest.mark.slow
+def test_method_jobs_write_the_same_runs(tiny_snakemake_run, tmp_path):
+    """`workflow.train_jobs: method`: one job per scenario × method, the same run bytes as the
+    scenario's one job (nothing of one method's run leaks into the next in one process)."""
+    assert tiny_snakemake_run.first.returncode == 0, tiny_snakemake_run.first.stdout
+    write_spec(tmp_path / "tiny.yaml", {**TINY_SPEC, "workflow": {"train_jobs": "method"}})
+    out = snakemake("--configfile", "tiny.yaml", "--cores", "2", cwd=tmp_path)
+    assert out.returncode == 0, out.stdout
+    assert job_counts(out.stdout) == {"partition": 1, "train": 2, "aggregate": 1, "report": 1, "all": 1,
+                                      "total": 6}
+    results = tmp_path / "results/tiny"
+    assert run_bytes(results, TINY_RUNS) == run_bytes(tiny_snakemake_run.results, TINY_RUNS)
+    assert (results / "logs/train/swap/fedprox.log").is_file() and not (results / "runs/swap/.trained").exists()
+    assert "Nothing to be done" in snakemake("--configfile", "tiny.yaml", "--cores", "2", cwd=tmp_path).stdout
 
 
 @pytest.mark.slow
@@ -131,7 +190,7 @@ def test_a_failed_job_shows_its_one_line_cause(tmp_path):
     out = snakemake("--configfile", "diverging.yaml", cwd=tmp_path)
     assert out.returncode != 0, out.stdout
     assert "Using workflow specific profile" in out.stdout and "profiles/default" in out.stdout
-    assert "Logfile results/diverging/logs/train/swap/fedavg.log:" in out.stdout
+    assert "Logfile results/diverging/logs/train/swap.log:" in out.stdout
     lines = out.stdout.splitlines()
     assert any(line.startswith("error: round 1, client ") and "method fedavg: training loss is nan" in line
                for line in lines), out.stdout

@@ -1,6 +1,7 @@
 # Reads the spec once and derives everything the rules need: the spec file every rule passes to
-# `cflpipe ... --config`, the job list (spec.matrix() as one train job per scenario × method,
-# every seed in one process), wildcard constraints and the resources of a train job. No rules here; no work is done here.
+# `cflpipe ... --config`, the job list (spec.matrix() as one train job per scenario, or per
+# scenario × method with `workflow.train_jobs: method`, every run of a job in one process),
+# wildcard constraints and the resources of a train job. No rules here; no work is done here.
 
 import json
 import os
@@ -68,14 +69,23 @@ except WorkflowError as exc:
           + " ".join(str(exc).split())])
 
 RESULTS = SPEC.results_dir
-# aggregate and report take seconds: any edit of the spec re-runs them (`params` rerun trigger).
-SPEC_JSON = json.dumps(SPEC.model_dump(mode="json"), sort_keys=True)
+# aggregate and report take seconds: any edit of the spec re-runs them (`params` rerun trigger),
+# except of how runs are cut into jobs, which changes no output.
+SPEC_JSON = json.dumps(SPEC.model_dump(mode="json", exclude={"workflow"}), sort_keys=True)
 RUNS = SPEC.matrix()
 DOWNLOADS = sorted({sc.dataset.name for sc in SPEC.scenarios.values()
                     if dataset_info(sc.dataset.name).downloadable})
 
 PARTITION = f"{RESULTS}/partitions/{{scenario}}"
-RUN_GROUP = f"{RESULTS}/runs/{{scenario}}/{{method}}"  # a train job: every seed of one scenario × method
+RUN_GROUP = f"{RESULTS}/runs/{{scenario}}/{{method}}"  # every seed of one scenario × method
+# `workflow.train_jobs: scenario`: one job trains every run of a scenario; it declares this marker,
+# not the runs' files (a rule's outputs cannot depend on which methods a scenario has).
+SCENARIO_JOBS = SPEC.workflow.train_jobs == "scenario"
+# What a finished run writes (the engine's OUTPUT_FILES and summary.json), by output name.
+RUN_OUTPUTS = {"summary": "summary.json", "metrics": "metrics.parquet", "clusters": "clusters.parquet",
+               "rounds": "rounds.parquet", "timing": "timing.parquet", "timing_json": "timing.json",
+               "plots": "plots.csv", "config": "config.yaml"}
+TRAINED = f"{RESULTS}/runs/{{scenario}}/.trained"
 AGGREGATE = f"{RESULTS}/aggregate"
 REPORT = f"{RESULTS}/report"
 LOGS = f"{RESULTS}/logs"
@@ -108,6 +118,50 @@ def run_files(*names):
     return [f"{RESULTS}/runs/{s}/{m}/seed{k}/{name}" for s, m, k in RUNS for name in names]
 
 
+# One process per job: every run of its methods × seeds (a finished run is skipped).
+TRAIN_COMMAND = ("cflpipe train --config {input.spec:q} --scenario {wildcards.scenario} --method {params.methods}"
+                 " --seed {params.seeds} --threads {threads} --quiet > {log} 2>&1")
+
+
+def scenario_methods(scenario):
+    """The spec's methods that run on `scenario`, in the spec's order."""
+    return [m for m in SPEC.methods if SPEC.runs_on(m, scenario)]
+
+
+def trained_markers():
+    """The marker of every scenario job (scenarios without a method have none)."""
+    return [TRAINED.format(scenario=s) for s in SPEC.scenarios if scenario_methods(s)]
+
+
+def withdraw_stale_markers():
+    """A scenario job's marker says that every run of the scenario has finished. Where a run's
+    file is gone (a run folder deleted by hand) or was never written (a method or seed added
+    since), that no longer holds: the marker is removed, so the scenario's job runs again and
+    trains just those runs (it skips the finished ones). The main snakemake process only: a
+    cluster job that parses this file must not touch another scenario's marker."""
+    if not (SCENARIO_JOBS and workflow.is_main_process):
+        return
+    for scenario in SPEC.scenarios:
+        marker = Path(TRAINED.format(scenario=scenario))
+        files = (Path(f"{RESULTS}/runs/{s}/{m}/seed{k}/{name}") for s, m, k in RUNS if s == scenario
+                 for name in RUN_OUTPUTS.values())
+        if marker.exists() and not all(f.exists() for f in files):
+            marker.unlink()
+
+
+withdraw_stale_markers()
+
+
+def job_methods(wildcards):
+    """The methods a train job runs: its own, or its scenario's."""
+    method = getattr(wildcards, "method", None)
+    return [method] if method is not None else scenario_methods(wildcards.scenario)
+
+
+def job_method_names(wildcards):
+    return " ".join(job_methods(wildcards))
+
+
 def group_seeds(wildcards):
     """`--seed` of a train job: every seed of the spec."""
     return " ".join(str(seed) for seed in SPEC.seeds)
@@ -127,23 +181,27 @@ def scenario_params(wildcards):
 
 def run_params(wildcards):
     """What a training run depends on besides its partition: method type, hyper-parameters and
-    the resolved training settings."""
+    the resolved training settings (of every method of a scenario job, by name)."""
+    params = {m: method_params(wildcards.scenario, m) for m in job_methods(wildcards)}
+    return json.dumps(params[wildcards.method] if hasattr(wildcards, "method") else params, sort_keys=True)
+
+
+def method_params(s, m):
     from cflpipe.methods import resolved_hyperparams  # imports torch: only where a run's params are needed
     from cflpipe.plugins import run_plugins
 
-    s, m = wildcards.scenario, wildcards.method
     # The resolved hyper-parameters (defaults included) and cflpipe's version (and the versions of
     # plugins the run uses): a release that changes a default or a definition re-runs what it changes.
     plugins = run_plugins(SPEC, s, m)  # absent without plugins: older runs keep their params
-    return json.dumps({"method": SPEC.method_type(m), "cflpipe": __version__, **({"plugins": plugins} if plugins else {}),
-                       "hyperparams": resolved_hyperparams(SPEC, s, m).model_dump(mode="json"),
-                       "training": SPEC.resolved_training(s, m).definition()},
-                      sort_keys=True)
+    return {"method": SPEC.method_type(m), "cflpipe": __version__, **({"plugins": plugins} if plugins else {}),
+            "hyperparams": resolved_hyperparams(SPEC, s, m).model_dump(mode="json"),
+            "training": SPEC.resolved_training(s, m).definition()}
 
 
-# Resources of one train job (all seeds of a scenario × method, one after another), for SLURM (and `--resources` locally). A GPU only when the
-# resolved training device is cuda (`auto` cannot be known before the job lands on a node);
-# memory by dataset size; time from the number of rounds. Override per rule with
+# Resources of one train job (its runs one after another), for SLURM (and `--resources` locally).
+# A GPU when the resolved training device of one of its methods is cuda (`auto` cannot be known
+# before the job lands on a node); memory by dataset size; time from the number of rounds, summed
+# over the job's runs. Override per rule with
 # `--set-resources train:mem_mb=16000 train:runtime=600` or in a profile.
 # every other downloaded dataset: 8000, embedded: 2000. LEAF FEMNIST is EMNIST's size; CelebA
 # (200k faces at 84x84) is far larger: its specs should keep `users` or `size` down.
@@ -152,7 +210,7 @@ MINUTES_PER_ROUND = {"resnet18": 5}  # every other model: 1
 
 
 def train_gpu(wildcards):
-    return int(SPEC.resolved_training(wildcards.scenario, wildcards.method).device == "cuda")
+    return int(any(SPEC.resolved_training(wildcards.scenario, m).device == "cuda" for m in job_methods(wildcards)))
 
 
 def train_mem_mb(wildcards):
@@ -161,5 +219,5 @@ def train_mem_mb(wildcards):
 
 
 def train_runtime(wildcards):
-    training = SPEC.resolved_training(wildcards.scenario, wildcards.method)
-    return len(SPEC.seeds) * (30 + training.rounds * MINUTES_PER_ROUND.get(training.model, 1))
+    trainings = [SPEC.resolved_training(wildcards.scenario, m) for m in job_methods(wildcards)]
+    return len(SPEC.seeds) * sum(30 + t.rounds * MINUTES_PER_ROUND.get(t.model, 1) for t in trainings)

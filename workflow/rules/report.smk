@@ -5,7 +5,9 @@
 rule aggregate:
     input:
         spec=ancient(SPEC_FILE),
-        runs=run_files("summary.json", "rounds.parquet", "metrics.parquet", "config.yaml", "timing.json"),
+        # the runs' files, or the markers of the scenario jobs that wrote them (common.smk)
+        runs=trained_markers() if SCENARIO_JOBS else
+            run_files("summary.json", "rounds.parquet", "metrics.parquet", "config.yaml", "timing.json"),
     output:
         runs=f"{AGGREGATE}/runs.parquet",
         summary=f"{AGGREGATE}/summary.parquet",
@@ -35,7 +37,7 @@ rule report:
         spec=ancient(SPEC_FILE),
         aggregate=rules.aggregate.output,
         stats=expand(f"{PARTITION}/stats.parquet", scenario=SPEC.scenarios),
-        clusters=run_files("clusters.parquet"),
+        clusters=trained_markers() if SCENARIO_JOBS else run_files("clusters.parquet"),
     output:
         html=report(
             f"{REPORT}/index.html",

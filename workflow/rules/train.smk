@@ -1,40 +1,68 @@
-# One job per scenario × method: it trains every seed of the spec, one after the other in one
-# process, so Python's and torch's start-up (most of a small run's time) is paid once per job
-# instead of once per run. Each run keeps its own folder, checkpoint and outputs; a finished run is
-# skipped and a killed one resumes from state/state.pt, so a job started again (snakemake removes
-# a rerun job's declared outputs first) reloads the finished seeds' final checkpoints instead of
-# training them again.
+# Training. Every job trains several runs one after the other in one process, so Python's and
+# torch's start-up (most of a small run's time) is paid once per job instead of once per run:
+# `workflow.train_jobs: scenario` (the default) makes one job of every method × seed of a
+# scenario, `method` one job per scenario × method. Each run keeps its own folder, checkpoint and
+# outputs; a finished run is skipped and a killed one resumes from state/state.pt.
 
+if SCENARIO_JOBS:
 
-rule train:
-    input:
-        spec=ancient(SPEC_FILE),
-        clients=f"{PARTITION}/clients.parquet",
-        stats=f"{PARTITION}/stats.parquet",
-    output:
-        summary=seed_files("summary.json"),
-        metrics=seed_files("metrics.parquet"),
-        clusters=seed_files("clusters.parquet"),
-        rounds=seed_files("rounds.parquet"),
-        timing=seed_files("timing.parquet"),
-        timing_json=seed_files("timing.json"),
-        plots=seed_files("plots.csv"),
-        config=seed_files("config.yaml"),
-    params:
-        run=run_params,
-        seeds=group_seeds,
-    log:
-        f"{LOGS}/train/{{scenario}}/{{method}}.log",
-    benchmark:
-        f"{BENCHMARKS}/train/{{scenario}}/{{method}}.tsv"
-    threads: 1
-    resources:
-        gpu=train_gpu,
-        mem_mb=train_mem_mb,
-        runtime=train_runtime,
-    conda:
-        "../envs/cflpipe.yaml"
-    shell:
-        "cflpipe train --config {input.spec:q} --scenario {wildcards.scenario}"
-        " --method {wildcards.method} --seed {params.seeds} --threads {threads} --quiet"
-        " > {log} 2>&1"
+    # Every method × seed of one scenario. Its outputs are the runs' files, but a rule's outputs
+    # cannot depend on which methods a scenario has: it declares a marker, touched when every run
+    # has finished, and aggregate and report wait for the markers. A new method or seed, or changed
+    # hyper-parameters, change its params, and a run deleted by hand withdraws its marker
+    # (withdraw_stale_markers): the job runs again, trains what is new or missing and skips what
+    # it had finished.
+    rule train:
+        input:
+            spec=ancient(SPEC_FILE),
+            clients=f"{PARTITION}/clients.parquet",
+            stats=f"{PARTITION}/stats.parquet",
+        output:
+            trained=touch(TRAINED),
+        params:
+            run=run_params,
+            methods=job_method_names,
+            seeds=group_seeds,
+        log:
+            f"{LOGS}/train/{{scenario}}.log",
+        benchmark:
+            f"{BENCHMARKS}/train/{{scenario}}.tsv"
+        threads: 1
+        resources:
+            gpu=train_gpu,
+            mem_mb=train_mem_mb,
+            runtime=train_runtime,
+        conda:
+            "../envs/cflpipe.yaml"
+        shell:
+            TRAIN_COMMAND
+
+else:
+
+    # Every seed of one scenario × method: more, shorter jobs (long runs in parallel on a cluster).
+    # Snakemake removes a rerun job's declared outputs first: the job then reloads the finished
+    # seeds' final checkpoints instead of training them again.
+    rule train:
+        input:
+            spec=ancient(SPEC_FILE),
+            clients=f"{PARTITION}/clients.parquet",
+            stats=f"{PARTITION}/stats.parquet",
+        output:
+            **{key: seed_files(name) for key, name in RUN_OUTPUTS.items()},
+        params:
+            run=run_params,
+            methods=job_method_names,
+            seeds=group_seeds,
+        log:
+            f"{LOGS}/train/{{scenario}}/{{method}}.log",
+        benchmark:
+            f"{BENCHMARKS}/train/{{scenario}}/{{method}}.tsv"
+        threads: 1
+        resources:
+            gpu=train_gpu,
+            mem_mb=train_mem_mb,
+            runtime=train_runtime,
+        conda:
+            "../envs/cflpipe.yaml"
+        shell:
+            TRAIN_COMMAND
