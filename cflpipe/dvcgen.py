@@ -4,7 +4,8 @@ DVC cannot compute a run list: `matrix:` has no exclusions (a method may run on 
 only), so dvc.yaml's `foreach:` loops read this generated file instead. It holds only names and
 paths; every value a stage depends on is tracked as a DVC param in the spec file itself, so
 `dvc exp run -S config/config.yaml:training.rounds=10` works. Re-generate after adding or
-removing scenarios, methods, seeds or datasets, or changing results_dir/data_dir; the aggregate
+removing scenarios, methods, seeds or datasets, or changing results_dir/data_dir or
+workflow.train_jobs; the aggregate
 stage runs `--check` first and stops with that reminder when the file is out of date.
 """
 

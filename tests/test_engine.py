@@ -522,6 +522,34 @@ def test_a_failed_seed_does_not_stop_the_jobs_other_seeds(tmp_path):
     assert not (spec.run_dir("swap", "fedavg", 0) / "summary.json").exists()
 
 
+def test_a_scenario_job_trains_every_method_and_a_failed_run_stops_none(tmp_path):
+    """The workflow's scenario job: `--method A B --seed 0 1` trains A's seeds, then B's; a run
+    that fails (here: another process holds it) leaves the others training, and the job exits
+    with the first failure's error and code, naming the other failed runs."""
+    from cflpipe import store
+    from cflpipe.fl.engine import LOCK_FILE
+
+    data = tiny_spec(tmp_path / "results", rounds=1)
+    data["methods"] = {"fedavg": {}, "local": {}}
+    config = tmp_path / "spec.yaml"
+    config.write_text(yaml.safe_dump(data))
+    spec = parse_spec(data)
+    base = _cli(config, "fedavg")[:-6]  # up to --method
+    cmd = [*base, "fedavg", "local", "--seed", "0", "1", "--quiet"]
+    with store.exclusive(spec.run_dir("swap", "fedavg", 1) / LOCK_FILE, "the test"), \
+            store.exclusive(spec.run_dir("swap", "local", 0) / LOCK_FILE, "the test"):
+        done = subprocess.run(cmd, capture_output=True, text=True)
+    assert done.returncode == 5, done.stderr
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith("error: run swap/fedavg/seed1 ")
+    assert done.stderr.endswith(" (runs local/seed0 failed too)\n"), done.stderr
+    assert [line.split(": ")[0].split("runs/")[1] for line in done.stdout.splitlines()] == \
+        ["swap/fedavg/seed0", "swap/local/seed1"]
+    twice = subprocess.run([*base, "local", "fedavg", "local", "--seed", "0"], capture_output=True, text=True)
+    assert twice.returncode == 2 and twice.stderr == "error: --method: local given twice; give each method once\n"
+    unknown = subprocess.run([*base, "fedavg", "nope", "--seed", "0"], capture_output=True, text=True)
+    assert unknown.returncode == 2 and unknown.stderr.startswith("error: --method: unknown method 'nope'")
+
+
 # ---------------------------------------------------------------------------- client sampling
 
 def test_sampling_changes_every_round_and_follows_the_seed(tmp_path):

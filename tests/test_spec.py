@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from cflpipe.errors import SpecError
-from cflpipe.spec import load_spec, parse_spec
+from cflpipe.spec import load_spec, parse_spec, spec_sha256
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -193,6 +193,21 @@ def test_report_tables_are_checked(report, line):
     with pytest.raises(SpecError) as error:
         parse_spec(raw)
     assert str(error.value) == line
+
+
+@pytest.mark.parametrize("workflow, line", [
+    ({"train_jobs": "seed"}, "workflow.train_jobs: must be one of 'scenario' or 'method', got 'seed'"),
+    ({"jobs": 2}, "workflow.jobs: unknown key, got 2; allowed: train_jobs"),
+])
+def test_workflow_options_are_checked_and_leave_the_experiment_alone(workflow, line):
+    raw = {"scenarios": {"s": {"dataset": "digits", "clients": 4, "partition": [{"kind": "iid"}]}},
+           "methods": {"fedavg": {}}}
+    with pytest.raises(SpecError) as error:
+        parse_spec({**raw, "workflow": workflow})
+    assert str(error.value) == line
+    # how runs are cut into jobs is no part of what they are
+    assert parse_spec(raw).workflow.train_jobs == "scenario"
+    assert spec_sha256(parse_spec({**raw, "workflow": {"train_jobs": "method"}})) == spec_sha256(parse_spec(raw))
 
 
 def test_label_swap_pairs_must_fit_the_classes(tmp_path):
