@@ -200,7 +200,7 @@ def test_report_tables_are_checked(report, line):
     ({"jobs": 2}, "workflow.jobs: unknown key, got 2; allowed: train_jobs"),
 ])
 def test_workflow_options_are_checked_and_leave_the_experiment_alone(workflow, line):
-    raw = {"scenarios": {"s": {"dataset": "digits", "clients": 4, "partition": [{"kind": "iid"}]}},
+    raw = {"scenarios": {"s": {"dataset": "digits", "clients": 10, "partition": [{"kind": "iid"}]}},
            "methods": {"fedavg": {}}}
     with pytest.raises(SpecError) as error:
         parse_spec({**raw, "workflow": workflow})
