@@ -181,7 +181,12 @@ def test_dvc_tracks_the_sweeping_entry_as_the_param_of_its_expanded_jobs(tmp_pat
     from cflpipe import dvcgen
 
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(BASE, sort_keys=False))
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump({**BASE, "workflow": {"train_jobs": "method"}}, sort_keys=False))
     jobs = dvcgen.dvc_runs("spec.yaml")["jobs"]
-    assert jobs["swap.awcfl-beta0p5"] == {"scenario": "swap", "method": "awcfl-beta0p5", "entry": "awcfl", "seeds": "0"}
-    assert jobs["swap.prox"]["entry"] == "prox"
+    assert jobs["swap.awcfl-beta0p5"] == {"scenario": "swap", "methods": "awcfl-beta0p5", "runs": "swap/awcfl-beta0p5",
+                                          "param": "methods.awcfl", "seeds": "0"}
+    assert jobs["swap.prox"]["param"] == "methods.prox"
+    # One stage per scenario (the default) runs the expanded entries and tracks every method entry.
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(BASE, sort_keys=False))
+    (scenario,) = dvcgen.dvc_runs("spec.yaml")["jobs"].values()
+    assert "awcfl-beta0p5" in scenario["methods"].split() and scenario["param"] == "methods"
