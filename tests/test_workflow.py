@@ -3,8 +3,12 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
+import signal
+import subprocess
+import time
 
 import pytest
 import yaml
@@ -129,6 +133,42 @@ def test_scenario_jobs_redo_only_runs_that_are_missing_or_new(tiny_snakemake_run
     assert log.count("already finished") == 2 and "swap/local/seed0: finished: personalized" in log, log
     assert fedavg.stat().st_mtime_ns == untouched
     assert "Nothing to be done" in snakemake("--configfile", "tiny.yaml", "--cores", "2", cwd=workdir).stdout
+
+
+@pytest.mark.slow
+def test_a_killed_scenario_job_skips_its_finished_runs_and_resumes_the_killed_one(tmp_path):
+    """snakemake killed (SIGKILL, its whole process group) while the scenario job trains its
+    second method, after that run's first checkpoint: `snakemake --unlock`, then `snakemake`
+    runs the scenario job again, which skips the finished run and resumes the other; every run
+    ends with the bytes of an uninterrupted workflow."""
+    exe = shutil.which("snakemake")
+    assert exe is not None, "snakemake is not installed"
+    spec = {**TINY_SPEC, "training": {**TINY_SPEC["training"], "rounds": 60, "checkpoint_every": 2,
+                                      "eval_every": 10}}
+    killed, whole = tmp_path / "killed", tmp_path / "whole"
+    for workdir in (killed, whole):
+        write_spec(workdir / "tiny.yaml", spec)
+    runs = killed / "results/tiny/runs/swap"
+    proc = subprocess.Popen([exe, "--snakefile", str(ROOT / "Snakefile"), "--directory", str(killed),
+                             "--configfile", "tiny.yaml", "--cores", "1"], cwd=killed, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 240
+    while not ((runs / "fedavg/seed0/summary.json").exists() and (runs / "fedprox/seed0/state/state.pt").exists()):
+        assert proc.poll() is None and time.monotonic() < deadline, "the job ended before it could be killed"
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (runs / "fedprox/seed0/summary.json").exists() and not (runs / ".trained").exists()
+    finished = (runs / "fedavg/seed0/metrics.parquet").stat().st_mtime_ns
+
+    assert snakemake("--configfile", "tiny.yaml", "--unlock", cwd=killed).returncode == 0
+    again = snakemake("--configfile", "tiny.yaml", "--cores", "1", cwd=killed)
+    assert again.returncode == 0, again.stdout
+    log = (killed / "results/tiny/logs/train/swap.log").read_text()
+    assert "swap/fedavg/seed0: already finished" in log and "swap/fedprox/seed0: finished" in log, log
+    assert (runs / "fedavg/seed0/metrics.parquet").stat().st_mtime_ns == finished
+    assert snakemake("--configfile", "tiny.yaml", "--cores", "1", cwd=whole).returncode == 0
+    assert run_bytes(killed / "results/tiny", TINY_RUNS) == run_bytes(whole / "results/tiny", TINY_RUNS)
 
 
 @pytest.mark.slow
