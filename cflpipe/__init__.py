@@ -1,3 +1,3 @@
 """cflpipe: reproducible benchmarks of clustered federated learning."""
 
-__version__ = "0.3.0"
+__version__ = "0.3.1"

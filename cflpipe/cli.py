@@ -107,6 +107,11 @@ def cmd_train(args) -> int:
     spec = _load(args)
     scenario = _scenario(spec, args.scenario)
     methods = [_method(spec, method) for method in args.method]
+    for method in methods:  # a run outside the spec's matrix would be one no aggregate reads
+        if not spec.runs_on(method, scenario):
+            listed = ", ".join(spec.methods[method].scenarios or [])
+            raise SpecError(f"--method: {method} does not run on scenario {scenario} "
+                            f"(methods.{spec.method_entry(method)}.scenarios: {listed})")
     seeds = [_seed(spec, seed) for seed in args.seed]
     for option, what, values in (("--method", "method", methods), ("--seed", "seed", seeds)):
         twice = [str(v) for v in dict.fromkeys(v for v in values if values.count(v) > 1)]

@@ -108,7 +108,7 @@ class KMeansResult:
 # matrix of models then needs one chunk of temporary memory (4 MB in float32), never a copy.
 # 16 MB chunks were slower (2,000 × 55,210 float32, K = 2, 10 restarts: 1.2–1.35 s against
 # 0.8–0.9 s, the chunk no longer fitting the caches) and left glibc's heap holding 8–117 MiB
-# more after a pass; K-means CFL at 2,000 clients peaked at 937–1,024 MiB, now 894–903 (#17).
+# more after a pass; K-means CFL at 2,000 clients peaked at 937–1,024 MiB, now 894–912 (#17).
 _CHUNK_ELEMENTS = 1 << 20
 # k-means restarts advance together (one pass over x serves all of them) while their centers
 # fit in this many elements; larger models run their restarts in smaller groups.

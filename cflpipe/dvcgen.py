@@ -86,7 +86,8 @@ def render(config: str | Path) -> str:
     lines = [
         f"# Written by `cflpipe dvc-runs --config {config}`; do not edit. dvc.yaml's foreach loops",
         "# iterate over these names: re-run that command after adding or removing scenarios, methods,",
-        "# seeds or datasets, or changing results_dir/data_dir (stage aggregate checks it).",
+        "# seeds or datasets, or changing results_dir, data_dir or workflow.train_jobs (stage aggregate",
+        "# checks it).",
         f"config: {flow(config)}",
         f"results: {flow(data['results'])}",
         f"data: {flow(data['data'])}",
@@ -114,7 +115,8 @@ def check(config: str | Path, output: str | Path = DEFAULT_OUTPUT) -> None:
     config = _repo_path(config)
     if not output.is_file() or output.read_text() != expected:
         state = "is out of date" if output.is_file() else "does not exist"
-        raise SpecError(f"{output}: {state} for {config} (its scenarios, methods, seeds or paths changed); "
+        raise SpecError(f"{output}: {state} for {config} (its scenarios, methods, seeds, paths or "
+                       f"workflow.train_jobs changed); "
                         f"run `cflpipe dvc-runs --config {config}`, then `dvc repro` again")
 
 

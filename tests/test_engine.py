@@ -478,29 +478,38 @@ def test_a_finished_run_recorded_without_threads_is_not_redone(tmp_path):
     assert train_run(spec, "swap", "fedavg", 0, progress=False).skipped
 
 
+def _train(config: Path, methods: list[str], seeds: list[int]) -> list[str]:
+    """`cflpipe train` of several methods and seeds of scenario swap in one process."""
+    return [sys.executable, "-m", "cflpipe", "train", "--config", str(config), "--scenario", "swap",
+            "--method", *methods, "--seed", *map(str, seeds), "--threads", "1", "--quiet"]
+
+
 @pytest.mark.slow
-def test_several_seeds_in_one_process_equal_one_process_per_seed(tmp_path):
-    """`cflpipe train --seed 0 1` (the workflow's job) writes the same bytes as a fresh process
-    per seed: nothing of one run (RNG, caches, a method's module state) leaks into the next,
-    including for methods that keep state outside the engine (sklearn, zuko)."""
+def test_several_runs_in_one_process_equal_one_process_per_run(tmp_path):
+    """`cflpipe train --method fedac fcca cfl --seed 0 1` (the workflow's scenario job) writes
+    the same bytes as a fresh process per run: nothing of one run (RNG, caches, a method's module
+    state) leaks into the next seed or the next method, including for methods that keep state
+    outside the engine (sklearn, zuko)."""
     data = tiny_spec(tmp_path / "grouped")
     data["methods"] = {"fedac": {"clusters": 2}, "fcca": {"clusters": 2}, "cfl": {"warmup": 2}}
     grouped_cfg, alone_cfg = tmp_path / "grouped.yaml", tmp_path / "alone.yaml"
     grouped_cfg.write_text(yaml.safe_dump(data))
     alone_cfg.write_text(yaml.safe_dump({**data, "results_dir": str(tmp_path / "alone")}))
-    for method in data["methods"]:
-        grouped = [*_cli(grouped_cfg, method)[:-4], "0", "1", "--threads", "1", "--quiet"]
-        out = subprocess.run(grouped, check=True, capture_output=True, text=True).stdout.splitlines()
-        assert [line.split(": ")[1] for line in out] == ["finished", "finished"], out
-        subprocess.run([*_cli(alone_cfg, method)[:-4], "1", "--threads", "1", "--quiet"], check=True,
-                       capture_output=True)
-        seed1 = Path("runs/swap") / method / "seed1"
-        assert _bytes(tmp_path / "grouped" / seed1) == _bytes(tmp_path / "alone" / seed1), method
-    # Finished seeds are skipped, one line each; a repeated seed is refused before any run.
-    again = subprocess.run([*_cli(grouped_cfg, "cfl")[:-4], "1", "0", "--threads", "1", "--quiet"],
-                           check=True, capture_output=True, text=True).stdout
+    methods = list(data["methods"])
+    out = subprocess.run(_train(grouped_cfg, methods, [0, 1]), check=True, capture_output=True,
+                         text=True).stdout.splitlines()
+    assert [line.split(": ")[0].split("runs/swap/")[1] for line in out] == \
+        [f"{m}/seed{k}" for m in methods for k in (0, 1)]
+    assert all(line.split(": ")[1] == "finished" for line in out), out
+    # each run after another one in the process: the next seed, or the next method's first seed
+    for method, seed in (("fedac", 1), ("fcca", 0), ("fcca", 1), ("cfl", 0), ("cfl", 1)):
+        subprocess.run(_train(alone_cfg, [method], [seed]), check=True, capture_output=True)
+        run = Path("runs/swap") / method / f"seed{seed}"
+        assert _bytes(tmp_path / "grouped" / run) == _bytes(tmp_path / "alone" / run), run
+    # Finished runs are skipped, one line each; a repeated seed is refused before any run.
+    again = subprocess.run(_train(grouped_cfg, ["cfl"], [1, 0]), check=True, capture_output=True, text=True).stdout
     assert again.count("already finished") == 2
-    twice = subprocess.run([*_cli(grouped_cfg, "cfl")[:-4], "0", "0", "--quiet"], capture_output=True, text=True)
+    twice = subprocess.run(_train(grouped_cfg, ["cfl"], [0, 0]), capture_output=True, text=True)
     assert twice.returncode == 2 and twice.stderr == "error: --seed: 0 given twice; give each seed once\n"
 
 
@@ -534,20 +543,25 @@ def test_a_scenario_job_trains_every_method_and_a_failed_run_stops_none(tmp_path
     config = tmp_path / "spec.yaml"
     config.write_text(yaml.safe_dump(data))
     spec = parse_spec(data)
-    base = _cli(config, "fedavg")[:-6]  # up to --method
-    cmd = [*base, "fedavg", "local", "--seed", "0", "1", "--quiet"]
     with store.exclusive(spec.run_dir("swap", "fedavg", 1) / LOCK_FILE, "the test"), \
             store.exclusive(spec.run_dir("swap", "local", 0) / LOCK_FILE, "the test"):
-        done = subprocess.run(cmd, capture_output=True, text=True)
+        done = subprocess.run(_train(config, ["fedavg", "local"], [0, 1]), capture_output=True, text=True)
     assert done.returncode == 5, done.stderr
     assert done.stderr.count("\n") == 1 and done.stderr.startswith("error: run swap/fedavg/seed1 ")
     assert done.stderr.endswith(" (runs local/seed0 failed too)\n"), done.stderr
     assert [line.split(": ")[0].split("runs/")[1] for line in done.stdout.splitlines()] == \
         ["swap/fedavg/seed0", "swap/local/seed1"]
-    twice = subprocess.run([*base, "local", "fedavg", "local", "--seed", "0"], capture_output=True, text=True)
+    twice = subprocess.run(_train(config, ["local", "fedavg", "local"], [0]), capture_output=True, text=True)
     assert twice.returncode == 2 and twice.stderr == "error: --method: local given twice; give each method once\n"
-    unknown = subprocess.run([*base, "fedavg", "nope", "--seed", "0"], capture_output=True, text=True)
+    unknown = subprocess.run(_train(config, ["fedavg", "nope"], [0]), capture_output=True, text=True)
     assert unknown.returncode == 2 and unknown.stderr.startswith("error: --method: unknown method 'nope'")
+    # a run outside the spec's matrix (one that aggregate would never read) is refused
+    data["methods"]["local"] = {"scenarios": ["other"]}
+    data["scenarios"]["other"] = yaml.safe_load(yaml.safe_dump(data["scenarios"]["swap"]))
+    config.write_text(yaml.safe_dump(data))
+    outside = subprocess.run(_train(config, ["fedavg", "local"], [0]), capture_output=True, text=True)
+    assert outside.returncode == 2 and outside.stderr == (
+        "error: --method: local does not run on scenario swap (methods.local.scenarios: other)\n")
 
 
 # ---------------------------------------------------------------------------- client sampling

@@ -83,7 +83,6 @@ def test_a_finished_run_without_its_outputs_is_rebuilt_from_the_cut_down_checkpo
     run_dir = train_run(spec, "swap", "local", 0, progress=False).run_dir
     for name in OUTPUT_FILES:
         (run_dir / name).unlink()
-    (run_dir / "timing.json").unlink()
     started = record_start_rounds()
     result = train_run(spec, "swap", "local", 0, progress=False)
     assert not result.skipped and started == [4]

@@ -146,8 +146,7 @@ def slurm_cluster(tmp_path_factory):
 
 def test_workflow_on_slurm(slurm_cluster, tmp_path):
     env = slurm_cluster
-    spec = {**TINY_SPEC, "methods": {"fedavg": {}}}
-    write_spec(tmp_path / "tiny.yaml", spec)
+    write_spec(tmp_path / "tiny.yaml", TINY_SPEC)  # one scenario, two methods: one train job
     out = snakemake("--configfile", "tiny.yaml", "--executor", "slurm", "--workflow-profile",
                     str(ROOT / "workflow/profiles/slurm"), "--slurm-no-account", "--slurm-status-command",
                     "squeue", "--slurm-init-seconds-before-status-checks", "1", "--latency-wait", "5",
@@ -156,19 +155,20 @@ def test_workflow_on_slurm(slurm_cluster, tmp_path):
     # partition and train went through sbatch; download, aggregate and report are local rules
     assert out.stdout.count("has been submitted with SLURM jobid") == 2, out.stdout
     results = tmp_path / "results/tiny"  # results/<spec file name>
+    for method in ("fedavg", "fedprox"):
+        for name in ("summary.json", "metrics.parquet", "rounds.parquet", "clusters.parquet", "plots.csv"):
+            assert (results / "runs/swap" / method / "seed0" / name).is_file(), (method, name)
     run_dir = results / "runs/swap/fedavg/seed0"
-    for name in ("summary.json", "metrics.parquet", "rounds.parquet", "clusters.parquet", "plots.csv"):
-        assert (run_dir / name).is_file(), name
     assert (results / "aggregate/summary.parquet").is_file()
     assert (results / "report/index.html").is_file()
 
-    # The train job asked SLURM for what the rule derives from the spec: 1 CPU, 2000 MB, 30 + 2 rounds
-    # minutes, no GPU (the spec's device is auto).
+    # The train job asked SLURM for what the rule derives from the spec: 1 CPU, 2000 MB, 30 minutes
+    # plus 2 rounds of each of its 2 runs, no GPU (the spec's device is auto).
     jobs = subprocess.run(["squeue", "--states=all", "-h", "-o", "%k|%T|%C|%m|%l|%b"], env=env,
                           capture_output=True, text=True).stdout.splitlines()
     train = [line.split("|") for line in jobs if line.startswith("rule_train")]
     assert len(train) == 1, jobs
     _, state, cpus, mem, limit, gres = train[0]
-    assert (state, cpus, mem, limit) == ("COMPLETED", "1", "2000M", "32:00"), train[0]
+    assert (state, cpus, mem, limit) == ("COMPLETED", "1", "2000M", "34:00"), train[0]
     assert "gpu" not in gres
     assert yaml.safe_load((run_dir / "config.yaml").read_text())["training"]["device"] == "auto"

@@ -32,7 +32,7 @@ from cflpipe.metrics import (clustering_scores, device_f1, intra_inter_accuracy,
                              per_client_f1, per_client_mean, personalized_summary, f1_macro_over_classes)
 from cflpipe.models import build_model
 from cflpipe.plugins import run_plugins
-from cflpipe.spec import Spec, Training, dump_yaml, spec_sha256, training_key_path, without_threads
+from cflpipe.spec import RUN_OUTPUT_FILES, Spec, Training, dump_yaml, spec_sha256, training_key_path, without_threads
 from cflpipe import store
 
 # Global accuracy and intra/inter accuracy score every distinct model on all clients' pooled
@@ -40,8 +40,7 @@ from cflpipe import store
 # this many models is scored (recorded in rounds.parquet as `global_models`).
 MAX_GLOBAL_MODELS = 100
 
-OUTPUT_FILES = ("metrics.parquet", "clusters.parquet", "rounds.parquet", "timing.parquet",
-                "plots.csv", "summary.json", "config.yaml")
+OUTPUT_FILES = RUN_OUTPUT_FILES
 # DVC cannot read Parquet: these evaluation figures are also written to plots.csv for `dvc plots`.
 PLOT_COLUMNS = ("round", "acc_macro", "acc_micro", "global_acc_mean", "loss", "train_loss", "ari", "nmi",
                 "n_clusters", "intra_acc", "inter_acc")

@@ -16,7 +16,7 @@ from snakemake.utils import validate
 from cflpipe.data.base import dataset_info
 from cflpipe.errors import CflpipeError
 from cflpipe import __version__
-from cflpipe.spec import load_spec, read_yaml
+from cflpipe.spec import RUN_OUTPUT_FILES, load_spec, read_yaml
 
 
 def fail(lines, code=2):
@@ -81,10 +81,6 @@ RUN_GROUP = f"{RESULTS}/runs/{{scenario}}/{{method}}"  # every seed of one scena
 # `workflow.train_jobs: scenario`: one job trains every run of a scenario; it declares this marker,
 # not the runs' files (a rule's outputs cannot depend on which methods a scenario has).
 SCENARIO_JOBS = SPEC.workflow.train_jobs == "scenario"
-# What a finished run writes (the engine's OUTPUT_FILES and summary.json), by output name.
-RUN_OUTPUTS = {"summary": "summary.json", "metrics": "metrics.parquet", "clusters": "clusters.parquet",
-               "rounds": "rounds.parquet", "timing": "timing.parquet", "timing_json": "timing.json",
-               "plots": "plots.csv", "config": "config.yaml"}
 TRAINED = f"{RESULTS}/runs/{{scenario}}/.trained"
 AGGREGATE = f"{RESULTS}/aggregate"
 REPORT = f"{RESULTS}/report"
@@ -119,8 +115,9 @@ def run_files(*names):
 
 
 # One process per job: every run of its methods × seeds (a finished run is skipped).
-TRAIN_COMMAND = ("cflpipe train --config {input.spec:q} --scenario {wildcards.scenario} --method {params.methods}"
-                 " --seed {params.seeds} --threads {threads} --quiet > {log} 2>&1")
+def train_command(methods):
+    return (f"cflpipe train --config {{input.spec:q}} --scenario {{wildcards.scenario}} --method {methods}"
+            " --seed {params.seeds} --threads {threads} --quiet > {log} 2>&1")
 
 
 def scenario_methods(scenario):
@@ -136,15 +133,19 @@ def trained_markers():
 def withdraw_stale_markers():
     """A scenario job's marker says that every run of the scenario has finished. Where a run's
     file is gone (a run folder deleted by hand) or was never written (a method or seed added
-    since), that no longer holds: the marker is removed, so the scenario's job runs again and
-    trains just those runs (it skips the finished ones). The main snakemake process only: a
-    cluster job that parses this file must not touch another scenario's marker."""
+    since), that no longer holds, and the marker is removed: the next time something after it
+    runs (a spec edit, `--forcerun aggregate`), the scenario's job runs again first and trains
+    just those runs (it skips the finished ones) instead of leaving aggregate to fail on them.
+    Like any missing intermediate file, the marker alone reruns nothing while aggregate and
+    report are up to date. Every invocation of the main snakemake process withdraws, dry runs
+    included (the marker is empty, and what it claimed was no longer true); a cluster job that
+    parses this file does not touch another scenario's marker."""
     if not (SCENARIO_JOBS and workflow.is_main_process):
         return
     for scenario in SPEC.scenarios:
         marker = Path(TRAINED.format(scenario=scenario))
         files = (Path(f"{RESULTS}/runs/{s}/{m}/seed{k}/{name}") for s, m, k in RUNS if s == scenario
-                 for name in RUN_OUTPUTS.values())
+                 for name in RUN_OUTPUT_FILES)
         if marker.exists() and not all(f.exists() for f in files):
             marker.unlink()
 
@@ -158,8 +159,8 @@ def job_methods(wildcards):
     return [method] if method is not None else scenario_methods(wildcards.scenario)
 
 
-def job_method_names(wildcards):
-    return " ".join(job_methods(wildcards))
+def scenario_method_names(wildcards):
+    return " ".join(scenario_methods(wildcards.scenario))
 
 
 def group_seeds(wildcards):
@@ -200,8 +201,8 @@ def method_params(s, m):
 
 # Resources of one train job (its runs one after another), for SLURM (and `--resources` locally).
 # A GPU when the resolved training device of one of its methods is cuda (`auto` cannot be known
-# before the job lands on a node); memory by dataset size; time from the number of rounds, summed
-# over the job's runs. Override per rule with
+# before the job lands on a node); memory by dataset size; time: 30 min for the job plus the
+# rounds of all its runs. Override per rule with
 # `--set-resources train:mem_mb=16000 train:runtime=600` or in a profile.
 # every other downloaded dataset: 8000, embedded: 2000. LEAF FEMNIST is EMNIST's size; CelebA
 # (200k faces at 84x84) is far larger: its specs should keep `users` or `size` down.
@@ -220,4 +221,4 @@ def train_mem_mb(wildcards):
 
 def train_runtime(wildcards):
     trainings = [SPEC.resolved_training(wildcards.scenario, m) for m in job_methods(wildcards)]
-    return len(SPEC.seeds) * sum(30 + t.rounds * MINUTES_PER_ROUND.get(t.model, 1) for t in trainings)
+    return 30 + len(SPEC.seeds) * sum(t.rounds * MINUTES_PER_ROUND.get(t.model, 1) for t in trainings)

@@ -9,9 +9,9 @@ if SCENARIO_JOBS:
     # Every method × seed of one scenario. Its outputs are the runs' files, but a rule's outputs
     # cannot depend on which methods a scenario has: it declares a marker, touched when every run
     # has finished, and aggregate and report wait for the markers. A new method or seed, or changed
-    # hyper-parameters, change its params, and a run deleted by hand withdraws its marker
-    # (withdraw_stale_markers): the job runs again, trains what is new or missing and skips what
-    # it had finished.
+    # hyper-parameters, change its params: the job runs again, trains what is new and skips what
+    # it had finished. A run deleted by hand withdraws the marker (withdraw_stale_markers), so the
+    # job runs before aggregate does again.
     rule train:
         input:
             spec=ancient(SPEC_FILE),
@@ -19,9 +19,11 @@ if SCENARIO_JOBS:
             stats=f"{PARTITION}/stats.parquet",
         output:
             trained=touch(TRAINED),
+        wildcard_constraints:
+            scenario=choice(s for s in SPEC.scenarios if scenario_methods(s)),
         params:
             run=run_params,
-            methods=job_method_names,
+            methods=scenario_method_names,
             seeds=group_seeds,
         log:
             f"{LOGS}/train/{{scenario}}.log",
@@ -35,7 +37,7 @@ if SCENARIO_JOBS:
         conda:
             "../envs/cflpipe.yaml"
         shell:
-            TRAIN_COMMAND
+            train_command("{params.methods}")
 
 else:
 
@@ -48,10 +50,9 @@ else:
             clients=f"{PARTITION}/clients.parquet",
             stats=f"{PARTITION}/stats.parquet",
         output:
-            **{key: seed_files(name) for key, name in RUN_OUTPUTS.items()},
+            **{name.replace(".", "_"): seed_files(name) for name in RUN_OUTPUT_FILES},
         params:
             run=run_params,
-            methods=job_method_names,
             seeds=group_seeds,
         log:
             f"{LOGS}/train/{{scenario}}/{{method}}.log",
@@ -65,4 +66,4 @@ else:
         conda:
             "../envs/cflpipe.yaml"
         shell:
-            TRAIN_COMMAND
+            train_command("{wildcards.method}")
