@@ -144,8 +144,7 @@ def withdraw_stale_markers():
         return
     for scenario in SPEC.scenarios:
         marker = Path(TRAINED.format(scenario=scenario))
-        files = (Path(f"{RESULTS}/runs/{s}/{m}/seed{k}/{name}") for s, m, k in RUNS if s == scenario
-                 for name in RUN_OUTPUT_FILES)
+        files = (SPEC.run_dir(s, m, k) / name for s, m, k in RUNS if s == scenario for name in RUN_OUTPUT_FILES)
         if marker.exists() and not all(f.exists() for f in files):
             marker.unlink()
 
@@ -183,8 +182,10 @@ def scenario_params(wildcards):
 def run_params(wildcards):
     """What a training run depends on besides its partition: method type, hyper-parameters and
     the resolved training settings (of every method of a scenario job, by name)."""
-    params = {m: method_params(wildcards.scenario, m) for m in job_methods(wildcards)}
-    return json.dumps(params[wildcards.method] if hasattr(wildcards, "method") else params, sort_keys=True)
+    s = wildcards.scenario
+    if hasattr(wildcards, "method"):
+        return json.dumps(method_params(s, wildcards.method), sort_keys=True)
+    return json.dumps({m: method_params(s, m) for m in scenario_methods(s)}, sort_keys=True)
 
 
 def method_params(s, m):
