@@ -401,9 +401,10 @@ _AVERAGE_BLOCK_ELEMENTS = 1 << 22
 def average_updates(updates: dict[int, Update], key: str = "model") -> torch.Tensor:
     """The sample-weighted mean of the updates' `key` vectors: weighted_average of their stack,
     computed block of columns by block, so no (clients × parameters) matrix is made (at 2,000
-    clients that copy is 442 MB next to the uploads themselves). Each column's sum over clients
-    is the same product whatever the block's width, so the mean equals the stacked one to the bit
-    (tests/test_engine.py checks it on this build)."""
+    clients that copy is 442 MB next to the uploads themselves). It equals the stacked mean to float
+    rounding, not to the bit: the product's kernel may sum a block's columns in another order than
+    the whole matrix's (it does on AVX-512 CPUs). A run is still bit-identical with itself (the
+    same blocks every time), which is what resume and reruns rely on."""
     clients = list(updates)
     if not clients:
         raise ValueError("average_updates: no updates")
