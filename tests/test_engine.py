@@ -961,11 +961,14 @@ def test_evaluation_figures_equal_a_computation_by_hand(tmp_path):
     assert len(set(own)) > 1  # the clients' models differ
     metrics = pd.read_parquet(run.run_dir / "metrics.parquet")
     final = metrics[(metrics["round"] == 2) & (metrics["split"] == "test")].sort_values("client")
-    np.testing.assert_allclose(final["acc"], own, rtol=1e-12)
+    # The engine predicts in chunks of eval_batch_size, this reference in one batch: the logits
+    # may differ in the last bit between the two, so an exact near-tie could flip one sample.
+    one = 1 / min(len(test.of(c)[1]) for c in range(4))
+    np.testing.assert_allclose(final["acc"], own, rtol=0, atol=one)
     rounds = pd.read_parquet(run.run_dir / "rounds.parquet").iloc[-1]
-    assert rounds["acc_macro"] == pytest.approx(np.mean(own), rel=1e-12)
-    assert rounds["global_acc_mean"] == pytest.approx(np.mean(pooled), rel=1e-12)
-    assert rounds["global_acc_std"] == pytest.approx(np.std(pooled), rel=1e-12)
+    assert rounds["acc_macro"] == pytest.approx(np.mean(own), abs=one)
+    assert rounds["global_acc_mean"] == pytest.approx(np.mean(pooled), abs=1 / len(test.y))
+    assert rounds["global_acc_std"] == pytest.approx(np.std(pooled), abs=2 / len(test.y))
 
 
 def test_sampling_among_the_clients_that_train_draws_distinct_ones_each_round(tmp_path):

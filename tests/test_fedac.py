@@ -49,7 +49,12 @@ def test_lrcos_equals_cosine_of_independent_pca_projections(tmp_path):
     b = reference.transform(centers.double().numpy())
     expected = (a / np.linalg.norm(a, axis=1, keepdims=True)) @ (b / np.linalg.norm(b, axis=1, keepdims=True)).T
     np.testing.assert_allclose(ours.numpy(), expected, atol=2e-3)
-    assert (fedac.e_step(models, centers) == expected.argmax(1)).all()  # E-step: highest LrCos
+    # E-step: highest LrCos. Our PCA and sklearn's agree to 2e-3, so only rows whose best center
+    # wins by more than that are compared.
+    top2 = np.sort(expected, axis=1)[:, -2:]
+    clear = top2[:, 1] - top2[:, 0] > 4e-3
+    assert clear.sum() >= len(expected) // 2
+    assert (fedac.e_step(models, centers)[clear] == expected.argmax(1)[clear]).all()
 
 
 def test_cnt_splits_a_cluster_of_two_far_apart_groups():

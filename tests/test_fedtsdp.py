@@ -180,8 +180,12 @@ def test_without_clustering_fedtsdp_is_fedavg(tmp_path):
     theirs = pd.read_parquet(spec.run_dir("s", "fedavg", 0) / "rounds.parquet")
     assert (ours["clustering_ran"] == 0).all() and (ours["shared_layers"] == 3).all()
     assert ours["hopkins"].between(0, 0.999).all()
-    for column in ("train_loss", "acc_macro", "global_acc_mean", "bytes_down"):
-        assert ours[column].tolist() == theirs[column].tolist(), column
+    # Two code paths (cluster_average vs FedAvg's column blocks; six equal models vs one) that
+    # agree to float rounding: losses to 1e-5, accuracies to less than one test sample.
+    np.testing.assert_allclose(ours["train_loss"], theirs["train_loss"], rtol=1e-5)
+    for column in ("acc_macro", "global_acc_mean"):
+        np.testing.assert_allclose(ours[column], theirs[column], atol=1e-3, err_msg=column)
+    assert ours["bytes_down"].tolist() == theirs["bytes_down"].tolist()
     # the whole model goes up (the server computes outputs and weight distances from it)
     run = prepare_run(spec, "s", "fedtsdp", 0)
     assert ours["bytes_up"].tolist() == [6 * run.space.nbytes()] * 3
