@@ -289,18 +289,32 @@ def cosine_similarity_matrix(a: torch.Tensor | np.ndarray, b: torch.Tensor | np.
     return (an @ bn.T).clamp_(-1.0, 1.0)
 
 
-def fcca_similarity(first: torch.Tensor, second: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
+FCCA_COSINES = ("sample", "batch", "mean")
+
+
+def fcca_similarity(first: torch.Tensor, second: torch.Tensor, eps: float = 1e-12,
+                    cosine: str = "sample") -> torch.Tensor:
     """FCCA's similarity D (seed paper 002, Sec. 3.3) from reconstructions of every client's
     latents: `first[i, y]` = c_i⁻¹(ε1; y) and `second[j, y]` = c_j⁻¹(ε2; y), each
     (clients × labels × samples × features), the same noise ε1 (ε2) for every client.
 
-    B_{y,i,j} = mean over samples of cosine(first[i, y, s], second[j, y, s]);
+    B_{y,i,j} = the cosine of Eq. 4 between the two batches of reconstructions, read as
+      "sample": the mean over samples of cosine(first[i, y, s], second[j, y, s]);
+      "batch":  the cosine of the two batches flattened into one vector each;
+      "mean":   the cosine of the two batches' means (the paper's argument for the UNKNOWN label,
+                E aᵀb = E a · E b for independent noise, compares means);
     P_{y,i,j} = max(|B_{y,i,i}|, |B_{y,j,j}|)  (confidence: a label the client learned gives
     reconstructions that agree across noise draws); S = B ⊙ P; D = mean of S over labels.
     One (clients × samples·features) product per label; returns D (clients × clients), float64."""
     if first.shape != second.shape or first.ndim != 4:
         raise ValueError(f"fcca_similarity: expected two equal (clients × labels × samples × features) "
                          f"tensors, got {tuple(first.shape)} and {tuple(second.shape)}")
+    if cosine not in FCCA_COSINES:
+        raise ValueError(f"fcca_similarity: cosine must be one of {FCCA_COSINES}, got {cosine!r}")
+    if cosine == "batch":
+        first, second = first.flatten(2)[:, :, None], second.flatten(2)[:, :, None]
+    elif cosine == "mean":
+        first, second = first.mean(2, keepdim=True), second.mean(2, keepdim=True)
     clients, labels, samples, _ = first.shape
     a = first / first.norm(dim=-1, keepdim=True).clamp_min(eps)
     b = second / second.norm(dim=-1, keepdim=True).clamp_min(eps)

@@ -286,7 +286,14 @@ def test_batched_trainer_equals_sequential(name, tmp_path):
     assert set(sa) == set(sb)
     for name in sa:
         scale = max(float(sa[name].abs().max()), 1e-12)
-        assert float((sa[name] - sb[name]).abs().max()) <= 1e-5 * scale, name
+        assert float((sa[name] - sb[name]).abs().max()) <= ADAM_TOLERANCE.get(name, 1e-5) * scale, name
+
+
+# Client state trained with Adam (FCCA's cINN): Adam divides each entry's step by the running RMS
+# of its gradient, so where an entry's gradients nearly cancel over the steps, last-bit differences
+# between the two trainers' sums grow to about 1e-4 of the entry (0.06 % of the cINN's entries
+# when measured); a wrong batch or client is off by the steps themselves (about 0.1).
+ADAM_TOLERANCE = {"flow": 1e-3}
 
 
 # --- every hyper-parameter has an effect ---------------------------------------------------------
@@ -321,6 +328,8 @@ EFFECTIVE_VALUE = {
     ("FedTSDP", "eps_js"): 1.0,              # every client in one stage-1 group
     ("FedTSDP", "hopkins_threshold"): 0.99,  # the fixture's H (about 0.4) then never clusters
     ("FedTSDP", "hopkins_fraction"): 1.0,    # 0.1 and 0.2 of 3 clients both round to 1 sample
+    ("FCCA", "flow_lr"): 0.01,     # the fixture's lr is 0.05, its local steps 2
+    ("FCCA", "flow_steps"): 3,
     (None, "feature_samples"): 1,            # MCFL: 100 and 101 samples' feature means pick alike
 }
 

@@ -455,3 +455,35 @@ def test_cluster_average_counts_a_cluster_with_any_positive_weight():
     means, present = cluster_average(vectors, torch.tensor([0, 0, 2]), torch.tensor([0.5, 0.5, 1.0]), 3)
     assert present.tolist() == [True, False, True]  # total weights 1, 0, 1
     assert means.tolist() == [[2.0, 3.0], [0.0, 0.0], [2.0, 0.0]]
+
+
+def test_adam_step_is_torch_adam_on_a_vector_and_on_each_row_of_a_matrix():
+    """AdamStep (FCCA's cINN) follows torch.optim.Adam, and on a (clients × P) matrix, as the
+    batched trainer calls it, each row moves as that client's vector alone (moments per entry)."""
+    from cflpipe.fl.local import AdamStep, LoopState, StepConfig
+
+    generator = torch.Generator().manual_seed(0)
+    x, y = torch.randn(2, 20, 5, generator=generator), torch.randn(2, 20, generator=generator)
+    starts = torch.randn(2, 5, generator=generator)
+
+    def gradient(weights, xb, yb):
+        w = weights.detach().clone().requires_grad_(True)
+        loss = ((xb @ w.unsqueeze(-1)).squeeze(-1) - yb).square().mean(-1).sum()
+        loss.backward()
+        return loss.detach(), w.grad
+
+    rule, config = AdamStep(clip=1.0), StepConfig(lr=0.01)
+    alone, state = starts[0].clone(), LoopState(None, {})
+    reference = starts[0].clone().requires_grad_(True)
+    optimizer = torch.optim.Adam([reference], lr=0.01)
+    both, both_state = starts.clone(), LoopState(None, {})
+    for _ in range(30):
+        rule.step(alone, [(x[0], y[0])], gradient, state, config)
+        rule.step(both, [(x, y)], gradient, both_state, config)
+        optimizer.zero_grad()
+        ((x[0] @ reference) - y[0]).square().mean().backward()
+        torch.nn.utils.clip_grad_norm_([reference], 1.0)
+        optimizer.step()
+    torch.testing.assert_close(alone, reference.detach(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(both[0], alone, rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(both[1], starts[1])

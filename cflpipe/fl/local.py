@@ -11,7 +11,7 @@ sequential path always used, so it stays bit for bit what it was."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -99,6 +99,8 @@ class LoopState:
 
     velocity: torch.Tensor | None
     companions: dict[str, torch.Tensor]
+    # A rule's own scratch for this loop (Adam's moments and step count), fresh every loop.
+    scratch: dict[str, Any] = field(default_factory=dict)
 
 
 class StepRule:
@@ -131,8 +133,7 @@ class SGDStep(StepRule):
         loss, grad = gradient(weights, x, y)
         with torch.no_grad():
             if self.clip is not None:
-                norm = torch.linalg.vector_norm(grad, dim=-1, keepdim=True)
-                grad.mul_((self.clip / (norm + 1e-6)).clamp_(max=1.0))
+                clip_rows(grad, self.clip)
             if config.weight_decay:
                 grad.add_(weights, alpha=config.weight_decay)
             for vector, strength in config.pulls:  # += s·(w − v), without a temporary the size of w
@@ -147,6 +148,42 @@ class SGDStep(StepRule):
 
 
 SGD = SGDStep()
+
+
+def clip_rows(grad: torch.Tensor, clip: float) -> None:
+    """Scale each client's gradient (a vector, or each row of a matrix) to norm ≤ clip, in place,
+    as torch.nn.utils.clip_grad_norm_ does before an optimizer step."""
+    norm = torch.linalg.vector_norm(grad, dim=-1, keepdim=True)
+    grad.mul_((clip / (norm + 1e-6)).clamp_(max=1.0))
+
+
+@dataclass(frozen=True)
+class AdamStep(StepRule):
+    """Adam (Kingma & Ba; torch.optim.Adam's update without weight decay or amsgrad) on the loss,
+    with the gradient norm first clipped to `clip` (per client) when given. The moments start
+    at zero in every local loop, as a client's optimizer made afresh each round does. The run's
+    momentum and weight decay do not apply; a plan with this rule has no anchors or mask."""
+
+    clip: float | None = None
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+
+    def step(self, weights, batches, gradient, state, config):
+        (x, y), = batches
+        loss, grad = gradient(weights, x, y)
+        with torch.no_grad():
+            if self.clip is not None:
+                clip_rows(grad, self.clip)
+            scratch = state.scratch
+            if not scratch:
+                scratch.update(first=torch.zeros_like(weights), second=torch.zeros_like(weights), t=0)
+            scratch["t"] += 1
+            b1, b2, t = self.betas[0], self.betas[1], scratch["t"]
+            scratch["first"].mul_(b1).add_(grad, alpha=1 - b1)
+            scratch["second"].mul_(b2).addcmul_(grad, grad, value=1 - b2)
+            denominator = (scratch["second"].sqrt() / math.sqrt(1 - b2 ** t)).add_(self.eps)
+            weights.addcdiv_(scratch["first"], denominator, value=-config.lr / (1 - b1 ** t))
+        return loss
 
 
 @dataclass(frozen=True)
