@@ -49,7 +49,11 @@ def _load(args, **kwargs):
 
 
 def cmd_validate(args) -> int:
+    from cflpipe.spec import spec_warnings
+
     spec = _load(args)
+    for line in spec_warnings(spec):
+        print(f"warning: {line}", file=sys.stderr)
     runs = len(spec.matrix())
     print(f"{args.config}: ok ({runs} runs: {len(spec.scenarios)} scenarios, {len(spec.methods)} methods, "
           f"{len(spec.seeds)} seeds; results in {spec.results_dir}/)")

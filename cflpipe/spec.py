@@ -1010,6 +1010,29 @@ def _check_method(spec: Spec, method: str) -> list[str]:
     return []
 
 
+def spec_warnings(spec: Spec) -> list[str]:
+    """Things a valid spec asks for that make a result meaningless without being an error: a
+    clustered method whose clustering starts at or after the run's last round stays one cluster
+    (FedAvg) throughout. One line each, naming the key. Imports the methods (torch)."""
+    from cflpipe.methods import method_info, resolved_hyperparams
+
+    lines = []
+    for method in spec.methods:
+        cls = method_info(spec.method_type(method)).cls
+        for scenario in spec.scenarios:
+            if not spec.runs_on(method, scenario):
+                continue
+            start = cls.clustering_starts(resolved_hyperparams(spec, scenario, method))
+            rounds = spec.resolved_training(scenario, method).rounds
+            if start is not None and start[1] >= rounds:
+                key, first = start
+                value = getattr(resolved_hyperparams(spec, scenario, method), key)
+                lines.append(f"methods.{method}.{key}: {value} leaves no round to cluster in the {rounds} rounds "
+                             f"of scenario {scenario} (it may first cluster in round {first + 1}): {method} stays "
+                             f"one cluster, FedAvg, throughout; lower it or raise training.rounds")
+    return lines
+
+
 def _check_scenario_hyperparams(spec: Spec) -> list[str]:
     """A scenario's `hyperparams` key that no method running on it takes, or that every such method
     overrides, would silently do nothing: an error, not a no-op."""

@@ -489,6 +489,23 @@ class Run:
 
     # ------------------------------------------------------------------ outputs
 
+    def degeneration(self, rounds: pd.DataFrame) -> str | None:
+        """Why a clustered method's run was one cluster throughout (FedAvg in disguise): its gate
+        never opened, or it never had more than one cluster in an evaluated round; None when it
+        clustered, asked for one cluster (K = 1), or is no clustered method (Oracle is told the
+        groups)."""
+        capabilities = self.method.capabilities
+        if not capabilities.clustered or capabilities.needs_groups:
+            return None
+        if capabilities.k_param and getattr(self.method.hp, capabilities.k_param, None) == 1:
+            return None
+        if (gate := self.method.gate_note()) is not None:
+            return gate
+        counts = rounds["n_clusters"].dropna() if "n_clusters" in rounds else rounds[:0]
+        if len(counts) and int(counts.max()) <= 1:
+            return "never formed more than one cluster in an evaluated round"
+        return None
+
     def write_outputs(self) -> dict[str, Any]:
         d = self.run_dir
         metrics = _frame(self.tables["metrics"], METRICS_SCHEMA)
@@ -509,7 +526,11 @@ class Run:
             "best_acc_macro": _plain(evals["acc_macro"].max()) if len(evals) else None,
             "bytes_down_total": int(rounds["bytes_down"].sum()),
             "bytes_up_total": int(rounds["bytes_up"].sum()),
+            "degenerate": self.degeneration(rounds),
         }
+        if summary["degenerate"]:
+            print(f"warning: {self.scenario}/{self.method_name}/seed{self.seed}: {self.method_name} "
+                  f"{summary['degenerate']}", file=sys.stderr)
         summary["provenance"] = run_provenance(self.config, self.training)
         timing_summary = {"seconds_total": float(timing["seconds"].sum()),
                           "seconds_per_round": float(timing["seconds"].mean()),

@@ -344,6 +344,19 @@ class Method:
         """Extra round-level figures written to rounds.parquet (e.g. FedAC's G values)."""
         return {}
 
+    # --- degeneration (a clustered method that ends up as FedAvg must say so)
+    @classmethod
+    def clustering_starts(cls, hp: Any) -> tuple[str, int] | None:
+        """The hyper-parameter that delays clustering and the first round (0-based) in which the
+        method may form more than one cluster with these hyper-parameters; None: from the start.
+        `cflpipe validate` warns when that round is at or past the run's last one."""
+        return None
+
+    def gate_note(self) -> str | None:
+        """After a run: "never clustered: <why>" when a gate of its own stayed shut (e.g. FedTSDP's
+        Hopkins test); None when it opened or the method has none."""
+        return None
+
     def eval_tables(self) -> dict[str, dict[str, np.ndarray]]:
         """Tables of the method's own, recorded at every evaluation round: {name: {column:
         values}}, written as `<name>.parquet` with the round in front (e.g. FCCA's similarity

@@ -110,6 +110,10 @@ class CFL(ClusterModels):
     checkpoint = (*ClusterModels.checkpoint, "pending", "split_models", "split_directions", "split_clusters",
                   "warmup_max_norms")
 
+    @classmethod
+    def clustering_starts(cls, hp):
+        return "warmup", hp.warmup  # a split is decided from 0-based round `warmup` on
+
     def __init__(self, ctx: Context):
         super().__init__(ctx, 1, np.zeros(ctx.num_clients, dtype=np.int64))
         p = ctx.init.numel()

@@ -147,6 +147,12 @@ class FedTSDP(Method):
     checkpoint = ("centers", "clusters", "sampling_weights", "shared_exact", "last_hopkins", "last_clustered",
                   "times_clustered")
 
+    def gate_note(self) -> str | None:
+        if self.times_clustered:
+            return None
+        return (f"never clustered: its Hopkins gate never opened (H <= hopkins_threshold "
+                f"{self.hp.hopkins_threshold:g} in every round)")
+
     def __init__(self, ctx: Context):
         super().__init__(ctx)
         num_layers = ctx.space.num_layers

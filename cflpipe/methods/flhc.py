@@ -88,6 +88,10 @@ class FLHC(ClusterModels):
     capabilities = Capabilities(clustered=True, k_param="clusters")
     checkpoint = (*ClusterModels.checkpoint, "clustered")
 
+    @classmethod
+    def clustering_starts(cls, hp):
+        return "cluster_round", hp.cluster_round
+
     def __init__(self, ctx):
         super().__init__(ctx, 1, np.zeros(ctx.num_clients, dtype=np.int64))
         self.clustered = False

@@ -34,6 +34,10 @@ class KMeansCFL(ClusterModels):
     # The paper's standalone Algorithms 1 (AWCFL) and 2 (MCFL) are K-means CFL with the option.
     variant_names = {"awcfl": "awcfl", "mcfl": "mcfl"}
 
+    @classmethod
+    def clustering_starts(cls, hp):
+        return "cluster_start", max(hp.cluster_start - 1, 0)  # clusters once round + 1 >= cluster_start
+
     def __init__(self, ctx):
         super().__init__(ctx, 1, np.zeros(ctx.num_clients, dtype=np.int64))
         self.latest = ctx.init.repeat(ctx.num_clients, 1)  # the server's copy of every client's model

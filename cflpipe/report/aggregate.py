@@ -230,6 +230,8 @@ def runs_frame(spec: Spec, runs: list[RunOutputs]) -> pd.DataFrame:
         row["bytes_down_total"] = _float(down)
         row["bytes_up_total"] = _float(up)
         row["bytes_total"] = _float(down) + _float(up)
+        # why a clustered method never clustered ("" when it did, or is not clustered)
+        row["degenerate"] = str(r.summary.get("degenerate") or "")
         row["summary_sha256"] = r.summary_sha256  # lets the report notice runs newer than the aggregate
         provenance = r.summary.get("provenance") or {}  # runs written before it existed: unknown ("")
         row.update({column: str(provenance.get(key) or "") for column, key in PROVENANCE_COLUMNS.items()})

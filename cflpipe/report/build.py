@@ -43,8 +43,8 @@ from cflpipe.partition import small_test_sets
 from cflpipe.report.aggregate import aggregate_dir, per_seed_frame, read_aggregate
 from cflpipe.report.ranks import Ranking, q_alpha, rank_methods
 from cflpipe.report.styles import FAMILIES, assign_styles, family_order
-from cflpipe.report.tables import (ALPHA, DASH, TIE_MARK, PaperTable, format_mean_std, is_reference, mark_best,
-                                   paper_tables, seed_values, table_specs, write_tables)
+from cflpipe.report.tables import (ALPHA, DASH, TIE_MARK, PaperTable, format_mean_std, is_clustered, is_reference,
+                                   mark_best, paper_tables, seed_values, table_specs, write_tables)
 from cflpipe.spec import TRAINING_KEYS, Spec, Training, merge_training, spec_sha256
 
 SECTIONS = (("setup", "Setup"), ("accuracy", "Accuracy & loss vs round"), ("comparison", "Final comparison"),
@@ -857,8 +857,25 @@ class Report:
         return out
 
     def clustering_methods(self) -> list[str]:
-        """Methods that cluster clients in some scenario (ARI table rows)."""
-        return [m for m in self.methods if any(m in self.clustered_methods(s) for s in self.spec.scenarios)]
+        """ARI table rows: methods that declare they cluster (those that never did are marked in
+        the table, not dropped) or that had more than one cluster in some scenario."""
+        return [m for m in self.methods if is_clustered(self.method_types[m])
+                or any(m in self.clustered_methods(s) for s in self.spec.scenarios)]
+
+    def never_clustered(self, scenario: str) -> list[str]:
+        """One line per method that, in some seed, never clustered (summary.json's `degenerate`)."""
+        if "degenerate" not in self.runs.columns:
+            return []
+        rows = self.runs[(self.runs["scenario"] == scenario) & (self.runs["degenerate"].fillna("") != "")]
+        lines = []
+        for m in self.methods_on(scenario):
+            mine = rows[rows["method"] == m]
+            if len(mine):
+                seeds = int((self.runs["scenario"].eq(scenario) & self.runs["method"].eq(m)).sum())
+                reasons = "; ".join(sorted(set(mine["degenerate"])))
+                lines.append(f"{self.label(m)} never clustered in {len(mine)} of {seeds} seeds ({reasons}): its "
+                             f"figures are those of the method without clusters, not of a clustering")
+        return lines
 
     def comparison(self) -> tuple[list[PaperTable], list[dict[str, Any]]]:
         tables = paper_tables(self.per_seed, list(self.spec.scenarios), self.methods, self.method_types,
@@ -932,6 +949,7 @@ class Report:
                     heatmaps.append(similarity)
             if others:
                 notes.append(f"one cluster throughout (no assignment heatmap): {', '.join(self.label(m) for m in others)}")
+            notes += self.never_clustered(s)
             out.append({"scenario": s, "label": self.scenario_labels[s], "figures": [f for f in figs if f is not None],
                         "heatmaps": heatmaps,
                         "notes": notes})

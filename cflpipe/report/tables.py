@@ -51,6 +51,14 @@ def is_reference(method_type: str) -> bool:
     return bool(info and info.capabilities.needs_groups)
 
 
+def is_clustered(method_type: str) -> bool:
+    """A method that declares it clusters clients (capability clustered), whether or not it did."""
+    from cflpipe.methods import METHODS, all_methods
+
+    info = METHODS.get(method_type) or all_methods().get(method_type)
+    return bool(info and info.capabilities.clustered)
+
+
 DASH = "—"
 ALPHA = 0.05
 TIE_MARK = "≈"
@@ -95,6 +103,11 @@ LOWER_IS_BETTER = ("bytes_down_total", "bytes_up_total", "bytes_total", "seconds
 NO_BEST = ("inter_acc", "n_clusters")
 
 
+# Marks a cell of a clustered method that never clustered in some seed: its figures are those of
+# the method without clusters (often FedAvg's), not of a clustering.
+ONE_CLUSTER_MARK = "‡"
+
+
 def direction_of(figure: str) -> int:
     return -1 if figure in LOWER_IS_BETTER else 0 if figure in NO_BEST else 1
 
@@ -107,6 +120,7 @@ class Cell:
     text: str
     mark: str = ""                # "best" (bold), "tied" or ""
     p: float = float("nan")       # paired t-test against the column's best (NaN: not tested)
+    one_cluster: int = 0          # seeds in which a clustered method never clustered (summary's `degenerate`)
 
     @property
     def missing(self) -> bool:
@@ -167,6 +181,8 @@ class PaperTable:
         text = format_mean_std(cell.mean, cell.std, self.spec.digits, pm)
         if self.seeds is None and not cell.missing:
             text += f" (n={cell.n})"
+        if cell.one_cluster and not cell.missing:
+            text += f" {ONE_CLUSTER_MARK}"
         return text
 
     @property
@@ -184,6 +200,13 @@ class PaperTable:
             notes.append("One seed: no test is possible, so no best is marked.")
         if self.reference:
             notes.append(REFERENCE_NOTE)
+        flagged = [(m, s) for m in self.methods for s in self.scenarios
+                   if self.cells[(m, s)].one_cluster and not self.cells[(m, s)].missing]
+        if flagged:
+            cases = ", ".join(f"{self.method_label(m)} on {self.scenario_label(s)} "
+                              f"({self.cells[(m, s)].one_cluster} of {self.cells[(m, s)].n} seeds)" for m, s in flagged)
+            notes.append(f"{ONE_CLUSTER_MARK} never clustered (one cluster throughout, or its gate never "
+                         f"opened): {cases}.")
         return notes
 
 
@@ -257,6 +280,14 @@ def seed_values(per_seed: pd.DataFrame, scenario: str, method: str, figure: str,
             if math.isfinite(v)}
 
 
+def one_cluster_seeds(per_seed: pd.DataFrame, scenario: str, method: str) -> int:
+    """Seeds whose run says it never clustered (runs.parquet's `degenerate`, from summary.json)."""
+    if "degenerate" not in per_seed.columns:
+        return 0
+    rows = per_seed[(per_seed["scenario"] == scenario) & (per_seed["method"] == method)]
+    return int((rows["degenerate"].fillna("").astype(str) != "").sum())
+
+
 def paper_table(per_seed: pd.DataFrame, scenarios: list[str], methods: list[str], spec: TableSpec,
                 method_types: dict[str, str] | None = None, only_defined: bool = False,
                 method_labels: dict[str, str] | None = None,
@@ -273,7 +304,8 @@ def paper_table(per_seed: pd.DataFrame, scenarios: list[str], methods: list[str]
         for m in methods:
             mean, std, n = mean_std_n(list(column[m].values()))
             mark, p = marks[m]
-            cells[(m, scenario)] = Cell(mean, std, n, format_mean_std(mean, std, spec.digits), mark, p)
+            cells[(m, scenario)] = Cell(mean, std, n, format_mean_std(mean, std, spec.digits), mark, p,
+                                        one_cluster_seeds(per_seed, scenario, m))
     if only_defined:
         scenarios = [s for s in scenarios if any(not cells[(m, s)].missing for m in methods)]
     table = PaperTable(spec, list(scenarios), list(methods), cells, reference, dict(method_labels or {}),
@@ -346,7 +378,7 @@ def _md(text: str) -> str:
 _LATEX_SPECIALS = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
                    "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "|": r"\textbar{}", "<": r"\textless{}",
                    ">": r"\textgreater{}"}
-_LATEX_SYMBOLS = {"±": r"$\pm$", "≈": r"$\approx$", "≥": r"$\geq$", "−": r"$-$", "β": r"$\beta$",
+_LATEX_SYMBOLS = {"‡": r"$^\ddagger$", "±": r"$\pm$", "≈": r"$\approx$", "≥": r"$\geq$", "−": r"$-$", "β": r"$\beta$",
                   "μ": r"$\mu$", "α": r"$\alpha$", "λ": r"$\lambda$", "τ": r"$\tau$"}
 
 

@@ -60,6 +60,11 @@ try:
     SPEC = load_spec(SPEC_FILE, check_methods=workflow.is_main_process)
 except CflpipeError as exc:
     fail(str(exc).splitlines(), exc.exit_code)
+if workflow.is_main_process:  # the same warnings as `cflpipe validate`, once
+    from cflpipe.spec import spec_warnings
+
+    for line in spec_warnings(SPEC):
+        print(f"warning: {line}", file=sys.stderr)
 # The JSON schema documents the spec's shape for snakemake users; cflpipe's parser above is the
 # stricter check and runs first so that errors read like `cflpipe validate`.
 try:

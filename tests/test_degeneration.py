@@ -1,0 +1,100 @@
+"""No silent FedAvg: a clustered method that cannot or did not cluster says so — `validate`
+warns before the run, the run writes why into summary.json and prints one line, and the tables
+mark its cells instead of dropping it from the ARI table."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+import yaml
+
+from cflpipe.cli import main
+from cflpipe.fl.engine import train_run
+from cflpipe.report.tables import ARI, ONE_CLUSTER_MARK, paper_table, paper_tables, to_latex, to_markdown
+from cflpipe.spec import parse_spec, spec_warnings
+
+
+def spec_dict(tmp_path, methods: dict, rounds: int = 3, **sc) -> dict:
+    return {
+        "seeds": [0],
+        "training": {"model": "mlp", "rounds": rounds, "clients_per_round": 6, "local_steps": 3, "batch_size": 16,
+                     "lr": 0.05, "eval_every": 1, "device": "cpu"},
+        "scenarios": {"s": {"dataset": "digits", "clients": 6, "pool": "train",
+                            "public": {"source": "test", "size": 50},
+                            "partition": [{"kind": "iid"}, {"kind": "label_swap", "groups": 2}], **sc}},
+        "methods": methods,
+        "results_dir": str(tmp_path / "results"), "data_dir": str(tmp_path / "data"),
+    }
+
+
+def test_validate_warns_naming_the_key_when_clustering_would_start_after_the_last_round(tmp_path, capsys):
+    methods = {"fedavg": {}, "cfl": {}, "flhc": {"cluster_round": 14}, "kmeans_cfl": {"cluster_start": 16},
+               "fesem": {"clusters": 2}, "ifca": {"clusters": 2}}
+    lines = spec_warnings(parse_spec(spec_dict(tmp_path, methods, rounds=15)))
+    assert len(lines) == 2, lines  # flhc clusters in its last round, kmeans_cfl's 15 is still in time
+    assert lines[0].startswith("methods.cfl.warmup: 20 leaves no round to cluster in the 15 rounds of scenario s")
+    assert lines[1].startswith("methods.kmeans_cfl.cluster_start: 16 leaves no round")
+    assert "FedAvg" in lines[0]
+    assert spec_warnings(parse_spec(spec_dict(tmp_path, methods, rounds=25))) == []
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec_dict(tmp_path, methods, rounds=15)))
+    assert main(["validate", "--config", str(path)]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert [line.split(":")[1] for line in err] == [" methods.cfl.warmup", " methods.kmeans_cfl.cluster_start"]
+    assert all(line.startswith("warning: ") for line in err)
+
+
+@pytest.mark.slow
+def test_a_run_that_never_clusters_says_so_and_one_that_clusters_does_not(tmp_path, capsys):
+    methods = {"cfl": {"warmup": 0, "eps1": 1e-6},              # the mean update never gets that small
+               "fedtsdp": {"hopkins_threshold": 0.999},          # H never passes it
+               "ifca": {"clusters": 2}, "fesem": {"clusters": 1},  # K = 1 asks for one cluster
+               "fedavg": {}}
+    spec = parse_spec(spec_dict(tmp_path, methods))
+    summaries = {m: train_run(spec, "s", m, 0, progress=False).summary for _, m, _ in spec.matrix()}
+    err = capsys.readouterr().err
+    assert summaries["cfl"]["degenerate"] == "never formed more than one cluster in an evaluated round"
+    assert summaries["fedtsdp"]["degenerate"].startswith("never clustered: its Hopkins gate never opened")
+    assert summaries["ifca"]["final"]["n_clusters"] == 2 and summaries["ifca"]["degenerate"] is None
+    assert summaries["fesem"]["degenerate"] is None and summaries["fedavg"]["degenerate"] is None
+    warned = [line for line in err.splitlines() if line.startswith("warning: s/")]
+    assert warned == ["warning: s/cfl/seed0: cfl never formed more than one cluster in an evaluated round",
+                      "warning: s/fedtsdp/seed0: fedtsdp never clustered: its Hopkins gate never opened "
+                      "(H <= hopkins_threshold 0.999 in every round)"]
+    on_disk = json.loads((spec.run_dir("s", "cfl", 0) / "summary.json").read_text())
+    assert on_disk["degenerate"] == summaries["cfl"]["degenerate"]
+    # the report keeps them in the ARI table, marked, and says why in the clustering section
+    from cflpipe.fl.data import partition_scenario
+    from cflpipe.report.aggregate import aggregate
+    from cflpipe.report.build import build_report
+
+    partition_scenario(spec, "s")
+    aggregate(spec)
+    page = build_report(spec)
+    markdown = (page.parent / "tables" / "summary.md").read_text()
+    ari = markdown[markdown.index("**Adjusted Rand index"):]
+    assert f"| cfl | 0.00 {ONE_CLUSTER_MARK} |" in ari and "| fedtsdp |" in ari and "| ifca |" in ari
+    html = page.read_text()
+    assert "cfl never clustered in 1 of 1 seeds (never formed more than one cluster" in html
+
+
+def per_seed(rows):
+    return pd.DataFrame([{"scenario": "s", "method": m, "seed": k, "ari": a, "acc_macro": acc, "degenerate": d}
+                         for m, k, a, acc, d in rows])
+
+
+def test_tables_mark_a_method_that_never_clustered_and_keep_it_in_the_ari_table():
+    frame = per_seed([("cfl", 0, 0.0, 0.5, "never formed more than one cluster"), ("cfl", 1, 0.8, 0.9, ""),
+                      ("ifca", 0, 1.0, 0.9, ""), ("ifca", 1, 1.0, 0.9, "")])
+    table = paper_table(frame, ["s"], ["cfl", "ifca"], ARI)
+    assert table.cell("cfl", "s").text.endswith(ONE_CLUSTER_MARK) and table.cell("cfl", "s").one_cluster == 1
+    assert ONE_CLUSTER_MARK not in table.cell("ifca", "s").text
+    assert table.notes[-1] == f"{ONE_CLUSTER_MARK} never clustered (one cluster throughout, or its gate never " \
+                              f"opened): cfl on s (1 of 2 seeds)."
+    assert ONE_CLUSTER_MARK in to_markdown(table) and r"$^\ddagger$" in to_latex(table)
+    tables = paper_tables(frame, ["s"], ["cfl", "ifca"], ari_methods=["cfl", "ifca"])
+    assert [t.spec.figure for t in tables][-1] == "ari" and tables[-1].methods == ["cfl", "ifca"]
+    quiet = paper_table(per_seed([("ifca", 0, 1.0, 0.9, "")]), ["s"], ["ifca"], ARI)
+    assert not any(ONE_CLUSTER_MARK in note for note in quiet.notes)
