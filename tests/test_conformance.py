@@ -56,7 +56,8 @@ EARLY = {
     "FedGroup": {"clusters": 2, "pretrain_scale": 2, "pretrain_steps": 2},
     "CGPFL": {"clusters": 2},
     "FCCA": {"clusters": 2, "flow_hidden": 8, "server_samples": 4},
-    "FedTSDP": {"hopkins_threshold": 0.01, "dampening": 0.5, "public_batch": 8, "eps_js": 0.01, "eps_weights": 0.5},
+    "FedTSDP": {"hopkins_threshold": 0.01, "dampening": 0.5, "public_batch": 8, "eps_js": 0.01, "eps_weights": 0.5,
+                "radii": "absolute", "hopkins_min_samples": 1},
 }
 
 
@@ -328,6 +329,7 @@ EFFECTIVE_VALUE = {
     ("FedTSDP", "eps_js"): 1.0,              # every client in one stage-1 group
     ("FedTSDP", "hopkins_threshold"): 0.99,  # the fixture's H (about 0.4) then never clusters
     ("FedTSDP", "hopkins_fraction"): 1.0,    # 0.1 and 0.2 of 3 clients both round to 1 sample
+    ("FedTSDP", "hopkins_min_samples"): 3,
     ("FCCA", "flow_lr"): 0.01,     # the fixture's lr is 0.05, its local steps 2
     ("FCCA", "flow_steps"): 3,
     (None, "feature_samples"): 1,            # MCFL: 100 and 101 samples' feature means pick alike

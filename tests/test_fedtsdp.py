@@ -256,7 +256,7 @@ def test_a_clustering_round_dampens_the_shared_layers_by_its_schedule_and_raises
     import cflpipe.methods.fedtsdp as fedtsdp_module
 
     spec = spec_of(tmp_path, {"fedtsdp": {"hopkins_threshold": 0.01, "dampening": 0.5, "dampening_schedule": schedule,
-                                          "hopkins_fraction": 0.5, "public_batch": 8}})
+                                          "hopkins_fraction": 0.5, "hopkins_min_samples": 1, "public_batch": 8}})
     method = prepare_run(spec, "s", "fedtsdp", 0).method
     samples = []
     real = fedtsdp_module.hopkins
@@ -285,6 +285,45 @@ def test_the_public_batch_is_drawn_by_the_sampling_weights_without_replacement(t
     for round_index in range(3):
         method.ctx.round = round_index
         assert method._draw_public_batch().tolist() == favoured.tolist()
+
+
+def test_hopkins_takes_a_tenth_of_the_clients_but_at_least_the_floor_and_at_most_all():
+    from cflpipe.methods.fedtsdp import hopkins_samples
+
+    assert hopkins_samples(20, 0.1, 1) == 2 and hopkins_samples(20, 0.1, 5) == 5
+    assert hopkins_samples(100, 0.1, 5) == 10 and hopkins_samples(3, 0.1, 5) == 3 and hopkins_samples(4, 0.01, 1) == 1
+
+
+def test_relative_radii_follow_the_median_neighbour_distance_and_absolute_ones_do_not():
+    """Two groups of clients whose outputs and weights are tight inside, far apart: relative radii
+    find them at any scale of the weights; the paper's absolute ε2 = 3.5 merges the groups when
+    the weights' distances are small and shatters them when large."""
+    from cflpipe.methods.fedtsdp import neighbour_scale
+
+    generator = torch.Generator().manual_seed(0)
+    centers = torch.softmax(3 * torch.randn(2, 8, 5, generator=generator), dim=-1)
+    outputs = torch.stack([centers[c // 4] for c in range(8)]).double()
+    outputs = outputs + 0.002 * torch.rand(outputs.shape, generator=generator, dtype=torch.float64)
+    outputs = outputs / outputs.sum(-1, keepdim=True)
+    same_outputs = outputs[:1].repeat(8, 1, 1)  # stage 1 sees one group: stage 2 must split
+    base = torch.randn(2, 30, generator=generator)
+    weights = torch.stack([base[c // 4] + 0.05 * torch.randn(30, generator=generator) for c in range(8)])
+    truth = [0, 0, 0, 0, 1, 1, 1, 1]
+    for scale in (0.01, 1.0, 100.0):
+        labels = two_stage_clusters(same_outputs, scale * weights, 2.0, 2.0, min_pts=2, relative=True)
+        assert labels.tolist() == truth, scale
+    assert two_stage_clusters(outputs, weights, 2.0, 2.0, min_pts=2, relative=True).tolist() == truth
+    assert len(set(two_stage_clusters(same_outputs, 0.01 * weights, 0.15, 3.5, 2).tolist())) == 1
+    assert len(set(two_stage_clusters(same_outputs, 100 * weights, 0.15, 3.5, 2).tolist())) == 8
+    square = np.array([[0.0, 1, 4], [1, 0, 3], [4, 3, 0]])
+    assert neighbour_scale(square, 2) == 1.0 and neighbour_scale(square, 3) == 4.0  # medians of (1,1,3), (4,3,4)
+
+
+def test_shared_layers_body_starts_with_every_layer_but_the_last_shared(tmp_path):
+    method = prepare_run(spec_of(tmp_path, {"fedtsdp": {"shared_layers": "body"}}), "s", "fedtsdp", 0).method
+    assert method.shared_count() == method.ctx.space.num_layers - 1
+    with pytest.raises(SpecError, match="shared_layers"):
+        spec_of(tmp_path, {"fedtsdp": {"shared_layers": -1}})
 
 
 def test_shared_layers_sets_the_initial_number_of_shared_layers(tmp_path):

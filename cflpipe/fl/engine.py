@@ -499,7 +499,7 @@ class Run:
             return None
         if capabilities.k_param and getattr(self.method.hp, capabilities.k_param, None) == 1:
             return None
-        if (gate := self.method.gate_note()) is not None:
+        if (gate := self.method.gate_note(rounds)) is not None:
             return gate
         counts = rounds["n_clusters"].dropna() if "n_clusters" in rounds else rounds[:0]
         if len(counts) and int(counts.max()) <= 1:

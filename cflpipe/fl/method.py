@@ -352,9 +352,10 @@ class Method:
         `cflpipe validate` warns when that round is at or past the run's last one."""
         return None
 
-    def gate_note(self) -> str | None:
+    def gate_note(self, rounds: Any) -> str | None:
         """After a run: "never clustered: <why>" when a gate of its own stayed shut (e.g. FedTSDP's
-        Hopkins test); None when it opened or the method has none."""
+        Hopkins test), read from the run's rounds table (a pandas DataFrame: the outputs are rebuilt
+        from it without the method's state); None when it opened or the method has none."""
         return None
 
     def eval_tables(self) -> dict[str, dict[str, np.ndarray]]:

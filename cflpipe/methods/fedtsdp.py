@@ -23,9 +23,9 @@ Readings where the paper leaves a choice (parameters where the choice depends on
   constant ψ = 0.98 each time the clustering runs (`dampening_schedule: constant`); `power` is the
   0.98^r reading.
 - Rounding: L_s is kept as a real number and the first round(L_s) layers are shared (`layer_rounding`;
-  with ψ = 0.98 four layers become three after seven clusterings). Initially every layer is shared
-  (Fig. 11 starts the 4-layer CNN at 4), so a run in which H never passes h_th is FedAvg, which is
-  the paper's argument for IID data. L_s is one number for all clusters: Algorithm 1 shrinks every
+  with ψ = 0.98 four layers become three after seven clusterings). With every layer shared at the
+  start, a run in which H never passes h_th is FedAvg, which is the paper's argument for IID data
+  (the run says so: summary.json's `degenerate`). L_s is one number for all clusters: Algorithm 1 shrinks every
   cluster's count at the same moments, and new clusters start from it.
 - Layers: a layer is an entry of the model's `layers` (the CNN: conv1, conv2, fc1, fc2; ResNet-18:
   stem, eight basic blocks, fc), i.e. a block counts as one layer, as the paper's figures count
@@ -40,12 +40,25 @@ Readings where the paper leaves a choice (parameters where the choice depends on
   0, which `choice` accepts while B weights are positive). The paper's "amended sampling" is this.
 - JS: divergence (not scipy's distance, its square root) with the natural log, the mean over the
   batch of each sample's divergence, which equals the divergence of the flattened outputs.
-- Hopkins: m̃ = max(1, round(`hopkins_fraction`·m)) of the m round's clients (the paper: m̃ ≪ m;
-  0.1 after Banerjee & Dave, whom it cites); uniform points in the bounding box of the outputs.
+- Hopkins: m̃ = round(`hopkins_fraction`·m) of the m round's clients (the paper: m̃ ≪ m; 0.1 after
+  Banerjee & Dave, whom it cites), but at least `hopkins_min_samples` (5; at most m); uniform
+  points in the bounding box of the outputs. The floor is ours: at the paper's 20 clients 0.1·m
+  is 2 points, and H of 1–2 points is noise (it stayed at 0.56–0.62 on groups of permuted labels,
+  so the gate at 0.65 opened in 0–2 of 12 rounds); `hopkins_min_samples: 1` is the paper alone.
 - Weight distance: L2 of the whole uploaded model (shared and personal layers); Eq. 9's Υe is
-  torch's pairwise-distance epsilon, without effect here. ε2 = 3.5 fits the paper's CNN on CIFAR;
-  it is scale-dependent (it grows with the number of parameters), so `eps_weights` must be chosen
-  for the model at hand (the embedded specs say what they use and why).
+  torch's pairwise-distance epsilon, without effect here.
+- Radii (`radii`). ε2 = 3.5 fits the paper's CNN on CIFAR; weight distances grow with the number
+  of parameters and shrink with the learning rate, so at other scales it either merges everything
+  (the 2NN on digits: every client in one cluster) or, rescaled by the RMS ratio of the models
+  (0.28), shatters clients into singletons. `radii: relative` (default) makes both radii scale-free
+  as DBSCAN's authors choose ε (Ester et al. 1996, the k-distance plot): each is a multiple
+  (`eps_js`, `eps_weights`; default 2) of the median distance from a client to its nearest other
+  client that round (stage 2: within the stage-1 group). Clients twice as far from everyone as
+  the typical neighbour are not reached. `radii: absolute` takes `eps_js`/`eps_weights` as
+  distances, by default the paper's 0.15 and 3.5.
+- Initial shared layers (`shared_layers`): all layers (Fig. 11 starts the 4-layer CNN at 4), so
+  personalization layers exist only after the first clustering; `shared_layers: body` starts
+  with every layer but the last shared, FedPer's split (a number picks any other count).
 - DBSCAN noise points (in either stage) become clusters of their own: the paper flattens the
   stage-2 groups into J' ≥ J clusters and says nothing of noise; a noise client shares nothing
   with anyone, which is what DBSCAN says of it.
@@ -62,7 +75,7 @@ from typing import Literal
 
 import numpy as np
 import torch
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from cflpipe.clustering import canonical_labels, dbscan_precomputed, hopkins, js_divergence_matrix
 from cflpipe.errors import SpecError
@@ -79,18 +92,38 @@ class FedTSDPParams(HyperParams):
     hopkins_threshold: float = Field(0.65, gt=0, lt=1, description="h_th: cluster only when H exceeds it")
     hopkins_fraction: float = Field(0.1, gt=0, le=1, description="m̃/m: share of the round's clients "
                                                                   "sampled for the Hopkins statistic")
+    hopkins_min_samples: int = Field(5, ge=1, description="floor on m̃ (capped at m): the Hopkins statistic of "
+                                                          "1 or 2 points is noise (1: the paper's m̃ = 0.1·m alone)")
     public_batch: int = Field(50, ge=2, description="B: public samples drawn per round")
-    eps_js: float = Field(0.15, gt=0, description="ε1: DBSCAN radius on the JS divergence of outputs")
-    eps_weights: float = Field(3.5, gt=0, description="ε2: DBSCAN radius on the L2 distance of model "
-                                                      "weights (scale-dependent: the paper's CNN on CIFAR)")
+    radii: Literal["relative", "absolute"] = Field(
+        "relative", description="relative: ε1, ε2 multiply the round's median distance from a client to its "
+                                "nearest neighbour (scale-free); absolute: they are distances (the paper's 0.15, 3.5)")
+    eps_js: float | None = Field(None, gt=0, description="ε1: DBSCAN radius on the JS divergence of outputs "
+                                                         "(default: 0.15 absolute, 2 relative)")
+    eps_weights: float | None = Field(None, gt=0, description="ε2: DBSCAN radius on the L2 distance of model "
+                                                              "weights (default: 3.5 absolute, the paper's CNN on "
+                                                              "CIFAR; 2 relative)")
     min_pts: int = Field(2, ge=1, description="DBSCAN min_pts of both stages")
     dampening: float = Field(0.98, gt=0, le=1, description="ψ: shared-layer dampening ratio")
     dampening_schedule: Literal["constant", "power"] = Field(
         "constant", description="L_s ← L_s·ψ at each clustering (constant) or L_s·ψ^r (power)")
-    shared_layers: int | None = Field(None, ge=0, description="initial number of shared layers "
-                                                              "(default: all)")
+    shared_layers: int | Literal["body"] | None = Field(
+        None, description="initial number of shared layers (default: all, as the paper's Fig. 11; "
+                          "body: all but the last, FedPer's split)")
+
+    @field_validator("shared_layers")
+    @classmethod
+    def _non_negative(cls, value):
+        if isinstance(value, int) and value < 0:
+            raise ValueError("must be >= 0 (a number of layers), or 'body'")
+        return value
     layer_rounding: Literal["round", "floor", "ceil"] = Field(
         "round", description="how the real-valued L_s becomes a number of layers")
+
+
+# ε1, ε2 of the paper (absolute distances) and the multipliers of the relative reading.
+PAPER_RADII = (0.15, 3.5)
+RELATIVE_RADII = (2.0, 2.0)
 
 
 def shared_layer_count(exact: float, rounding: str, num_layers: int) -> int:
@@ -112,13 +145,33 @@ def raised_sampling_weights(weights: np.ndarray, batch: np.ndarray) -> np.ndarra
     return raised / raised.sum()
 
 
+def hopkins_samples(clients: int, fraction: float, floor: int) -> int:
+    """m̃: round(fraction·m), at least `floor` and at least 1, at most m."""
+    return min(clients, max(1, floor, round(fraction * clients)))
+
+
+def neighbour_scale(distances: np.ndarray, min_pts: int) -> float:
+    """The median over points of the distance to their (min_pts − 1)-th nearest other point: the
+    k-distance DBSCAN's authors (Ester et al. 1996) read its ε from. 0 for a single point."""
+    n = len(distances)
+    if n < 2:
+        return 0.0
+    k = min(max(min_pts - 1, 1), n - 1)
+    ordered = np.sort(distances + np.diag(np.full(n, np.inf)), axis=1)
+    return float(np.median(ordered[:, k - 1]))
+
+
 def two_stage_clusters(outputs: torch.Tensor, weights: torch.Tensor, eps_js: float, eps_weights: float,
-                       min_pts: int) -> np.ndarray:
+                       min_pts: int, relative: bool = False) -> np.ndarray:
     """FedTSDP's two-stage decoupling of m clients: stage 1 DBSCAN on the JS divergence of the
     outputs (m × samples × classes), stage 2 DBSCAN on the L2 distance of the weights (m × P)
-    inside each stage-1 group; noise points become singleton clusters. Labels 0, 1, … in order
-    of first appearance."""
-    first = _noise_to_singletons(dbscan_precomputed(js_divergence_matrix(outputs), eps_js, min_pts))
+    inside each stage-1 group; noise points become singleton clusters. With `relative` each
+    radius multiplies its stage's `neighbour_scale` (stage 2: of the group's own distances).
+    Labels 0, 1, … in order of first appearance."""
+    divergence = js_divergence_matrix(outputs)
+    if relative:
+        eps_js = eps_js * neighbour_scale(divergence, min_pts)
+    first = _noise_to_singletons(dbscan_precomputed(divergence, max(eps_js, 1e-300), min_pts))
     labels = np.empty(len(first), dtype=np.int64)
     next_label = 0
     as_double = weights.double()  # one float64 copy (a ResNet-18 per client is large)
@@ -126,7 +179,9 @@ def two_stage_clusters(outputs: torch.Tensor, weights: torch.Tensor, eps_js: flo
     del as_double
     for group in np.unique(first):
         members = np.flatnonzero(first == group)
-        second = _noise_to_singletons(dbscan_precomputed(distances[np.ix_(members, members)], eps_weights, min_pts))
+        within = distances[np.ix_(members, members)]
+        radius = eps_weights * neighbour_scale(within, min_pts) if relative else eps_weights
+        second = _noise_to_singletons(dbscan_precomputed(within, max(radius, 1e-300), min_pts))
         labels[members] = second + next_label
         next_label += int(second.max()) + 1
     return canonical_labels(labels)
@@ -147,8 +202,8 @@ class FedTSDP(Method):
     checkpoint = ("centers", "clusters", "sampling_weights", "shared_exact", "last_hopkins", "last_clustered",
                   "times_clustered")
 
-    def gate_note(self) -> str | None:
-        if self.times_clustered:
+    def gate_note(self, rounds) -> str | None:
+        if "clustering_ran" not in rounds or rounds["clustering_ran"].max() > 0:
             return None
         return (f"never clustered: its Hopkins gate never opened (H <= hopkins_threshold "
                 f"{self.hp.hopkins_threshold:g} in every round)")
@@ -156,7 +211,7 @@ class FedTSDP(Method):
     def __init__(self, ctx: Context):
         super().__init__(ctx)
         num_layers = ctx.space.num_layers
-        initial = num_layers if self.hp.shared_layers is None else self.hp.shared_layers
+        initial = {None: num_layers, "body": num_layers - 1}.get(self.hp.shared_layers, self.hp.shared_layers)
         if initial > num_layers:
             raise SpecError(f"methods.{ctx.method}.shared_layers: must be <= {num_layers} (the layers of model "
                             f"{ctx.training.model}), got {initial}")
@@ -173,6 +228,12 @@ class FedTSDP(Method):
         self._round_shared = self.shared_count()
         self._mask = self.shared_mask()
         ctx.clients.add("model", ctx.init)
+
+    def radii(self) -> tuple[float, float]:
+        """(ε1, ε2): the given ones, else the defaults of the `radii` reading."""
+        defaults = RELATIVE_RADII if self.hp.radii == "relative" else PAPER_RADII
+        return (defaults[0] if self.hp.eps_js is None else self.hp.eps_js,
+                defaults[1] if self.hp.eps_weights is None else self.hp.eps_weights)
 
     def shared_count(self) -> int:
         return shared_layer_count(self.shared_exact, self.hp.layer_rounding, self.ctx.space.num_layers)
@@ -207,10 +268,11 @@ class FedTSDP(Method):
             batch = self._draw_public_batch()
             outputs = self._outputs(vectors, self.public[batch])
             flat = outputs.reshape(len(clients), -1)
-            samples = max(1, round(self.hp.hopkins_fraction * len(clients)))
+            samples = hopkins_samples(len(clients), self.hp.hopkins_fraction, self.hp.hopkins_min_samples)
             self.last_hopkins = hopkins(flat, samples, seed=self.ctx.rng(_HOPKINS))
             if self.last_hopkins > self.hp.hopkins_threshold:
-                labels = two_stage_clusters(outputs, vectors, self.hp.eps_js, self.hp.eps_weights, self.hp.min_pts)
+                labels = two_stage_clusters(outputs, vectors, *self.radii(), self.hp.min_pts,
+                                            relative=self.hp.radii == "relative")
                 self._recluster(clients, labels)
                 self.sampling_weights = raised_sampling_weights(self.sampling_weights, batch)
                 self.shared_exact = dampened(self.shared_exact, self.hp.dampening, self.hp.dampening_schedule,
