@@ -48,7 +48,7 @@ COMPARED = [f for f in OUTPUT_FILES if not f.startswith("timing") and f != "conf
 # early); keyed by the registered class so that variants inherit them.
 EARLY = {
     "FLHC": {"cluster_round": 1, "clusters": 2},
-    "CFL": {"warmup": 1, "eps1": 100.0, "eps2": 1e-6, "min_members": 2},
+    "CFL": {"warmup": 1, "eps1": 100.0, "eps2": 1e-6, "min_members": 2, "thresholds": "absolute"},
     "KMeansCFL": {"cluster_start": 1, "clusters": 2, "n_init": 2},
     "FedAC": {"cnt_start": 1, "components": 2},
     "IFCA": {"clusters": 2},
@@ -330,8 +330,7 @@ EFFECTIVE_VALUE = {
     ("FedTSDP", "hopkins_threshold"): 0.99,  # the fixture's H (about 0.4) then never clusters
     ("FedTSDP", "hopkins_fraction"): 1.0,    # 0.1 and 0.2 of 3 clients both round to 1 sample
     ("FedTSDP", "hopkins_min_samples"): 3,
-    ("FCCA", "flow_lr"): 0.01,     # the fixture's lr is 0.05, its local steps 2
-    ("FCCA", "flow_steps"): 3,
+    ("FCCA", "flow_steps"): 3,     # the fixture's local steps are 2
     (None, "feature_samples"): 1,            # MCFL: 100 and 101 samples' feature means pick alike
 }
 

@@ -48,7 +48,7 @@ def test_validate_warns_naming_the_key_when_clustering_would_start_after_the_las
 
 @pytest.mark.slow
 def test_a_run_that_never_clusters_says_so_and_one_that_clusters_does_not(tmp_path, capsys):
-    methods = {"cfl": {"warmup": 0, "eps1": 1e-6},              # the mean update never gets that small
+    methods = {"cfl": {"warmup": 0, "eps1": 1e-6, "thresholds": "absolute"},  # the mean update never gets that small
                "fedtsdp": {"hopkins_threshold": 0.999},          # H never passes it
                "ifca": {"clusters": 2}, "fesem": {"clusters": 1},  # K = 1 asks for one cluster
                "fedavg": {}}

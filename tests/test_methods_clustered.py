@@ -153,7 +153,10 @@ def test_methods_are_registered_with_documented_defaults():
         for field_name, field in info.params.model_fields.items():
             assert field.description, f"{name}.{field_name} has no description"
             assert not field.is_required(), f"{name}.{field_name} has no default"
-    assert methods["cfl"].params().eps1 == 0.4 and methods["cfl"].params().eps2 == 1.6
+    from cflpipe.methods.cfl import RELATIVE_DEFAULTS, REFERENCE_DEFAULTS
+
+    assert methods["cfl"].params().thresholds == "relative" and RELATIVE_DEFAULTS == (0.5, 0.6, 0.5)
+    assert REFERENCE_DEFAULTS == (0.4, 1.6, 0.0)  # thresholds: absolute, the reference code
     assert methods["fesem"].params().init_restarts == 20
     assert methods["fedgroup"].params().pretrain_scale == 20
     with pytest.raises(ValueError):
@@ -167,7 +170,7 @@ def test_methods_are_registered_with_documented_defaults():
 
 def test_cfl_splits_clients_whose_updates_point_in_opposite_directions():
     deltas, truth = opposite_groups((4, 3))
-    ctx = FakeContext(CFLParams(warmup=2), 7, 40, deltas)
+    ctx = FakeContext(CFLParams(thresholds="absolute", warmup=2), 7, 40, deltas)
     cfl = CFL(ctx)
     everyone = np.arange(7)
     for _ in range(2):  # warm-up: stationary (mean ≈ 0) and large updates, but too early
@@ -193,7 +196,7 @@ def test_cfl_splits_clients_whose_updates_point_in_opposite_directions():
 
 def test_cfl_does_not_split_when_updates_agree():
     deltas, _ = opposite_groups((4, 3), agree=True)
-    ctx = FakeContext(CFLParams(warmup=0), 7, 40, deltas)
+    ctx = FakeContext(CFLParams(thresholds="absolute", warmup=0), 7, 40, deltas)
     cfl = CFL(ctx)
     for _ in range(4):
         row = play_round(cfl, ctx, np.arange(7))
@@ -201,7 +204,7 @@ def test_cfl_does_not_split_when_updates_agree():
     assert cfl.num_clusters == 1 and (cfl.assignment() == 0).all()
     # Opposite updates whose norms are all small (max ≤ eps2) are not split either.
     small, _ = opposite_groups((4, 3), scale=1.0)
-    ctx = FakeContext(CFLParams(warmup=0), 7, 40, small)
+    ctx = FakeContext(CFLParams(thresholds="absolute", warmup=0), 7, 40, small)
     cfl = CFL(ctx)
     for _ in range(3):
         play_round(cfl, ctx, np.arange(7))
@@ -210,7 +213,7 @@ def test_cfl_does_not_split_when_updates_agree():
 
 def test_cfl_routes_clients_absent_at_the_split_through_the_split_model():
     deltas, truth = opposite_groups((4, 4))
-    ctx = FakeContext(CFLParams(warmup=0), 8, 40, deltas)
+    ctx = FakeContext(CFLParams(thresholds="absolute", warmup=0), 8, 40, deltas)
     cfl = CFL(ctx)
     play_round(cfl, ctx, [0, 1, 4, 5])
     assert cfl.num_clusters == 2
@@ -227,7 +230,7 @@ def test_cfl_routes_clients_absent_at_the_split_through_the_split_model():
     assert (cfl.pending < 0).all()
     assert adjusted_rand_score(truth, cfl.assignment()) == 1.0
     # State round-trips.
-    clone = CFL(FakeContext(CFLParams(warmup=0), 8, 40, deltas))
+    clone = CFL(FakeContext(CFLParams(thresholds="absolute", warmup=0), 8, 40, deltas))
     clone.load_state_dict(cfl.state_dict())
     assert torch.equal(clone.centers, cfl.centers) and np.array_equal(clone.clusters, cfl.clusters)
     assert np.array_equal(clone.split_clusters, cfl.split_clusters)
@@ -239,7 +242,7 @@ def test_cfl_routes_a_client_through_every_later_split_of_its_cluster_and_no_oth
     dim = 40
     g = torch.Generator().manual_seed(3)
     u, v = torch.linalg.qr(torch.randn(dim, 2, generator=g))[0].T * 2.0  # orthogonal, norm 2
-    ctx = FakeContext(CFLParams(warmup=0, min_members=2), 8, dim, torch.stack([u] * 4 + [-u] * 4))
+    ctx = FakeContext(CFLParams(thresholds="absolute", warmup=0, min_members=2), 8, dim, torch.stack([u] * 4 + [-u] * 4))
     cfl = CFL(ctx)
     play_round(cfl, ctx, [0, 1, 4, 5])  # split 0: {0, 1} (+u) | {4, 5} (-u); 2, 3, 6, 7 wait at it
     assert cfl.pending.tolist() == [-1, -1, 0, 0, -1, -1, 0, 0]
@@ -442,7 +445,7 @@ def test_ifca_client_picks_the_lowest_loss_model(tmp_path):
 
 RESUME_CASES = {
     "ifca": {"clusters": 2},
-    "cfl": {"eps1": 100.0, "eps2": 0.01, "warmup": 1, "min_members": 2},  # splits early and often
+    "cfl": {"eps1": 100.0, "eps2": 0.01, "warmup": 1, "min_members": 2, "thresholds": "absolute"},  # splits early and often
     "flhc": {"cluster_round": 3, "clusters": 2},  # clusters right after the checkpoint
     "fesem": {"clusters": 2},
     "fedgroup": {"clusters": 2, "pretrain_scale": 2},  # leaves newcomers to cold-start later
@@ -512,7 +515,7 @@ SCENARIO_METHODS = {
     # never fire here); these are read off this training block's FedAvg-phase update norms, which
     # rounds.parquet records as cfl_mean_norm/cfl_max_norm (mean ≈ 0.5–0.9, max ≈ 1.5–3 by round
     # 10–20); the warm-up is shortened from the reference code's 20 rounds to 10 of the 30.
-    "cfl": {"eps1": 1.0, "eps2": 2.0, "warmup": 10},
+    "cfl": {"eps1": 1.0, "eps2": 2.0, "warmup": 10, "thresholds": "absolute"},
     "fesem": {"clusters": 4},
     "fedgroup": {"clusters": 4},
 }
@@ -652,7 +655,7 @@ def test_cfl_criterion_uses_the_plain_mean_of_updates():
     """Paper and reference code: ‖mean Δθ_i‖, not weighted by n_i (aggregation stays weighted)."""
     deltas = torch.zeros(3, 4)
     deltas[0, 0], deltas[1, 0], deltas[2, 0] = 3.0, -3.0, -3.0
-    ctx = FakeContext(CFLParams(warmup=0, eps1=100.0, eps2=100.0), 3, 4, deltas)
+    ctx = FakeContext(CFLParams(thresholds="absolute", warmup=0, eps1=100.0, eps2=100.0), 3, 4, deltas)
     ctx.train_sizes = lambda: np.array([1, 10, 10])  # weighted, the mean would be |3 − 30 − 30| / 21
     cfl = CFL(ctx)
     row = play_round(cfl, ctx, np.arange(3))
@@ -670,7 +673,7 @@ def test_cfl_gamma_max_refuses_a_bipartition_whose_halves_are_not_separated_enou
     truth = np.repeat([0, 1], 3)
     outcomes = {}
     for gamma_max in (0.0, 0.44, 0.45):
-        ctx = FakeContext(CFLParams(warmup=0, eps1=100.0, eps2=0.1, gamma_max=gamma_max), 6, 4, deltas)
+        ctx = FakeContext(CFLParams(thresholds="absolute", warmup=0, eps1=100.0, eps2=0.1, gamma_max=gamma_max), 6, 4, deltas)
         cfl = CFL(ctx)
         row = play_round(cfl, ctx, np.arange(6))
         assert row["cfl_cross_similarity"][0] == pytest.approx(0.6, abs=1e-6)
@@ -855,7 +858,7 @@ def test_fedgroup_initializes_when_exactly_k_clients_pretrain():
 
 def test_cfl_client_absent_at_a_split_is_sent_the_model_the_split_was_computed_at():
     deltas, _ = opposite_groups((4, 4))
-    ctx = FakeContext(CFLParams(warmup=0), 8, 40, deltas)
+    ctx = FakeContext(CFLParams(thresholds="absolute", warmup=0), 8, 40, deltas)
     ctx.init = torch.full((40,), 0.5)
     cfl = CFL(ctx)
     play_round(cfl, ctx, [0, 1, 4, 5])  # round 1 splits; the cluster's model was the initial one
