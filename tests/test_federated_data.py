@@ -223,3 +223,29 @@ def test_the_fingerprint_follows_the_users_file_not_the_order_of_its_params(tmp_
     assert str(path) in json.loads(_fingerprint(spec, "s"))["inputs_sha256"]
     with pytest.raises(PartitionError, match="built from a different definition"):
         build_federated_data(spec, "s", torch.device("cpu"))
+
+
+def test_mnist1d_is_generated_offline_cached_and_leaves_the_global_random_state_alone(tmp_path):
+    """MNIST-1D from the mnist1d package's generator: 40-point signals of ten balanced classes, the
+    package's 80/20 split, the same arrays from the cache, and NumPy's and Python's global random
+    state as they were (the generator seeds both)."""
+    import random
+
+    from cflpipe.data.base import load_dataset
+
+    random.seed(3)
+    np.random.seed(3)
+    expected = (random.random(), np.random.rand())
+    random.seed(3)
+    np.random.seed(3)
+    made = load_dataset("mnist1d", {"samples": 1000, "seed": 1}, tmp_path)
+    assert (random.random(), np.random.rand()) == expected
+    assert made.x_train.shape == (800, 40) and made.x_test.shape == (200, 40) and made.num_classes == 10
+    assert made.x_train.dtype == np.float32 and not made.is_image
+    assert np.bincount(np.concatenate([made.y_train, made.y_test])).tolist() == [100] * 10
+    assert abs(float(np.concatenate([made.x_train, made.x_test]).std()) - 1.0) < 1e-3  # the package standardises
+    assert list((tmp_path / "mnist1d").glob(".cache-*.npz"))
+    cached = load_dataset("mnist1d", {"samples": 1000, "seed": 1}, tmp_path)
+    assert np.array_equal(cached.x_train, made.x_train) and np.array_equal(cached.y_test, made.y_test)
+    other = load_dataset("mnist1d", {"samples": 1000, "seed": 2}, tmp_path)
+    assert not np.array_equal(other.x_train, made.x_train)
