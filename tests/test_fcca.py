@@ -78,10 +78,10 @@ def test_likelihood_loss_decreases_with_the_local_loop():
     assert after < before - 1.0, (before, after)
 
 
-def test_unknown_rows_without_an_absent_label_add_nothing():
+def test_unknown_rows_without_a_label_add_nothing():
     z, y = torch.randn(8, FEATURES), torch.randint(0, CLASSES, (8,))
     rows = rows_for(z, y, torch.zeros(8, dtype=torch.long), seed=0)
-    rows[:, -(CLASSES + 1):] = 0  # a client holding every label: no y'
+    rows[:, -(CLASSES + 1):] = 0  # no y': the augmentation is off
     net = flow()
     with_alpha = FlowLikelihood(FEATURES, CLASSES + 1, alpha=1.0)(net, rows, y)
     without = FlowLikelihood(FEATURES, CLASSES + 1, alpha=0.0)(net, rows, y)
@@ -364,6 +364,17 @@ def test_the_run_seeds_the_cinn_init_and_its_settings_reach_the_cinn_training(fc
     assert not torch.equal(fcca.ctx.clients["flow"], other.ctx.clients["flow"])  # another seed, another init
     plan = fcca.flow_plan(0, trained(fcca.ctx.init))
     assert plan.space == "flow" and plan.loss.alpha == 0.5 and plan.rule.clip == 3.0
+
+
+def test_a_client_with_every_label_conditions_its_augmentation_on_the_extra_unknown_label(fcca_spec):
+    """unknown: absent draws y' from the labels a client lacks; the fixture's iid digits clients
+    hold all ten, so every z' takes the extra (C+1-th) label rather than no label at all."""
+    fcca = fcca_method(fcca_spec)
+    assert fcca.hp.unknown == "absent"
+    assert (torch.bincount(fcca.ctx.data.client(0, "train")[1], minlength=10) > 0).all()
+    rows = fcca.flow_plan(0, trained(fcca.ctx.init)).inputs
+    unknown = rows[:, -(fcca.num_classes + 1):]
+    assert torch.equal(unknown.argmax(1), torch.full((len(rows),), fcca.num_classes)) and (unknown.sum(1) == 1).all()
 
 
 def test_fcca_prox_pulls_the_encoder_and_classifier_to_what_the_client_received(fcca_spec):
