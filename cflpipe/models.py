@@ -12,6 +12,7 @@ model exactly and a flat parameter vector is a complete checkpoint.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Callable
 
@@ -52,21 +53,24 @@ class LayeredModel(nn.Module):
 
 
 class MLP(LayeredModel):
-    """McMahan et al. (2017)'s 2NN: two hidden layers of 200 units."""
+    """McMahan et al. (2017)'s 2NN: two hidden layers of 200 units (`mlp`). With `depth` d it has
+    d linear layers, d − 1 hidden ones of `hidden` units with ReLU (`mlp11`: FCCA's "11-layer
+    MLP", whose width the paper does not give; 200 as the 2NN's)."""
 
     name = "mlp"
 
-    def __init__(self, input_shape: tuple[int, ...], num_classes: int, hidden: int = 200):
+    def __init__(self, input_shape: tuple[int, ...], num_classes: int, hidden: int = 200, depth: int = 3):
         super().__init__(input_shape, num_classes)
-        self.fc1 = nn.Linear(math.prod(input_shape), hidden)
-        self.fc2 = nn.Linear(hidden, hidden)
-        self.fc3 = nn.Linear(hidden, num_classes)
-        self.layers = ["fc1", "fc2", "fc3"]
+        widths = [math.prod(input_shape)] + [hidden] * (depth - 1) + [num_classes]
+        self.layers = [f"fc{i + 1}" for i in range(depth)]
+        for name, (n_in, n_out) in zip(self.layers, zip(widths, widths[1:])):
+            setattr(self, name, nn.Linear(n_in, n_out))
 
     def features(self, x: Tensor) -> Tensor:
         x = torch.flatten(x, 1)
-        x = torch.relu(self.fc1(x))
-        return torch.relu(self.fc2(x))
+        for name in self.layers[:-1]:
+            x = torch.relu(self.get_submodule(name)(x))
+        return x
 
 
 # --------------------------------------------------------------------------- cnn (FedAC)
@@ -223,6 +227,13 @@ MODELS: dict[str, ModelFactory] = {
 BUILTIN_MODELS = tuple(MODELS)
 
 
+def mlp_depth(name: str) -> int | None:
+    """The depth of an `mlp<d>` name (d linear layers, 2 ≤ d ≤ 64), else None."""
+    from cflpipe.spec import mlp_depth as depth_of  # one rule, in the torch-free spec
+
+    return depth_of(name)
+
+
 def register_model(name: str):
     """Register a model class (or any `factory(input_shape, num_classes) -> LayeredModel`) under
     `name`; for plugins, which may equally just name the class in a `cflpipe.models` entry point."""
@@ -247,6 +258,8 @@ def model_factory(name: str, field_path: str = "model") -> ModelFactory:
 
     if name in MODELS:
         return MODELS[name]
+    if (depth := mlp_depth(name)) is not None:
+        return functools.partial(MLP, depth=depth)
     if is_reference(name):
         factory = load_reference(name, field_path)
     elif name in entry_point_names(MODELS_GROUP):

@@ -37,6 +37,13 @@ class Strict(BaseModel):
 
 # cflpipe.models' built-in networks (that module imports torch, this one must not).
 MODEL_NAMES = ("mlp", "cnn", "cnn_tsdp", "resnet18")
+MAX_MLP_DEPTH = 64
+
+
+def mlp_depth(name: str) -> int | None:
+    """The depth d of a model named `mlp<d>` (an MLP with d linear layers, 2 ≤ d ≤ 64), else None."""
+    match = re.fullmatch(r"mlp([1-9][0-9]?)", name)
+    return int(match.group(1)) if match and 2 <= int(match.group(1)) <= MAX_MLP_DEPTH else None
 
 
 class Training(Strict):
@@ -77,10 +84,10 @@ class Training(Strict):
         from cflpipe.plugins import MODELS_GROUP, entry_point_names, is_reference
 
         names = [*MODEL_NAMES, *(n for n in entry_point_names(MODELS_GROUP) if n not in MODEL_NAMES)]
-        if value in names or is_reference(value):
+        if value in names or is_reference(value) or mlp_depth(value) is not None:
             return value
-        raise ValueError(f"must be one of {', '.join(map(repr, names))} or a module:Class reference, "
-                         f"got {_short(value)}")
+        raise ValueError(f"must be one of {', '.join(map(repr, names))}, mlp<d> (an MLP of d = 2…{MAX_MLP_DEPTH} "
+                         f"linear layers, e.g. mlp11) or a module:Class reference, got {_short(value)}")
 
     @model_validator(mode="before")
     @classmethod

@@ -146,3 +146,22 @@ def test_too_small_image_and_bad_arguments():
         build_model("mlp", (), 10)
     with pytest.raises(ValueError):
         build_model("mlp", (60,), 0)
+
+
+def test_mlp_depth_names_build_that_many_linear_layers_and_mlp_is_the_2nn():
+    """`mlp<d>`: d linear layers, d − 1 hidden of 200 with ReLU (FCCA's 11-layer MLP is mlp11);
+    `mlp3` is `mlp` itself, parameter for parameter under one seed."""
+    deep = build_model("mlp11", (40,), 10)
+    assert deep.layers == [f"fc{i}" for i in range(1, 12)]
+    assert deep.features(torch.zeros(2, 40)).shape == (2, 200) and deep(torch.zeros(2, 40)).shape == (2, 10)
+    torch.manual_seed(0)
+    two_nn = torch.nn.utils.parameters_to_vector(build_model("mlp", (1, 8, 8), 10).parameters())
+    torch.manual_seed(0)
+    three = torch.nn.utils.parameters_to_vector(build_model("mlp3", (1, 8, 8), 10).parameters())
+    assert torch.equal(two_nn, three) and two_nn.numel() == 64 * 200 + 200 + 200 * 200 + 200 + 200 * 10 + 10
+    from cflpipe.spec import mlp_depth
+
+    assert [mlp_depth(n) for n in ("mlp2", "mlp64", "mlp1", "mlp65", "mlp011", "mlp", "mlpx")] == \
+        [2, 64, None, None, None, None, None]
+    with pytest.raises(SpecError, match="unknown model 'mlp1'"):
+        build_model("mlp1", (40,), 10)
