@@ -934,3 +934,79 @@ def test_fedgroup_pretrainings_that_all_diverge_leave_their_clients_unassigned_u
     ctx.run = plain
     group.round_start(np.array(newcomers))
     assert adjusted_rand_score(truth, group.assignment()) == 1.0
+
+
+# ---------------------------------------------------------------------------- IFCA's restarts
+
+
+def ifca_run(tmp_path, **hp):
+    from cflpipe.fl.engine import prepare_run
+
+    spec = parse_spec({
+        "seeds": [0],
+        "training": {"model": "mlp", "rounds": 3, "clients_per_round": 4, "local_steps": 2, "batch_size": 16,
+                     "lr": 0.05, "eval_every": 1, "device": "cpu"},
+        "scenarios": {"s": {"dataset": "digits", "clients": 4,
+                            "partition": [{"kind": "iid"}, {"kind": "label_swap", "groups": 2}]}},
+        "methods": {"ifca": {"clusters": 2, **hp}},
+        "results_dir": str(tmp_path / "results"), "data_dir": str(tmp_path / "data"),
+    })
+    return spec, prepare_run(spec, "s", "ifca", 0)
+
+
+def test_ifca_restarts_train_side_by_side_then_keep_the_set_with_the_lowest_objective(tmp_path):
+    """Three sets of K = 2 models: each client picks and trains one model per set; each set
+    averages its own uploads; after restart_rounds the set whose clients' chosen models had the
+    lowest mean loss is kept."""
+    _, run = ifca_run(tmp_path, restarts=3, restart_rounds=2)
+    ifca = run.method
+    assert ifca.centers.shape[0] == 6 and ifca.tracks == 3
+    initial = ifca.centers.clone()
+    single = ifca_run(tmp_path / "one")[1].method
+    assert torch.equal(initial[:2], single.centers)  # set 0 is Algorithm 1's own start
+    dim = initial.shape[1]
+
+    def update(client, losses, picks):
+        tensors = {f"model{r}": torch.full((dim,), float(10 * r + client)) for r in range(3)}
+        tensors["cluster"] = torch.tensor(picks)
+        tensors["loss"] = torch.tensor(losses, dtype=torch.float64)
+        return Update(tensors, 10, LocalResult(0.1, 2, 32))
+
+    updates = {0: update(0, [2.0, 1.0, 3.0], [0, 1, 0]), 1: update(1, [2.0, 1.5, 0.1], [1, 1, 0])}
+    ifca.ctx.round = 0  # the first of two restart rounds: every set goes on
+    ifca.cluster_aggregate(updates)
+    assert ifca.tracks == 3 and ifca.best_track == 1  # mean losses per set: 2.0, 1.25, 1.55
+    # set r's cluster k averages the set-r uploads of the clients that picked k (equal weights)
+    assert torch.equal(ifca.centers[0], torch.full((dim,), 0.0)) and torch.equal(ifca.centers[1], torch.full((dim,), 1.0))
+    assert torch.equal(ifca.centers[3], torch.full((dim,), 10.5))  # set 1, cluster 1: clients 0 and 1
+    assert torch.equal(ifca.centers[2], initial[2])  # set 1's cluster 0: nobody picked it
+    assert torch.equal(ifca.centers[4], torch.full((dim,), 20.5)) and torch.equal(ifca.centers[5], initial[5])
+    assert ifca.assignment()[:2].tolist() == [1, 1]  # the leading set's picks
+    kept = ifca.centers[4:6].clone()
+    updates = {0: update(0, [2.0, 1.0, 0.2], [0, 1, 0]), 1: update(1, [2.0, 1.5, 0.1], [1, 1, 1])}
+    ifca.ctx.round = 1  # the last restart round: set 2 leads (0.15) and is kept
+    ifca.cluster_aggregate(updates)
+    assert ifca.tracks == 1 and ifca.best_track == 0 and ifca.centers.shape[0] == 2
+    assert torch.equal(ifca.centers[0], torch.full((dim,), 20.0)) and torch.equal(ifca.centers[1], torch.full((dim,), 21.0))
+    assert not torch.equal(ifca.centers, kept)
+    assert ifca.payload(0).tensors["models"].shape[0] == 2  # from now on K models travel
+
+
+@pytest.mark.slow
+def test_ifca_restarts_count_every_set_in_the_traffic_and_refuse_the_variants(tmp_path):
+    spec, run = ifca_run(tmp_path, restarts=2, restart_rounds=2)
+    train_run(spec, "s", "ifca", 0, progress=False)
+    rounds = pd.read_parquet(spec.run_dir("s", "ifca", 0) / "rounds.parquet")
+    model_bytes = run.space.nbytes()
+    assert rounds["bytes_down"].tolist() == [4 * 4 * model_bytes] * 2 + [4 * 2 * model_bytes]
+    assert rounds["n_clusters"].max() <= 2
+    from cflpipe.errors import SpecError
+    from cflpipe.fl.engine import prepare_run
+
+    variant = parse_spec({
+        "seeds": [0], "training": {"model": "mlp", "rounds": 2, "clients_per_round": 4, "local_steps": 1},
+        "scenarios": {"s": {"dataset": "digits", "clients": 4, "partition": [{"kind": "iid"}]}},
+        "methods": {"ifca_awcfl": {"restarts": 2}},
+        "results_dir": str(tmp_path / "r2"), "data_dir": str(tmp_path / "data")})
+    with pytest.raises(SpecError, match=r"methods.ifca_awcfl.restarts: the AWCFL and MCFL variants take one"):
+        prepare_run(variant, "s", "ifca_awcfl", 0)

@@ -14,7 +14,9 @@ import torch
 from pydantic import Field
 
 from cflpipe.fl.local import predict
-from cflpipe.fl.method import Capabilities, Context, Payload, Update
+from cflpipe.errors import SpecError
+from cflpipe.fl.method import Capabilities, Context, Payload, Update, stack_updates
+from cflpipe.fl.params import cluster_average
 from cflpipe.fl.plan import ClientPlan, Trained
 from cflpipe.methods.clustered import ClusterModels
 from cflpipe.metrics import per_client_mean
@@ -25,6 +27,11 @@ from cflpipe.models import build_model
 class IFCAParams(HyperParams):
     clusters: int = Field(2, ge=1, description="number of cluster models K (the paper's k; 2 by default, "
                                                "set it to the expected number of groups)")
+    restarts: int = Field(1, ge=1, le=20, description="random initializations of the K models trained side by "
+                                                      "side for `restart_rounds` rounds, the best then kept (the "
+                                                      "paper's remedy for a bad start; 1: Algorithm 1 alone)")
+    restart_rounds: int = Field(5, ge=1, description="rounds the restarts train side by side before the one "
+                                                     "with the lowest training loss is kept")
 
 
 def random_models(ctx: Context, count: int, purpose: int) -> torch.Tensor:
@@ -79,6 +86,15 @@ class IFCA(ClusterModels):
     the clients' sample counts (the paper's clients all hold the same number of samples, where
     this equals its plain average).
 
+    Restarts (`restarts` R > 1): the paper's remedy for a random initialization that lands two
+    groups in one model (its analysis needs a good start and suggests several random ones). R
+    independent sets of K random models train side by side for `restart_rounds` rounds: every
+    sampled client picks its lowest-loss model in each set and trains each pick (R× the local
+    work and traffic, on independent batch streams), each set averages its own uploads. After
+    the last restart round the set with the lowest IFCA objective (the mean over the round's
+    clients of the loss of their chosen model) is kept and the others dropped. Until then the
+    run reports the set that led in the last round. `restarts: 1` (default) is Algorithm 1.
+
     Evaluation: a client is evaluated with the cluster whose model has the lowest loss on its
     training data, re-estimated for every client at each evaluation round (the paper's cluster
     identity estimate, applied also to clients not sampled lately). This refresh is an
@@ -86,31 +102,76 @@ class IFCA(ClusterModels):
     training, because a sampled client re-picks its cluster from all K models anyway."""
 
     capabilities = Capabilities(clustered=True, k_param="clusters")
+    checkpoint = (*ClusterModels.checkpoint, "tracks", "best_track")
 
     def __init__(self, ctx: Context):
         super().__init__(ctx, ctx.hp.clusters, np.zeros(ctx.num_clients, dtype=np.int64))
-        self.centers = random_models(ctx, ctx.hp.clusters, purpose=0x1FCA)
+        if ctx.hp.restarts > 1 and (self.awcfl_beta is not None or self.mcfl):
+            raise SpecError(f"methods.{ctx.method}.restarts: the AWCFL and MCFL variants take one initialization "
+                            f"(restarts: 1), got {ctx.hp.restarts}")
+        # Restart r's K models are rows r·K … r·K + K − 1; restart 0 is Algorithm 1's own start.
+        self.centers = random_models(ctx, ctx.hp.clusters * ctx.hp.restarts, purpose=0x1FCA)
+        self.tracks = int(ctx.hp.restarts)  # restarts still training (1 once the best is kept)
+        self.best_track = 0  # the restart reported until one is kept: the lowest loss of the last round
 
     def cluster_payload(self, client: int) -> Payload:
         return Payload({"models": self.centers})
 
-    def plan(self, client: int, payload: Payload) -> ClientPlan:
-        # The client's cluster identity estimate is client-side work before training; it is
-        # noted in the payload's meta (the client's own scratch) for finish().
-        models = payload.tensors["models"]
-        chosen = int(lowest(train_losses(self.ctx, models, client)))
+    def plan(self, client: int, payload: Payload) -> ClientPlan | dict[str, ClientPlan]:
+        # The client's cluster identity estimate (per restart) is client-side work before
+        # training; it is noted in the payload's meta (the client's own scratch) for finish().
+        models, k = payload.tensors["models"], self.hp.clusters
+        losses = train_losses(self.ctx, models, client).reshape(self.tracks, k)
+        chosen = lowest(losses)
         payload.meta["chosen"] = chosen
-        return ClientPlan(models[chosen])
+        payload.meta["loss"] = losses[np.arange(self.tracks), chosen]
+        if self.tracks == 1:
+            return ClientPlan(models[int(chosen[0])])
+        # Each restart trains on its own batch stream, as independent runs would.
+        return {f"restart{r}": ClientPlan(models[r * k + int(chosen[r])], stream=(r,) if r else ())
+                for r in range(self.tracks)}
 
-    def cluster_finish(self, client: int, payload: Payload, trained: Trained) -> Update:
-        cluster = torch.tensor([payload.meta["chosen"]], dtype=torch.int64, device=trained.vector.device)
-        return self.update(client, {"model": trained.vector, "cluster": cluster}, trained)
+    def cluster_finish(self, client: int, payload: Payload, trained: Trained | dict[str, Trained]) -> Update:
+        device = self.centers.device
+        cluster = torch.as_tensor(payload.meta["chosen"], dtype=torch.int64, device=device)
+        if isinstance(trained, Trained):
+            return self.update(client, {"model": trained.vector, "cluster": cluster}, trained)
+        runs = [trained[f"restart{r}"] for r in range(self.tracks)]
+        record = next((t for t in runs if t.diverged), runs[0])
+        loss = torch.as_tensor(payload.meta["loss"], dtype=torch.float64, device=device)
+        return self.update(client, {**{f"model{r}": t.vector for r, t in enumerate(runs)}, "cluster": cluster,
+                                    "loss": loss}, record)
 
     def cluster_aggregate(self, updates: dict[int, Update]) -> None:
+        if self.tracks == 1:
+            for client, update in updates.items():
+                self.clusters[client] = int(update.tensors["cluster"][0])
+            super().cluster_aggregate(updates)
+            return
+        if not updates:
+            return
+        k = self.hp.clusters
+        for r in range(self.tracks):
+            clients, vectors, weights = stack_updates(updates, f"model{r}")
+            chosen = torch.stack([updates[c].tensors["cluster"][r] for c in clients]).cpu()
+            means, present = cluster_average(vectors, chosen, weights, k)
+            block = self.centers[r * k:(r + 1) * k]
+            block[present] = means[present]
+        # IFCA's objective on the round's clients, per restart: the loss of each client's chosen
+        # model before training, averaged over the round's clients.
+        objective = torch.stack([u.tensors["loss"] for u in updates.values()]).mean(0)
+        self.best_track = int(lowest(objective.cpu().numpy()[None, :])[0])
         for client, update in updates.items():
-            self.clusters[client] = int(update.tensors["cluster"][0])
-        super().cluster_aggregate(updates)
+            self.clusters[client] = int(update.tensors["cluster"][self.best_track])
+        if self.ctx.round + 1 >= self.hp.restart_rounds:  # keep the best restart, drop the others
+            self.centers = self.centers[self.best_track * k:(self.best_track + 1) * k].clone()
+            self.tracks, self.best_track = 1, 0
+
+    def eval_params(self, client: int) -> torch.Tensor:
+        return self.centers[self.best_track * self.hp.clusters + self.clusters[client]]
 
     def cluster_eval_models(self) -> tuple[list[torch.Tensor], np.ndarray]:
-        self.clusters = lowest(train_losses(self.ctx, self.centers))
-        return super().cluster_eval_models()
+        k = self.hp.clusters
+        models = self.centers[self.best_track * k:(self.best_track + 1) * k]
+        self.clusters = lowest(train_losses(self.ctx, models))
+        return list(models), self.clusters.copy()
