@@ -1,5 +1,6 @@
-"""FedTSDP — federated two-stage decoupling with adaptive personalization layers (Zhu, Chen, Jin et
-al. 2023, "Federated Two Stage Decoupling With Adaptive Personalization Layers";
+"""FedTSDP — federated two-stage decoupling with adaptive personalization layers (Hangyu Zhu,
+Yuxiang Fan and Zhenping Xie 2023, "Federated Two Stage Decoupling With Adaptive Personalization
+Layers", arXiv:2308.15821;
 seeds/003_08e2eff8a7c04c5c.txt, Algorithm 1).
 
 Each round the sampled clients receive their cluster's shared layers (the first L_s layers), put
