@@ -798,6 +798,7 @@ def _sweep_paths(lines: list[str], origins: dict[str, SweepOrigin]) -> list[str]
 def parse_spec(data: Any, *, check_methods: bool = True, check_datasets: bool = True) -> Spec:
     if not isinstance(data, dict):
         raise SpecError(f"spec: must be a mapping of seeds/training/scenarios/methods, got {_short(data)}")
+    _check_expanded_size(data)
     non_finite = list(_non_finite_numbers(data, ""))
     if non_finite:
         raise SpecError("\n".join(f"{where}: must be a finite number, got {value}" for where, value in non_finite))
@@ -870,6 +871,42 @@ def _check_labels(spec: Spec) -> list[str]:
                                     f"differ from every other entry's label and name")
             shown[text] = name
     return problems
+
+
+# Values a spec may hold once YAML aliases are expanded: far above any real spec (a 1 MiB file
+# has at most about 500,000 values), far below what an alias bomb expands to (10^9 and more).
+MAX_SPEC_VALUES = 1_000_000
+
+
+def _check_expanded_size(data: Any) -> None:
+    """Refuse a spec whose aliases expand it beyond MAX_SPEC_VALUES values, or that contains
+    itself, in time linear in its distinct nodes: every later step walks the expanded tree."""
+    sizes: dict[int, int] = {}
+    open_nodes: set[int] = set()
+
+    def size(value: Any) -> int:
+        if not isinstance(value, (dict, list, tuple)):
+            return 1
+        key = id(value)
+        if key in sizes:
+            return sizes[key]
+        if key in open_nodes:
+            raise SpecError("spec: a YAML alias refers to a mapping or list that contains it (a cycle); "
+                            "a spec is a finite tree")
+        open_nodes.add(key)
+        children = value.values() if isinstance(value, dict) else value
+        total = 1 + sum(size(child) for child in children) + (len(value) if isinstance(value, dict) else 0)
+        open_nodes.discard(key)
+        sizes[key] = total
+        if total > MAX_SPEC_VALUES:
+            raise SpecError(f"spec: its YAML aliases expand it to more than {MAX_SPEC_VALUES:,} values (an alias "
+                            f"bomb?); write the values out, or use fewer nested aliases")
+        return total
+
+    try:
+        size(data)
+    except RecursionError:
+        raise SpecError("spec: nested too deeply to be a spec") from None
 
 
 def _non_finite_numbers(value: Any, where: str):

@@ -254,6 +254,34 @@ def test_non_finite_dataset_and_rotation_parameters_are_rejected(tmp_path):
                                             "scenarios.s.partition[0].angles[1]: must be a finite number, got nan"]
 
 
+@pytest.mark.parametrize("levels,kind", [(9, "list"), (7, "mapping")])
+def test_alias_bombs_and_cycles_are_refused_in_one_line_at_once(tmp_path, levels, kind):
+    """Billion laughs: each level repeats the previous one nine times by alias (9^9 ≈ 3.9·10^8
+    values); every walk of the expanded tree would hang (as this test would), so the size is
+    counted once per node."""
+    lines = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    for level in range(1, levels):
+        items = ", ".join([f"*a{level - 1}"] * 9)
+        lines.append(f"a{level}: &a{level} [{items}]" if kind == "list" else
+                     f"a{level}: &a{level} {{{', '.join(f'k{i}: *a{level - 1}' for i in range(9))}}}")
+    lines.append("seeds: [0]")
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("\n".join(lines) + "\n")
+    with pytest.raises(SpecError) as info:
+        load_spec(bomb)
+    assert str(info.value) == ("spec: its YAML aliases expand it to more than 1,000,000 values (an alias bomb?); "
+                               "write the values out, or use fewer nested aliases")
+    cycle = tmp_path / "cycle.yaml"
+    cycle.write_text("seeds: &s [0, *s]\n")
+    with pytest.raises(SpecError, match=r"^spec: a YAML alias refers to a mapping or list that contains it"):
+        load_spec(cycle)
+    # aliases that expand modestly are a spec's business
+    fine = tmp_path / "fine.yaml"
+    fine.write_text("training: &t {model: mlp, rounds: 2, clients_per_round: 2}\nseeds: [0]\n"
+                    "scenarios: {s: {dataset: digits, clients: 4, training: *t}}\nmethods: {fedavg: {}}\n")
+    assert load_spec(fine).scenarios["s"].clients == 4
+
+
 def test_duplicate_yaml_keys_are_rejected_with_their_lines(tmp_path):
     spec = tmp_path / "spec.yaml"
     spec.write_text("seeds: [0]\nmethods: {fedavg: {}}\nscenarios:\n  s: {dataset: digits, clients: 4}\n"
