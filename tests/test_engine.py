@@ -792,7 +792,7 @@ def test_the_summary_names_the_run(tmp_path):
     spec = parse_spec(tiny_spec(tmp_path))
     summary = train_run(spec, "swap", "fedprox", 1, progress=False).summary
     assert list(summary) == ["scenario", "method", "method_type", "seed", "rounds", "clients", "final",
-                             "best_acc_macro", "bytes_down_total", "bytes_up_total", "provenance"]
+                             "best_acc_macro", "bytes_down_total", "bytes_up_total", "degenerate", "provenance"]
     assert (summary["scenario"], summary["method"], summary["method_type"], summary["seed"], summary["rounds"],
             summary["clients"]) == ("swap", "fedprox", "fedprox", 1, 6, 8)
     rounds = pd.read_parquet(spec.run_dir("swap", "fedprox", 1) / "rounds.parquet")
@@ -866,9 +866,9 @@ def test_a_method_that_picks_its_model_by_the_data_is_evaluated_with_its_choice(
 
 
 def test_more_models_than_max_global_models_scores_a_seeded_sample(tmp_path, monkeypatch):
-    from cflpipe.fl import engine
+    from cflpipe.fl import evaluation
 
-    monkeypatch.setattr(engine, "MAX_GLOBAL_MODELS", 3)
+    monkeypatch.setattr(evaluation, "MAX_GLOBAL_MODELS", 3)
 
     def global_scores(attempt: int, round_number: int) -> tuple[float, float]:
         run = prepare_run(parse_spec(tiny_spec(tmp_path / str(attempt))), "swap", "local", 0)
@@ -882,7 +882,7 @@ def test_more_models_than_max_global_models_scores_a_seeded_sample(tmp_path, mon
     first = global_scores(0, 1)
     assert global_scores(1, 1) == first  # the sample follows the seed and the round
     assert any(global_scores(2, r) != first for r in (2, 3, 4))  # another round, another sample
-    monkeypatch.setattr(engine, "MAX_GLOBAL_MODELS", 8)
+    monkeypatch.setattr(evaluation, "MAX_GLOBAL_MODELS", 8)
     run = prepare_run(parse_spec(tiny_spec(tmp_path / "all")), "swap", "local", 0)
     run.setup()
     assert run.evaluate(1)["global_models"] == 8  # 8 models are not more than 8: all scored

@@ -26,6 +26,19 @@ def flow(seed: int = 0, blocks: int = 2, hidden: int = 32) -> ConditionalFlow:
     return ConditionalFlow(FEATURES, CLASSES, blocks, hidden)
 
 
+def invert(space: ParamSpace, vectors: torch.Tensor, samples: int, generator: torch.Generator):
+    """The server's reconstructions with the vectors applied one by one in `space` (as the
+    sequential trainer applies them)."""
+    from types import SimpleNamespace
+
+    from cflpipe.fl.trainers import Trainer
+
+    def apply(flows, *inputs, call="forward"):
+        return Trainer.apply_one_by_one(SimpleNamespace(spaces={"flow": space}), "flow", flows, inputs, call, None)
+
+    return reconstructions(apply, space.model, vectors, samples, generator)
+
+
 def rows_for(z: torch.Tensor, y: torch.Tensor, unknown: torch.Tensor, seed: int) -> torch.Tensor:
     """Training rows as FCCA's client builds them: [z, onehot(y), z' ~ N(0, I), onehot(y')]."""
     noise = torch.randn(z.shape, generator=torch.Generator().manual_seed(seed))
@@ -150,7 +163,7 @@ def test_server_clustering_separates_planted_groups():
         sgd(space, rows_for(z, y, torch.full((120,), CLASSES), seed=client), y, steps=150, batch_size=64,
             lr=0.01, generator=gen, loss=loss, rule=SGDStep(clip=10.0))
         vectors.append(space.read())
-    first, second = reconstructions(space, torch.stack(vectors), 32, torch.Generator().manual_seed(5))
+    first, second = invert(space, torch.stack(vectors), 32, torch.Generator().manual_seed(5))
     assert first.shape == (6, CLASSES, 32, FEATURES)
     d = fcca_similarity(first, second)
     labels = kmeans(d, 2, seed=0, init="k-means++").labels
@@ -198,7 +211,7 @@ def test_server_similarity_separates_label_permuted_groups_on_a_trained_encoders
         sgd(space, rows, labels, steps=300, batch_size=64, lr=0.01, generator=torch.Generator().manual_seed(client),
             loss=loss, rule=AdamStep(clip=10.0))
         vectors.append(space.read())
-    first, second = reconstructions(space, torch.stack(vectors), 32, torch.Generator().manual_seed(5))
+    first, second = invert(space, torch.stack(vectors), 32, torch.Generator().manual_seed(5))
     d = fcca_similarity(first, second).numpy()
     same, other = groups[:, None] == groups[None, :], groups[:, None] != groups[None, :]
     same &= ~np.eye(len(groups), dtype=bool)
@@ -314,7 +327,7 @@ def test_reconstructions_invert_every_flow_on_the_generators_two_noise_draws():
     init = space.read()
     vectors = torch.stack([init, init + 0.2 * torch.randn(init.shape, generator=torch.Generator().manual_seed(3))])
     state = torch.get_rng_state()
-    first, second = reconstructions(space, vectors, 2, torch.Generator().manual_seed(7))
+    first, second = invert(space, vectors, 2, torch.Generator().manual_seed(7))
     assert torch.equal(torch.get_rng_state(), state)
     noise = torch.randn(2, 2, FEATURES, generator=torch.Generator().manual_seed(7))
     net = space.model

@@ -487,3 +487,54 @@ def test_adam_step_is_torch_adam_on_a_vector_and_on_each_row_of_a_matrix():
     torch.testing.assert_close(alone, reference.detach(), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(both[0], alone, rtol=1e-5, atol=1e-6)
     assert not torch.allclose(both[1], starts[1])
+
+
+def test_apply_batched_equals_one_by_one_for_shared_and_own_inputs_and_any_call():
+    """Trainer.apply: the batched trainer's vmap over the stacked vectors gives what loading
+    them one by one gives, to float rounding: the same inputs for every vector (cluster models on
+    a split), each vector its own inputs of any length (personal models on their clients' rows;
+    padded inside), another method of the network (features), and chunks of rows."""
+    from types import SimpleNamespace
+
+    from cflpipe.fl.trainers import SequentialTrainer
+
+    space = ParamSpace(MLP((64,), 10))
+    ctx = SimpleNamespace(spaces={"model": space})
+    generator = torch.Generator().manual_seed(0)
+    vectors = 0.05 * torch.randn(5, space.size, generator=generator)
+    x = torch.randn(300, 64, generator=generator)
+    one, batched = SequentialTrainer(), BatchedTrainer()
+    expected = one.apply(ctx, "model", vectors, (x,), "forward", 128)
+    assert expected.shape == (5, 300, 10)
+    torch.testing.assert_close(batched.apply(ctx, "model", vectors, (x,), "forward", 128), expected)
+    torch.testing.assert_close(batched.apply(ctx, "model", vectors, (x,), "forward", None), expected)
+    for j in range(5):  # the sequential path is the network itself, vector by vector
+        space.load(vectors[j])
+        with torch.no_grad():
+            assert torch.equal(expected[j], torch.cat([space.model(x[:128]), space.model(x[128:256]), space.model(x[256:])]))
+    own = [(torch.randn(n, 64, generator=generator),) for n in (3, 10, 0, 7, 1)]
+    alone = one.apply(ctx, "model", vectors, own, "features", 4)
+    together = batched.apply(ctx, "model", vectors, own, "features", 4)
+    assert [tuple(t.shape) for t in together] == [(3, 200), (10, 200), (0, 200), (7, 200), (1, 200)]
+    for a, b in zip(alone, together):
+        torch.testing.assert_close(b, a)
+    assert batched.counts == {"sequential": 0, "batched": 0}  # applying is not training
+    assert not batched.fallback_said  # vmap ran: nothing fell back to one by one
+
+
+def test_apply_inverts_every_cinn_at_once_as_one_by_one():
+    from types import SimpleNamespace
+
+    from cflpipe.fl.trainers import SequentialTrainer
+    from cflpipe.methods.fcca import ConditionalFlow
+
+    torch.manual_seed(0)
+    space = ParamSpace(ConditionalFlow(6, 3, 2, 8))
+    ctx = SimpleNamespace(spaces={"flow": space})
+    vectors = space.read()[None] + 0.1 * torch.randn(4, space.size, generator=torch.Generator().manual_seed(1))
+    noise = torch.randn(12, 6, generator=torch.Generator().manual_seed(2))
+    context = space.model.onehot(torch.arange(3).repeat_interleave(4), torch.float32)
+    expected = SequentialTrainer().apply(ctx, "flow", vectors, (noise, context), "inverse", None)
+    batched = BatchedTrainer()
+    torch.testing.assert_close(batched.apply(ctx, "flow", vectors, (noise, context), "inverse", None), expected)
+    assert not batched.fallback_said

@@ -22,23 +22,16 @@ from cflpipe.errors import DivergenceError, SpecError
 from cflpipe.fl.checkpoint import (STATE_HASH_FILE, manifest_bytes, read_state, rows_folder, state_bytes,
                                    write_state)
 from cflpipe.fl.data import FederatedData, build_federated_data, input_digests
-from cflpipe.fl.local import predict
+from cflpipe.fl.evaluation import evaluate
 from cflpipe.fl.method import Context, Method, Payload, Update, divergence_error
 from cflpipe.fl.plan import Results
 from cflpipe.fl.params import ParamSpace
 from cflpipe.fl.trainers import build_trainer
 from cflpipe.methods import method_info, resolved_hyperparams
-from cflpipe.metrics import (clustering_scores, device_f1, intra_inter_accuracy, per_client_accuracy,
-                             per_client_f1, per_client_mean, personalized_summary, f1_macro_over_classes)
 from cflpipe.models import build_model
 from cflpipe.plugins import run_plugins
 from cflpipe.spec import RUN_OUTPUT_FILES, Spec, Training, dump_yaml, spec_sha256, training_key_path, without_threads
 from cflpipe import store
-
-# Global accuracy and intra/inter accuracy score every distinct model on all clients' pooled
-# test data; with per-client models that is clients × pooled test, so a seeded sample of at most
-# this many models is scored (recorded in rounds.parquet as `global_models`).
-MAX_GLOBAL_MODELS = 100
 
 OUTPUT_FILES = RUN_OUTPUT_FILES
 # DVC cannot read Parquet: these evaluation figures are also written to plots.csv for `dvc plots`.
@@ -364,87 +357,15 @@ class Run:
     # ------------------------------------------------------------------ evaluation
 
     def evaluate(self, round_number: int) -> dict[str, Any]:
-        data, m = self.data, self.data.num_clients
-        models, client_model = self.method.eval_models()
-        groups = data.groups
-        n_groups = data.num_groups
-        model_for_group = None
-        if self.method.selects_by_data:
-            client_model = np.array([self.method.select_model(data.test.of(c)[0]) for c in range(m)],
-                                    dtype=np.int64)
-            if n_groups:
-                test_groups = groups[data.test.owner.cpu().numpy()]
-                chosen = [self.method.select_model(data.test.x[torch.from_numpy(test_groups == h)
-                                                                .to(data.test.x.device)])
-                          for h in range(n_groups)]
-                model_for_group = np.tile(np.array(chosen, dtype=np.int64), (m, 1))
-        n_models = len(models)
-        scored = np.arange(n_models)
-        if n_models > MAX_GLOBAL_MODELS:
-            scored = np.sort(np.random.default_rng([self.seed, round_number, 0x61]).choice(
-                n_models, MAX_GLOBAL_MODELS, replace=False))
-        scored_set = set(scored.tolist())
-        global_acc, group_acc = [], np.full((n_models, max(n_groups, 1)), np.nan)
-        figures: dict[str, Any] = {}
-        for split_name, split in (("test", data.test), ("train", data.train)):
-            owner = split.owner.cpu().numpy()
-            preds = torch.empty_like(split.y)
-            losses = torch.empty(split.y.shape[0], dtype=torch.float32, device=split.y.device)
-            for j, vector in enumerate(models):
-                members = np.nonzero(client_model == j)[0]
-                whole = split_name == "test" and j in scored_set
-                if len(members) == 0 and not whole:
-                    continue
-                self.space.load(vector)
-                rows = split.rows_of(members)
-                if whole or len(members) == m:
-                    pred, loss = predict(self.space, split.x, split.y, self.training.eval_batch_size)
-                    preds[rows], losses[rows] = pred[rows], loss[rows]
-                    if whole:
-                        correct = (pred == split.y).cpu().numpy()
-                        global_acc.append(float(correct.mean()))
-                        if n_groups:
-                            group_acc[j, :n_groups] = per_client_accuracy(groups[owner], correct, n_groups)[0]
-                else:
-                    pred, loss = predict(self.space, split.x[rows], split.y[rows], self.training.eval_batch_size)
-                    preds[rows], losses[rows] = pred, loss
-            y_true, y_pred = split.y.cpu().numpy(), preds.cpu().numpy()
-            acc, n = per_client_accuracy(owner, y_true == y_pred, m)
-            loss_c = per_client_mean(owner, losses.cpu().numpy(), m)
-            f1 = per_client_f1(owner, y_true, y_pred, m, data.num_classes)
-            self.extend("metrics", {"round": np.full(m, round_number), "client": np.arange(m),
-                                    "split": np.full(m, split_name), "model": client_model,
-                                    "group": groups, "acc": acc, "loss": loss_c, "f1": f1, "n": n})
-            if split_name == "test":
-                figures.update(personalized_summary(acc, n))
-                figures["loss"] = float(losses.double().mean()) if len(y_true) else float("nan")
-                figures.update(device_f1(f1, n))
-                # not FeSEM's: one class-macro F1 of every client's predictions pooled
-                figures["f1_pooled"] = f1_macro_over_classes(y_true, y_pred, data.num_classes)
-            else:
-                figures["train_acc_macro"] = float(np.nanmean(acc))
-        figures["global_acc_mean"] = float(np.mean(global_acc))
-        figures["global_acc_std"] = float(np.std(global_acc))
-        figures["global_models"] = len(global_acc)
-        figures["models"] = n_models
-        if n_groups and len(scored) == n_models:
-            figures["intra_acc"], figures["inter_acc"] = intra_inter_accuracy(
-                group_acc, client_model if model_for_group is None else model_for_group, groups)
-        else:
-            figures["intra_acc"] = figures["inter_acc"] = float("nan")
-        assignment = self.method.assignment()
-        clusters = np.zeros(m, dtype=np.int64) if assignment is None else np.asarray(assignment)
-        figures["n_clusters"] = int(len(np.unique(clusters)))
-        figures.update(clustering_scores(clusters, groups))
-        self.extend("clusters", {"round": np.full(m, round_number), "client": np.arange(m),
-                                 "cluster": clusters, "true_group": groups})
-        for name, columns in self.method.eval_tables().items():
+        result = evaluate(self.ctx, self.method, self.data, self.training.eval_batch_size, self.seed, round_number)
+        for name, columns in result.tables.items():
+            self.extend(name, columns)
+        for name, columns in result.method_tables.items():
             if name in STANDARD_TABLES:
                 raise RuntimeError(f"{self.method_name}: eval table {name!r} clashes with a standard output")
-            length = len(next(iter(columns.values()))) if columns else 0
             self.tables.setdefault(name, defaultdict(list))
-            self.extend(name, {"round": np.full(length, round_number), **columns})
-        return figures
+            self.extend(name, columns)
+        return result.figures
 
     # ------------------------------------------------------------------ state
 

@@ -178,6 +178,18 @@ class Context:
     def has_dropout(self, space: str) -> bool:
         return self._dropout[space]
 
+    def apply(self, vectors: torch.Tensor | list[torch.Tensor], *inputs: torch.Tensor, space: str = "model",
+              call: str = "forward", chunk: int | None = None) -> torch.Tensor:
+        """Each parameter vector applied to the same inputs, (vectors × rows × …), by the run's
+        trainer (batched or one by one): `network.<call>(*inputs)`, without gradients, in
+        evaluation mode, in chunks of `chunk` rows (None: all at once)."""
+        return self.trainer.apply(self, space, vectors, tuple(inputs), call, chunk)
+
+    def apply_each(self, vectors: torch.Tensor | list[torch.Tensor], inputs: list[tuple[torch.Tensor, ...]], *,
+                   space: str = "model", call: str = "forward", chunk: int | None = None) -> list[torch.Tensor]:
+        """Vector j applied to its own inputs `inputs[j]` (any lengths): one output per vector."""
+        return self.trainer.apply(self, space, vectors, list(inputs), call, chunk)
+
     # ------------------------------------------------------------------ client plans
 
     def run(self, plans: dict[int, Plans]) -> dict[int, Results]:

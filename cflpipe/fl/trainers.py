@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from torch import nn
+
 from cflpipe.fl.local import LocalResult, batch_indices, run_loop, sgd, step_config, steps_for
 from cflpipe.fl.plan import ClientPlan, Trained, trained_into
 
@@ -33,6 +35,21 @@ def mix_seed(*values: int) -> int:
     return int(np.random.SeedSequence(list(values)).generate_state(1, dtype=np.uint64)[0] >> 1)
 
 
+Inputs = tuple[torch.Tensor, ...]
+
+
+class Applied(nn.Module):
+    """Calls one method of a module (forward, features, inverse…) as its forward, so that
+    torch.func.functional_call can apply that method with other parameters."""
+
+    def __init__(self, module: nn.Module, call: str):
+        super().__init__()
+        self.module, self.call = module, call
+
+    def forward(self, *args: torch.Tensor) -> torch.Tensor:
+        return getattr(self.module, self.call)(*args)
+
+
 class Trainer:
     name = "trainer"
 
@@ -41,6 +58,35 @@ class Trainer:
 
     def run(self, ctx: "Context", jobs: list[tuple[int, ClientPlan]]) -> list[Trained]:
         raise NotImplementedError
+
+    # ------------------------------------------------------------------ applying models
+
+    def apply(self, ctx: "Context", space: str, vectors: torch.Tensor | list[torch.Tensor],
+              inputs: Inputs | list[Inputs], call: str = "forward", chunk: int | None = None
+              ) -> torch.Tensor | list[torch.Tensor]:
+        """Apply each parameter vector (rows of `vectors`, a network of space `space`) to inputs,
+        without gradients, in evaluation mode: `module.<call>(*inputs)` in chunks of `chunk` rows
+        (None: all at once). `inputs` is one tuple of tensors every vector is applied to (the
+        result is one (vectors × rows × …) tensor), or a list of one tuple per vector, of any
+        lengths (the result is a list). The sequential path loads one vector after the other into
+        the space; the batched trainer overrides this with vmap over the vectors."""
+        return self.apply_one_by_one(ctx, space, vectors, inputs, call, chunk)
+
+    @staticmethod
+    @torch.no_grad()
+    def apply_one_by_one(ctx: "Context", space: str, vectors, inputs, call: str, chunk: int | None):
+        params = ctx.spaces[space]
+        function = getattr(params.model, call)
+        params.model.eval()
+        shared = isinstance(inputs, tuple)
+        outputs = []
+        for j, vector in enumerate(vectors):
+            params.load(vector)
+            args = inputs if shared else inputs[j]
+            rows = args[0].shape[0]
+            step = chunk or max(rows, 1)
+            outputs.append(torch.cat([function(*(a[i:i + step] for a in args)) for i in range(0, max(rows, 1), step)]))
+        return torch.stack(outputs) if shared else outputs
 
     # ------------------------------------------------------------------ shared pieces
 
@@ -130,12 +176,52 @@ class BatchedTrainer(Trainer):
                 results[i] = self.one(ctx, *jobs[i])
         return results  # type: ignore[return-value]
 
-    def say_fallback(self, exc: Exception) -> None:
+    def say_fallback(self, exc: Exception, what: str = "run some client plans", instead: str = "training them") -> None:
         if not self.fallback_said:
             self.fallback_said = True
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            print(f"cflpipe: the batched trainer cannot run some client plans ({type(exc).__name__}: {reason}); "
-                  f"training them sequentially", file=sys.stderr)
+            print(f"cflpipe: the batched trainer cannot {what} ({type(exc).__name__}: {reason}); "
+                  f"{instead} sequentially", file=sys.stderr)
+
+    def apply(self, ctx, space, vectors, inputs, call="forward", chunk=None):
+        """vmap(functional_call) over the stacked vectors (the torch.func model-ensembling
+        pattern): one batched call per chunk of rows instead of one per vector. Inputs of
+        different lengths per vector are padded to the longest (padding rows are dropped from
+        the results). Equal to the sequential path to float rounding."""
+        if len(vectors) < 2:
+            return self.apply_one_by_one(ctx, space, vectors, inputs, call, chunk)
+        try:
+            return self.apply_batched(ctx, space, vectors, inputs, call, chunk)
+        except Exception as exc:  # noqa: BLE001 - any failure of vmap: apply one by one
+            self.say_fallback(exc, "apply some models", "applying them")
+        return self.apply_one_by_one(ctx, space, vectors, inputs, call, chunk)
+
+    @staticmethod
+    @torch.no_grad()
+    def apply_batched(ctx, space, vectors, inputs, call, chunk):
+        from torch.func import functional_call, vmap
+
+        params = ctx.spaces[space]
+        stacked = vectors if isinstance(vectors, torch.Tensor) else torch.stack(list(vectors))
+        weights = {f"module.{s.name}": stacked[:, s.offset:s.offset + s.numel].view(len(stacked), *s.shape)
+                   for s in params.slots}
+        applied = Applied(params.model, call)
+        params.model.eval()
+        shared = isinstance(inputs, tuple)
+        if shared:
+            args, lengths = inputs, None
+        else:  # pad every vector's inputs to the longest: one (vectors × rows × …) tensor per argument
+            lengths = [int(a[0].shape[0]) for a in inputs]
+            longest = max(lengths)
+            args = tuple(torch.stack([torch.cat([a[k], a[k].new_zeros((longest - len(a[k]), *a[k].shape[1:]))])
+                                      for a in inputs]) for k in range(len(inputs[0])))
+        rows = args[0].shape[0 if shared else 1]
+        mapped = vmap(lambda w, *a: functional_call(applied, w, a), in_dims=(0, *([None if shared else 0] * len(args))))
+        step = chunk or max(rows, 1)
+        pieces = [mapped(weights, *(a[i:i + step] if shared else a[:, i:i + step] for a in args))
+                  for i in range(0, max(rows, 1), step)]
+        out = torch.cat(pieces, dim=1)
+        return out if shared else [out[j, :n] for j, n in enumerate(lengths)]
 
     def group(self, ctx: "Context", jobs: list[tuple[int, ClientPlan]]) -> list[Trained]:
         from torch.func import functional_call, grad_and_value, vmap

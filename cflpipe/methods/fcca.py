@@ -111,7 +111,7 @@ from torch import nn
 from cflpipe.clustering import canonical_labels, fcca_similarity, kmeans
 from cflpipe.fl.local import AdamStep, Anchor, SGDStep
 from cflpipe.fl.method import Capabilities, Context, Method, Payload, Update, stack_updates
-from cflpipe.fl.params import ParamSpace, cluster_average, weighted_average
+from cflpipe.fl.params import cluster_average, weighted_average
 from cflpipe.fl.plan import ClientPlan, Trained
 from cflpipe.fl.trainers import mix_seed
 from cflpipe.methods import HyperParams, register
@@ -212,25 +212,20 @@ class FlowLikelihood:
         return nll.mean()
 
 
-def reconstructions(space: ParamSpace, flows: torch.Tensor, samples: int, generator: torch.Generator
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+def reconstructions(apply: Callable[..., torch.Tensor], module: "ConditionalFlow", flows: torch.Tensor,
+                    samples: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """The server's inversions c_i⁻¹(ε1; y) and c_i⁻¹(ε2; y) of every client's cINN (the rows
-    of `flows`, vectors of `space`, a ConditionalFlow) for every label y, on the same noise
-    ε1, ε2 (`samples` each, drawn from `generator`): two (clients × labels × samples × features)
-    tensors."""
-    module: ConditionalFlow = space.model  # type: ignore[assignment]
+    of `flows`, parameter vectors of `module`) for every label y, on the same noise ε1, ε2
+    (`samples` each, drawn from `generator`): two (clients × labels × samples × features)
+    tensors. `apply(flows, *inputs, call=…)` applies the vectors (Context.apply: all cINNs at
+    once where the trainer batches)."""
     labels, dtype = module.classes, flows.dtype
     noise = torch.randn(2, samples, module.features, generator=generator, dtype=dtype).to(flows.device)
     noise = noise.repeat(1, labels, 1)  # label-major: rows y·samples … (y+1)·samples − 1
     context = module.onehot(torch.arange(labels, device=flows.device).repeat_interleave(samples), dtype)
     context = context.repeat(2, 1)  # ε1's rows, then ε2's: one inversion per client
-    rows = []
-    module.eval()
-    with torch.no_grad():
-        for vector in flows:
-            space.load(vector)
-            rows.append(module.inverse(noise.reshape(-1, module.features), context).view(2, labels, samples, -1))
-    both = torch.stack(rows)
+    both = apply(flows, noise.reshape(-1, module.features), context, call="inverse")
+    both = both.view(len(flows), 2, labels, samples, -1)
     return both[:, 0], both[:, 1]
 
 
@@ -296,13 +291,9 @@ class FCCA(Method):
 
     def flow_plan(self, client: int, trained: Trained) -> ClientPlan:
         """The cINN's training on the features of the encoder the client has just trained."""
-        ctx, space = self.ctx, self.ctx.space
+        ctx = self.ctx
         x, y = ctx.data.client(client, "train")
-        space.load(trained.vector)
-        space.model.eval()
-        chunk = ctx.training.eval_batch_size
-        with torch.no_grad():  # in evaluation-sized chunks, as predict() does
-            z = torch.cat([space.model.features(x[i:i + chunk]) for i in range(0, max(len(x), 1), chunk)])
+        z = ctx.apply(trained.vector[None], x, call="features", chunk=ctx.training.eval_batch_size)[0]
         dtype, n, d = z.dtype, len(y), z.shape[1]
         module: ConditionalFlow = self.flow_space.model  # type: ignore[assignment]
         generator = torch.Generator().manual_seed(mix_seed(ctx.seed, ctx.round, client, _AUGMENT))
@@ -352,7 +343,8 @@ class FCCA(Method):
     def recluster(self) -> None:
         known = np.nonzero(self.heard)[0]
         generator = torch.Generator().manual_seed(mix_seed(self.ctx.seed, self.ctx.round, _NOISE))
-        first, second = reconstructions(self.flow_space, self.flows[torch.from_numpy(known).to(self.flows.device)],
+        first, second = reconstructions(partial(self.ctx.apply, space="flow"), self.flow_space.model,
+                                        self.flows[torch.from_numpy(known).to(self.flows.device)],
                                         self.hp.server_samples, generator)
         similarity = fcca_similarity(first, second, cosine=self.hp.cosine)
         k = min(self.hp.clusters, len(known))

@@ -289,16 +289,9 @@ class FedTSDP(Method):
         rng = self.ctx.rng(_PUBLIC_BATCH)
         return np.sort(rng.choice(len(self.public), size=size, replace=False, p=self.sampling_weights))
 
-    @torch.no_grad()
     def _outputs(self, vectors: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """Softmax outputs of each model on x: (models × samples × classes)."""
-        space = self.ctx.space
-        rows = []
-        for vector in vectors:
-            space.load(vector)
-            space.model.eval()
-            rows.append(torch.softmax(space.model(x).double(), dim=1))
-        return torch.stack(rows)
+        return torch.softmax(self.ctx.apply(vectors, x).double(), dim=-1)
 
     def _recluster(self, clients: np.ndarray, labels: np.ndarray) -> None:
         """The round's clients take the new clusters (their centers are averaged right after);

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from cflpipe.fl.local import predict
+import torch.nn.functional as F
 from cflpipe.errors import SpecError
 from cflpipe.fl.method import Capabilities, Context, Payload, Update, stack_updates
 from cflpipe.fl.params import cluster_average
@@ -48,27 +48,23 @@ def random_models(ctx: Context, count: int, purpose: int) -> torch.Tensor:
     return torch.stack(rows)
 
 
+# Rows per applied chunk for the losses (predict()'s default before models were applied through
+# the trainer; a different chunking would move the losses in their last bits).
+LOSS_CHUNK = 8192
+
+
 def train_losses(ctx: Context, models: torch.Tensor, client: int | None = None) -> np.ndarray:
     """Mean training loss of every model (rows of `models`) on one client's training set,
-    (K,), or with client=None on every client's, (clients × K) — one pass over the pooled
-    training data per model."""
-    space, split = ctx.space, ctx.data.train
+    (K,), or with client=None on every client's, (clients × K) — the K models applied together
+    (batched where the trainer batches) to the pooled training data."""
+    split = ctx.data.train
+    x, y = (split.x, split.y) if client is None else split.of(client)
+    logits = ctx.apply(models, x, chunk=LOSS_CHUNK)  # (K × rows × classes)
+    losses = torch.stack([F.cross_entropy(out, y, reduction="none") for out in logits]).double().cpu().numpy()
     if client is None:
-        x, y = split.x, split.y
         owner = split.owner.cpu().numpy()
-    else:
-        x, y = split.of(client)
-    columns = []
-    for vector in models:
-        space.load(vector)
-        _, loss = predict(space, x, y)
-        loss = loss.double().cpu().numpy()
-        if client is None:
-            columns.append(per_client_mean(owner, loss, ctx.num_clients))
-        else:
-            columns.append(np.array([loss.mean() if len(loss) else np.nan]))
-    losses = np.stack(columns, axis=1)
-    return losses if client is None else losses[0]
+        return np.stack([per_client_mean(owner, loss, ctx.num_clients) for loss in losses], axis=1)
+    return losses.mean(axis=1) if losses.shape[1] else np.full(len(losses), np.nan)
 
 
 def lowest(losses: np.ndarray) -> np.ndarray:
