@@ -209,17 +209,19 @@ class BatchedTrainer(Trainer):
         params.model.eval()
         shared = isinstance(inputs, tuple)
         if shared:
-            args, lengths = inputs, None
+            # Shared inputs are mapped over as (expanded, uncopied) per-vector inputs: networks
+            # that fill a fresh tensor in place from them (zuko's couplings) need their inputs
+            # batched whenever their parameters are.
+            args, lengths = tuple(a.expand(len(stacked), *a.shape) for a in inputs), None
         else:  # pad every vector's inputs to the longest: one (vectors × rows × …) tensor per argument
             lengths = [int(a[0].shape[0]) for a in inputs]
             longest = max(lengths)
             args = tuple(torch.stack([torch.cat([a[k], a[k].new_zeros((longest - len(a[k]), *a[k].shape[1:]))])
                                       for a in inputs]) for k in range(len(inputs[0])))
-        rows = args[0].shape[0 if shared else 1]
-        mapped = vmap(lambda w, *a: functional_call(applied, w, a), in_dims=(0, *([None if shared else 0] * len(args))))
+        rows = args[0].shape[1]
+        mapped = vmap(lambda w, *a: functional_call(applied, w, a))
         step = chunk or max(rows, 1)
-        pieces = [mapped(weights, *(a[i:i + step] if shared else a[:, i:i + step] for a in args))
-                  for i in range(0, max(rows, 1), step)]
+        pieces = [mapped(weights, *(a[:, i:i + step] for a in args)) for i in range(0, max(rows, 1), step)]
         out = torch.cat(pieces, dim=1)
         return out if shared else [out[j, :n] for j, n in enumerate(lengths)]
 
