@@ -28,6 +28,9 @@ from cflpipe.errors import SpecError
 METHODS_GROUP = "cflpipe.methods"
 MODELS_GROUP = "cflpipe.models"
 DATASETS_GROUP = "cflpipe.datasets"
+# Trainers that run client work elsewhere (other processes, a Ray or Dask cluster): a Trainer
+# subclass (cflpipe.fl.trainers), named by `training.trainer`.
+TRAINERS_GROUP = "cflpipe.trainers"
 
 # `package.module:attr` (attr may be dotted: `module:Outer.Inner`), as in entry point values.
 REFERENCE = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")

@@ -37,6 +37,7 @@ class Strict(BaseModel):
 
 # cflpipe.models' built-in networks (that module imports torch, this one must not).
 MODEL_NAMES = ("mlp", "cnn", "cnn_tsdp", "resnet18")
+BUILTIN_TRAINERS = ("auto", "sequential", "batched")
 MAX_MLP_DEPTH = 64
 
 
@@ -65,10 +66,11 @@ class Training(Strict):
     eval_every: int = Field(5, ge=1, description="evaluate every N rounds (and the last round)")
     checkpoint_every: int = Field(10, ge=1, description="save resumable state every N rounds")
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    trainer: Literal["auto", "sequential", "batched"] = Field(
+    trainer: str = Field(
         "auto", description="how client plans are executed: one client after the other, or all of a round's "
                             "clients at once with torch.func (auto: batched on CUDA and for the cnn on CPU, "
-                            "where it is measured faster; sequential otherwise)")
+                            "where it is measured faster; sequential otherwise); or a plugin's trainer "
+                            "(entry point group cflpipe.trainers) or a module:Class reference")
     eval_batch_size: int = Field(256, ge=1, description="samples per forward pass in evaluation")
     on_divergence: Literal["stop", "skip"] = Field(
         "stop", description="NaN/inf loss: stop the run, or skip that client's update"
@@ -76,6 +78,17 @@ class Training(Strict):
     keep_state: bool = Field(
         False, description="keep a finished run's whole checkpoint (models, method state); false cuts it down "
                            "to the tables its outputs are written from")
+
+    @field_validator("trainer")
+    @classmethod
+    def _trainer_name(cls, value: str) -> str:
+        from cflpipe.plugins import TRAINERS_GROUP, entry_point_names, is_reference
+
+        names = [*BUILTIN_TRAINERS, *entry_point_names(TRAINERS_GROUP)]
+        if value in names or is_reference(value):
+            return value
+        raise ValueError(f"must be one of {', '.join(map(repr, names))} or a module:Class reference, "
+                         f"got {_short(value)}")
 
     @field_validator("model")
     @classmethod

@@ -274,17 +274,29 @@ def test_more_clusters_than_clients_is_rejected_in_one_line(name, tmp_path):
 BATCHABLE = [n for n in METHODS if all_methods()[n].capabilities.batchable]
 
 
+PROCESS_TRAINER = "process_trainer:ProcessTrainer"  # tests/process_trainer.py
+
+
+@pytest.mark.parametrize("other", ["batched", pytest.param(PROCESS_TRAINER, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("name", BATCHABLE)
-def test_batched_trainer_equals_sequential(name, tmp_path):
+def test_batched_trainer_equals_sequential(name, other, tmp_path):
+    """The batched trainer, and a trainer that pickles every work item and trains it in another
+    process (what a Ray or Dask trainer does), train what the sequential trainer trains."""
+    from process_trainer import ProcessTrainer
+
     models = {}
-    for trainer in ("sequential", "batched"):
-        run = prepare_run(parse_spec(spec_dict(tmp_path / trainer, name, trainer=trainer)), "s", name, 0)
+    sent = ProcessTrainer.pickled_items
+    for trainer in ("sequential", other):
+        run = prepare_run(parse_spec(spec_dict(tmp_path / trainer.replace(":", "-"), name, trainer=trainer)),
+                          "s", name, 0)
         play(run, 3)
         vectors, index = run.method.eval_models()
         models[trainer] = (torch.stack(vectors), index, run.method.assignment(), run.ctx.clients.state_dict())
         if trainer == "batched":
             assert run.trainer.counts["batched"] > 0
-    (a, ia, ca, sa), (b, ib, cb, sb) = models["sequential"], models["batched"]
+    if other == PROCESS_TRAINER:
+        assert ProcessTrainer.pickled_items > sent
+    (a, ia, ca, sa), (b, ib, cb, sb) = models["sequential"], models[other]
     assert np.array_equal(ia, ib)
     assert (ca is None) == (cb is None) and (ca is None or np.array_equal(ca, cb))
     assert float((a - b).abs().max()) <= 1e-5 * float(a.abs().max())

@@ -230,7 +230,6 @@ def test_local_epochs_become_steps_by_hand():
 def test_dropout_masks_follow_seed_round_client_and_stream(tmp_path):
     """For networks with dropout the trainer reseeds torch's RNG per (seed, round, client,
     stream), so masks differ between clients and rounds and a rerun draws the same ones."""
-    from cflpipe.fl.trainers import SequentialTrainer
 
     spec = parse_spec({
         "seeds": [0],
@@ -241,11 +240,11 @@ def test_dropout_masks_follow_seed_round_client_and_stream(tmp_path):
         "results_dir": str(tmp_path),
     })
     run = prepare_run(spec, "s", "fedavg", 0)
-    ctx, trainer = run.ctx, SequentialTrainer()
+    ctx = run.ctx
 
     def draw(seed=0, round_index=0, client=0, stream=()):
         ctx.seed, ctx.round = seed, round_index
-        trainer.generator(ctx, client, ClientPlan(ctx.init, stream=stream))
+        ctx.work_item(client, ClientPlan(ctx.init, stream=stream)).generator()
         return torch.rand(4)
 
     reference = draw()
@@ -255,7 +254,7 @@ def test_dropout_masks_follow_seed_round_client_and_stream(tmp_path):
     # the batch stream (a torch.Generator) follows the same key, drawn apart from the masks
     def batches(round_index):
         ctx.seed, ctx.round = 0, round_index
-        return trainer.generator(ctx, 0, ClientPlan(ctx.init)).initial_seed()
+        return ctx.work_item(0, ClientPlan(ctx.init)).generator().initial_seed()
 
     assert batches(0) == batches(0) and batches(1) != batches(0)
     # and from a seed of its own: dropout masks and batch orders are not one stream read twice

@@ -207,7 +207,11 @@ class Run:
         self.space = ParamSpace(model, self.device)
         info = method_info(self.config["method_type"])
         hp = info.params(**self.config["hyperparams"])
-        self.trainer = build_trainer(self.training.trainer if info.capabilities.batchable else "sequential",
+        # A method whose plans cannot be batched trains them one by one; a plugin's trainer
+        # (which runs plans elsewhere) is its own business.
+        name = self.training.trainer
+        batches = name in ("auto", "batched")
+        self.trainer = build_trainer(name if info.capabilities.batchable or not batches else "sequential",
                                      self.device, self.training.model)
         self.ctx = Context(self.data, self.space, self.training, hp, self.seed, self.space.read(),
                            self.scenario, self.method_name, self.trainer)

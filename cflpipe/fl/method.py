@@ -14,10 +14,11 @@ import torch
 
 from cflpipe.errors import DivergenceError
 from cflpipe.fl.data import FederatedData
-from cflpipe.fl.local import Anchor, LocalResult
+from cflpipe.fl.local import Anchor, LocalResult, steps_for
 from cflpipe.fl.params import ParamSpace, weighted_average
 from cflpipe.fl.plan import ClientPlan, Plans, Results, Trained
-from cflpipe.fl.trainers import SequentialTrainer, Trainer
+from cflpipe.fl.trainers import SequentialTrainer, Trainer, mix_seed
+from cflpipe.fl.work import WorkItem
 from cflpipe.metrics import tensor_bytes
 from cflpipe.spec import Training
 
@@ -211,9 +212,30 @@ class Context:
                 out.setdefault(client, {})[name] = result
         return out
 
+    def work_item(self, client: int, plan: ClientPlan) -> WorkItem:
+        """A plan with everything its training needs resolved in this process: the client's
+        rows (or the plan's inputs), the steps, the optimizer settings, the batch stream's seed."""
+        split, t = self.data.train, self.training
+        x, y = split.of(client)
+        source = (split.x, split.y, int(split.offsets[client])) if plan.inputs is None else None
+        if plan.inputs is not None:
+            x = plan.inputs
+        steps = steps_for(len(y), t.batch_size, t.local_steps, t.local_epochs) if plan.steps is None else plan.steps
+        # Dropout is the only consumer of torch's global RNG in the models; it is reseeded per
+        # client only where a network has dropout (~65 µs).
+        dropout = mix_seed(self.seed, self.round, client, *plan.stream, 1) if self.has_dropout(plan.space) else None
+        return WorkItem(
+            client=client, network=plan.space, start=plan.start, x=x, y=y, steps=steps, batch_size=t.batch_size,
+            lr=self.lr() if plan.lr is None else plan.lr,
+            momentum=t.momentum if plan.momentum is None else plan.momentum,
+            weight_decay=t.weight_decay if plan.weight_decay is None else plan.weight_decay,
+            stream_seed=mix_seed(self.seed, self.round, client, *plan.stream), dropout_seed=dropout,
+            loss=plan.loss, rule=plan.rule, anchors=plan.anchors, trainable=plan.trainable,
+            companions=plan.companions, source=source, into=plan.into)
+
     def execute(self, jobs: list[tuple[int, ClientPlan]]) -> list[Trained]:
         """Train (client, plan) jobs, then all their follow-ups together (recursively)."""
-        trained = self.trainer.run(self, jobs)
+        trained = self.trainer.train(self.spaces, [self.work_item(client, plan) for client, plan in jobs])
         follow = [(i, client, plan.then(trained[i])) for i, (client, plan) in enumerate(jobs)
                   if plan.then is not None and not trained[i].diverged]
         if follow:

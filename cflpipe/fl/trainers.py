@@ -21,8 +21,11 @@ import torch
 
 from torch import nn
 
-from cflpipe.fl.local import LocalResult, batch_indices, run_loop, sgd, step_config, steps_for
-from cflpipe.fl.plan import ClientPlan, Trained, trained_into
+from cflpipe.errors import SpecError
+from cflpipe.fl.local import LocalResult, batch_indices, run_loop, sgd, step_config
+from cflpipe.fl.params import ParamSpace
+from cflpipe.fl.plan import Trained, trained_into
+from cflpipe.fl.work import WorkItem
 
 if TYPE_CHECKING:
     from cflpipe.fl.method import Context
@@ -51,13 +54,29 @@ class Applied(nn.Module):
 
 
 class Trainer:
+    """Trains work items (fl/work.py) on the networks of `spaces` and applies parameter vectors
+    to inputs. A trainer never sees the run's Context: what it trains is in the items."""
+
     name = "trainer"
 
     def __init__(self) -> None:
         self.counts = {"sequential": 0, "batched": 0}
 
-    def run(self, ctx: "Context", jobs: list[tuple[int, ClientPlan]]) -> list[Trained]:
+    def train(self, spaces: dict[str, ParamSpace], items: list[WorkItem]) -> list[Trained]:
         raise NotImplementedError
+
+    def one(self, spaces: dict[str, ParamSpace], item: WorkItem) -> Trained:
+        """Train one item on its network's flat parameter space."""
+        self.counts["sequential"] += 1
+        space = spaces[item.network]
+        space.load(item.start)
+        companions = {k: v.detach().clone() for k, v in item.companions.items()}
+        result = sgd(space, item.x, item.y, steps=item.steps, batch_size=item.batch_size, lr=item.lr,
+                     generator=item.generator(), momentum=item.momentum, weight_decay=item.weight_decay,
+                     anchors=item.anchors, trainable=item.trainable, loss=item.loss, rule=item.rule,
+                     companions=companions)
+        vector = space.flat.detach() if item.into is not None and not result.diverged else space.read()
+        return Trained(trained_into(item, vector, result), result, companions)
 
     # ------------------------------------------------------------------ applying models
 
@@ -88,53 +107,12 @@ class Trainer:
             outputs.append(torch.cat([function(*(a[i:i + step] for a in args)) for i in range(0, max(rows, 1), step)]))
         return torch.stack(outputs) if shared else outputs
 
-    # ------------------------------------------------------------------ shared pieces
-
-    @staticmethod
-    def data_of(ctx: "Context", client: int, plan: ClientPlan) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """A plan's inputs and targets and its number of local steps."""
-        x, y = ctx.data.client(client, "train")
-        if plan.inputs is not None:
-            x = plan.inputs
-        t = ctx.training
-        steps = steps_for(len(y), t.batch_size, t.local_steps, t.local_epochs) if plan.steps is None else plan.steps
-        return x, y, steps
-
-    @staticmethod
-    def generator(ctx: "Context", client: int, plan: ClientPlan) -> torch.Generator:
-        """The client's batch stream this round. Dropout is the only consumer of torch's global
-        RNG in the models; it is reseeded per client only where a network has dropout (~65 µs)."""
-        if ctx.has_dropout(plan.space):
-            torch.manual_seed(mix_seed(ctx.seed, ctx.round, client, *plan.stream, 1))
-        return torch.Generator().manual_seed(mix_seed(ctx.seed, ctx.round, client, *plan.stream))
-
-    @staticmethod
-    def settings(ctx: "Context", plan: ClientPlan) -> tuple[float, float, float]:
-        t = ctx.training
-        return (ctx.lr() if plan.lr is None else plan.lr, t.momentum if plan.momentum is None else plan.momentum,
-                t.weight_decay if plan.weight_decay is None else plan.weight_decay)
-
-    def one(self, ctx: "Context", client: int, plan: ClientPlan) -> Trained:
-        """Train one plan on the run's flat parameter space."""
-        self.counts["sequential"] += 1
-        x, y, steps = self.data_of(ctx, client, plan)
-        generator = self.generator(ctx, client, plan)
-        lr, momentum, weight_decay = self.settings(ctx, plan)
-        space = ctx.spaces[plan.space]
-        space.load(plan.start)
-        companions = {k: v.detach().clone() for k, v in plan.companions.items()}
-        result = sgd(space, x, y, steps=steps, batch_size=ctx.training.batch_size, lr=lr, generator=generator,
-                     momentum=momentum, weight_decay=weight_decay, anchors=plan.anchors, trainable=plan.trainable,
-                     loss=plan.loss, rule=plan.rule, companions=companions)
-        vector = space.flat.detach() if plan.into is not None and not result.diverged else space.read()
-        return Trained(trained_into(plan, vector, result), result, companions)
-
 
 class SequentialTrainer(Trainer):
     name = "sequential"
 
-    def run(self, ctx, jobs):
-        return [self.one(ctx, client, plan) for client, plan in jobs]
+    def train(self, spaces, items):
+        return [self.one(spaces, item) for item in items]
 
 
 class BatchedTrainer(Trainer):
@@ -144,28 +122,28 @@ class BatchedTrainer(Trainer):
         super().__init__()
         self.fallback_said = False
 
-    def group_key(self, ctx: "Context", client: int, plan: ClientPlan) -> tuple | None:
-        x, y, steps = self.data_of(ctx, client, plan)
-        n = len(y)
-        if n == 0 or steps == 0:
+    @staticmethod
+    def group_key(item: WorkItem) -> tuple | None:
+        n = len(item.y)
+        if n == 0 or item.steps == 0:
             return None
         # Objects that must be the same in a group are keyed by identity: masks are shared
         # tensors (ParamSpace.body/head), losses and rules module-level or frozen dataclasses.
-        anchors = tuple((float(a.strength), None if a.mask is None else id(a.mask)) for a in plan.anchors)
-        return (plan.space, steps, min(ctx.training.batch_size, n), self.settings(ctx, plan), plan.rule,
-                id(plan.loss), anchors, None if plan.trainable is None else id(plan.trainable),
-                tuple(sorted(plan.companions)), plan.inputs is None)
+        anchors = tuple((float(a.strength), None if a.mask is None else id(a.mask)) for a in item.anchors)
+        return (item.network, item.steps, min(item.batch_size, n), (item.lr, item.momentum, item.weight_decay),
+                item.rule, id(item.loss), anchors, None if item.trainable is None else id(item.trainable),
+                tuple(sorted(item.companions)), item.source is not None, item.dropout_seed is not None)
 
-    def run(self, ctx, jobs):
-        results: list[Trained | None] = [None] * len(jobs)
+    def train(self, spaces, items):
+        results: list[Trained | None] = [None] * len(items)
         groups: dict[Any, list[int]] = defaultdict(list)
-        for i, (client, plan) in enumerate(jobs):
-            key = self.group_key(ctx, client, plan)
+        for i, item in enumerate(items):
+            key = self.group_key(item)
             groups[("alone", i) if key is None else key].append(i)
         for key, members in groups.items():
             if len(members) > 1:
                 try:
-                    trained = self.group(ctx, [jobs[i] for i in members])
+                    trained = self.group(spaces, [items[i] for i in members])
                 except Exception as exc:  # noqa: BLE001 - any failure of vmap: train these plans one by one
                     self.say_fallback(exc)
                 else:
@@ -173,7 +151,7 @@ class BatchedTrainer(Trainer):
                         results[i] = t
                     continue
             for i in members:
-                results[i] = self.one(ctx, *jobs[i])
+                results[i] = self.one(spaces, items[i])
         return results  # type: ignore[return-value]
 
     def say_fallback(self, exc: Exception, what: str = "run some client plans", instead: str = "training them") -> None:
@@ -225,41 +203,33 @@ class BatchedTrainer(Trainer):
         out = torch.cat(pieces, dim=1)
         return out if shared else [out[j, :n] for j, n in enumerate(lengths)]
 
-    def group(self, ctx: "Context", jobs: list[tuple[int, ClientPlan]]) -> list[Trained]:
+    def group(self, spaces: dict[str, ParamSpace], items: list[WorkItem]) -> list[Trained]:
         from torch.func import functional_call, grad_and_value, vmap
 
-        first = jobs[0][1]
-        space = ctx.spaces[first.space]
+        first = items[0]
+        space = spaces[first.network]
         model = space.model
-        t = ctx.training
-        lr, momentum, weight_decay = self.settings(ctx, first)
-        xs, ys, streams, steps = [], [], [], 0
-        for client, plan in jobs:
-            x, y, steps = self.data_of(ctx, client, plan)
-            xs.append(x)
-            ys.append(y)
-            streams.append(self.generator(ctx, client, plan))
-        per_step = first.rule.batches_per_step
-        batch = min(t.batch_size, len(ys[0]))
+        streams = [item.generator() for item in items]
+        steps, per_step = first.steps, first.rule.batches_per_step
+        batch = min(first.batch_size, len(first.y))
         # Rows of every client's batches in one concatenation of the group's data: for the
-        # clients' own inputs that is the split itself (no copy), indexed at the clients' offsets.
-        if first.inputs is None:
-            split = ctx.data.train
-            offsets = [int(split.offsets[client]) for client, _ in jobs]
-            x_all, y_all = split.x, split.y
+        # clients' own rows that is the split itself (no copy), indexed at the clients' offsets.
+        if first.source is not None and all(item.source[0] is first.source[0] for item in items):
+            x_all, y_all, _ = first.source
+            offsets = [item.source[2] for item in items]
         else:
-            sizes = np.cumsum([0] + [len(y) for y in ys])
+            sizes = np.cumsum([0] + [len(item.y) for item in items])
             offsets = sizes[:-1].tolist()
-            x_all, y_all = torch.cat(xs), torch.cat(ys)
-        rows = torch.stack([batch_indices(len(y), t.batch_size, steps * per_step, g) + offset
-                            for y, g, offset in zip(ys, streams, offsets)])  # (C × steps·k × B)
-        rows = rows.view(len(jobs), steps, per_step, batch).permute(1, 2, 0, 3).to(y_all.device)
+            x_all, y_all = torch.cat([item.x for item in items]), torch.cat([item.y for item in items])
+        rows = torch.stack([batch_indices(len(item.y), first.batch_size, steps * per_step, g) + offset
+                            for item, g, offset in zip(items, streams, offsets)])  # (C × steps·k × B)
+        rows = rows.view(len(items), steps, per_step, batch).permute(1, 2, 0, 3).to(y_all.device)
 
-        weights = torch.stack([plan.start for _, plan in jobs]).to(space.flat.dtype)
-        companions = {k: torch.stack([plan.companions[k] for _, plan in jobs]) for k in first.companions}
-        anchors = [type(a)(torch.stack([plan.anchors[j].vector for _, plan in jobs]), a.strength, a.mask)
+        weights = torch.stack([item.start for item in items]).to(space.flat.dtype)
+        companions = {k: torch.stack([item.companions[k] for item in items]) for k in first.companions}
+        anchors = [type(a)(torch.stack([item.anchors[j].vector for item in items]), a.strength, a.mask)
                    for j, a in enumerate(first.anchors)]
-        config = step_config(weights, lr, momentum, weight_decay, anchors, first.trainable)
+        config = step_config(weights, first.lr, first.momentum, first.weight_decay, anchors, first.trainable)
         slots = space.slots
         loss = first.loss
 
@@ -267,22 +237,22 @@ class BatchedTrainer(Trainer):
             params = {s.name: w[s.offset:s.offset + s.numel].view(s.shape) for s in slots}
             return loss(lambda *args: functional_call(model, params, args), xb, yb)
 
-        randomness = "different" if ctx.has_dropout(first.space) else "error"
+        randomness = "different" if first.dropout_seed is not None else "error"
         batched = vmap(grad_and_value(flat_loss), randomness=randomness)
 
         def gradient(w: torch.Tensor, xb: torch.Tensor, yb: torch.Tensor):
             grads, values = batched(w, xb, yb)
             return values.detach(), grads
 
-        total = torch.zeros(len(jobs), dtype=weights.dtype, device=weights.device)
+        total = torch.zeros(len(items), dtype=weights.dtype, device=weights.device)
         model.train()
         run_loop(weights, rows, lambda b: (x_all[b], y_all[b]), gradient, first.rule, config, companions, total)
         losses = total.cpu().tolist()
-        self.counts["batched"] += len(jobs)
+        self.counts["batched"] += len(items)
         samples = steps * per_step * batch
-        results = [LocalResult(losses[i] / steps, steps, samples) for i in range(len(jobs))]
-        return [Trained(trained_into(plan, weights[i], result), result, {k: v[i] for k, v in companions.items()})
-                for i, ((_, plan), result) in enumerate(zip(jobs, results))]
+        results = [LocalResult(losses[i] / steps, steps, samples) for i in range(len(items))]
+        return [Trained(trained_into(item, weights[i], result), result, {k: v[i] for k, v in companions.items()})
+                for i, (item, result) in enumerate(zip(items, results))]
 
 
 # Models the batched trainer is measured faster for on a CPU (cflpipe bench, docs/performance.md:
@@ -290,8 +260,26 @@ class BatchedTrainer(Trainer):
 CPU_BATCHED_MODELS = ("cnn",)
 
 
-def build_trainer(name: str, device: torch.device, model: str | None = None) -> Trainer:
+def build_trainer(name: str, device: torch.device, model: str | None = None, where: str = "training.trainer"
+                  ) -> Trainer:
+    """The trainer `name` names: built in (auto picks sequential or batched), an installed
+    plugin's (entry point group cflpipe.trainers) or a `module:Class` reference."""
+    from cflpipe.plugins import (TRAINERS_GROUP, describe_object, entry_point_names, is_reference,
+                                 load_entry_point, load_reference)
+
     if name == "auto":
         # On a GPU one vmapped loop replaces many small kernels; on a CPU only where measured.
         name = "batched" if device.type == "cuda" or model in CPU_BATCHED_MODELS else "sequential"
-    return {"sequential": SequentialTrainer, "batched": BatchedTrainer}[name]()
+    builtin = {"sequential": SequentialTrainer, "batched": BatchedTrainer}
+    if name in builtin:
+        return builtin[name]()
+    if is_reference(name):
+        factory = load_reference(name, where)
+    elif name in entry_point_names(TRAINERS_GROUP):
+        factory = load_entry_point(TRAINERS_GROUP, name, where)
+    else:
+        raise SpecError(f"{where}: unknown trainer {name!r}; allowed: auto, sequential, batched, "
+                        f"{', '.join(entry_point_names(TRAINERS_GROUP))} or a module:Class reference")
+    if not (isinstance(factory, type) and issubclass(factory, Trainer)):
+        raise SpecError(f"{where}: {name!r} is {describe_object(factory)}, not a cflpipe.fl.trainers.Trainer subclass")
+    return factory()
