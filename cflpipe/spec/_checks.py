@@ -1,0 +1,329 @@
+"""`parse_spec`: a spec's data validated into a `Spec`, then checked across its parts (datasets,
+training overrides, methods and their hyper-parameters, models, labels), one line per problem;
+and `spec_warnings`, what a valid spec asks for that makes a result meaningless."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from pydantic import ValidationError
+
+from cflpipe.errors import SpecError
+from cflpipe.spec._errors import _format_error, _short, errors_to_lines
+from cflpipe.spec._models import MODEL_NAMES, TRAINING_KEYS, Scenario, Training, merge_training
+from cflpipe.spec._spec import Spec
+from cflpipe.spec._sweeps import _sweep_paths, expand_sweeps
+
+
+def parse_spec(data: Any, *, check_methods: bool = True, check_datasets: bool = True) -> Spec:
+    if not isinstance(data, dict):
+        raise SpecError(f"spec: must be a mapping of seeds/training/scenarios/methods, got {_short(data)}")
+    _check_expanded_size(data)
+    non_finite = list(_non_finite_numbers(data, ""))
+    if non_finite:
+        raise SpecError("\n".join(f"{where}: must be a finite number, got {value}" for where, value in non_finite))
+    data, origins = expand_sweeps(data)
+    try:
+        spec = Spec(**data)
+    except ValidationError as exc:
+        raise SpecError("\n".join(_sweep_paths(errors_to_lines(exc, data, model=Spec), origins))) from None
+    spec._sweeps = origins
+    problems: list[str] = _check_labels(spec)
+    for name, scenario in spec.scenarios.items():
+        base = f"scenarios.{name}"
+        if check_datasets:
+            problems += _check_dataset(scenario, base)
+        problems += _check_training(spec, data, name, None)
+    for method, entry in spec.methods.items():
+        for index, name in enumerate(entry.scenarios or []):
+            if name not in spec.scenarios:
+                problems.append(f"methods.{method}.scenarios[{index}]: unknown scenario {name!r}; "
+                                f"allowed: {', '.join(spec.scenarios)}")
+        for scenario in spec.scenarios:
+            if spec.runs_on(method, scenario):
+                problems += _check_training(spec, data, scenario, method)
+        if check_methods:
+            problems += _check_method(spec, method)
+    if check_methods:
+        problems += _check_scenario_hyperparams(spec)
+        problems += _check_models(spec)
+    if problems:
+        # A bad scenario override would otherwise be reported once per method.
+        raise SpecError("\n".join(_sweep_paths(problems, origins)))
+    return spec
+
+
+def _check_models(spec: Spec) -> list[str]:
+    """Models that are not built in (a plugin's, a module:Class reference) import: one line at the
+    key that names them when they do not. Other names are Training's to refuse: one line per mistake."""
+    from cflpipe.models import model_factory
+    from cflpipe.plugins import MODELS_GROUP, entry_point_names, is_reference
+
+    layers = [("training", spec.training.model_dump())]
+    layers += [(f"scenarios.{name}.training", sc.training) for name, sc in spec.scenarios.items()]
+    layers += [(f"methods.{name}.training", entry.training) for name, entry in spec.methods.items()]
+    problems = []
+    for where, layer in layers:
+        model = layer.get("model")
+        if isinstance(model, str) and model not in MODEL_NAMES and \
+                (is_reference(model) or model in entry_point_names(MODELS_GROUP)):
+            try:
+                model_factory(model, f"{where}.model")
+            except SpecError as exc:
+                problems.append(str(exc))
+    return problems
+
+
+def _check_labels(spec: Spec) -> list[str]:
+    """Two entries shown under one name would be one legend entry and one table row."""
+    problems = []
+    for key, entries in (("scenarios", spec.scenarios), ("methods", spec.methods)):
+        shown: dict[str, str] = {}
+        for name, entry in entries.items():
+            text = entry.label or name
+            if text in shown:
+                other = shown[text]
+                if entry.label:
+                    problems.append(f"{key}.{name}.label: {text!r} is already the name shown for {key}.{other}; "
+                                    f"a label must differ from every other entry's label and name")
+                else:
+                    problems.append(f"{key}.{other}.label: {text!r} is the name of {key}.{name}; a label must "
+                                    f"differ from every other entry's label and name")
+            shown[text] = name
+    return problems
+
+
+# Values a spec may hold once YAML aliases are expanded: far above any real spec (a 1 MiB file
+# has at most about 500,000 values), far below what an alias bomb expands to (10^9 and more).
+MAX_SPEC_VALUES = 1_000_000
+
+
+def _check_expanded_size(data: Any) -> None:
+    """Refuse a spec whose aliases expand it beyond MAX_SPEC_VALUES values, or that contains
+    itself, in time linear in its distinct nodes: every later step walks the expanded tree."""
+    sizes: dict[int, int] = {}
+    open_nodes: set[int] = set()
+
+    def size(value: Any) -> int:
+        if not isinstance(value, (dict, list, tuple)):
+            return 1
+        key = id(value)
+        if key in sizes:
+            return sizes[key]
+        if key in open_nodes:
+            raise SpecError("spec: a YAML alias refers to a mapping or list that contains it (a cycle); "
+                            "a spec is a finite tree")
+        open_nodes.add(key)
+        children = value.values() if isinstance(value, dict) else value
+        total = 1 + sum(size(child) for child in children) + (len(value) if isinstance(value, dict) else 0)
+        open_nodes.discard(key)
+        sizes[key] = total
+        if total > MAX_SPEC_VALUES:
+            raise SpecError(f"spec: its YAML aliases expand it to more than {MAX_SPEC_VALUES:,} values (an alias "
+                            f"bomb?); write the values out, or use fewer nested aliases")
+        return total
+
+    try:
+        size(data)
+    except RecursionError:
+        raise SpecError("spec: nested too deeply to be a spec") from None
+
+
+def _non_finite_numbers(value: Any, where: str):
+    """(YAML path, value) of every NaN or ±inf anywhere in the spec: no field of a spec, a
+    method's hyper-parameters or a dataset's parameters means anything with them, and bounds
+    such as `gt=0` let +inf through."""
+    if isinstance(value, float) and not math.isfinite(value):
+        yield where or "spec", value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _non_finite_numbers(item, f"{where}.{key}" if where else str(key))
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            yield from _non_finite_numbers(item, f"{where}[{index}]")
+
+
+def _check_dataset(scenario: Scenario, base: str) -> list[str]:
+    from cflpipe.data.base import dataset_info
+
+    try:
+        info = dataset_info(scenario.dataset.name, f"{base}.dataset")
+    except SpecError as exc:
+        return [str(exc)]
+    try:
+        info.params(**scenario.dataset.params)
+    except ValidationError as exc:
+        return errors_to_lines(exc, scenario.dataset.params, f"{base}.dataset", model=info.params)
+    return []
+
+
+def training_key_path(spec: Spec, scenario: str, method: str, key: str) -> str:
+    """Where a run's training setting comes from: `methods.M.training.key`, then the scenario's,
+    then the spec's `training.key` (also where a default is reported)."""
+    layers = [(f"methods.{method}.training", spec.methods[method].training),
+              (f"scenarios.{scenario}.training", spec.scenarios[scenario].training)]
+    return next((f"{where}.{key}" for where, layer in layers if key in layer), f"training.{key}")
+
+
+def _check_training(spec: Spec, data: dict, scenario: str, method: str | None) -> list[str]:
+    layers = [("training", spec.training.model_dump())]
+    layers.append((f"scenarios.{scenario}.training", spec.scenarios[scenario].training))
+    if method is not None:
+        layers.append((f"methods.{method}.training", spec.methods[method].training))
+    merged: dict[str, Any] = {}
+    problems = []
+    for where, layer in layers[1:]:
+        for key in layer:
+            if key not in TRAINING_KEYS:
+                problems.append(f"{where}.{key}: unknown key; allowed: {', '.join(TRAINING_KEYS)}")
+    if problems:
+        return problems
+    merged = merge_training([layer for _, layer in layers])
+    try:
+        training = Training(**merged)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            key = err["loc"][0] if err["loc"] else None
+            if key is None:  # a rule across keys: blame the layer that set the local budget
+                where = next((w for w, layer in reversed(layers)
+                              if {"local_steps", "local_epochs"} & set(layer)), layers[0][0])
+            else:
+                where = next((w for w, layer in reversed(layers) if key in layer), layers[0][0])
+            lines.append(_format_error(err, merged, where))
+        return lines
+    image_models = ("cnn", "cnn_tsdp", "resnet18")
+    if training.model in image_models:
+        from cflpipe.data.base import dataset_info
+
+        dataset = spec.scenarios[scenario].dataset.name
+        if _registered(dataset) and dataset_info(dataset).images is False:
+            where = next((w for w, layer in reversed(layers) if "model" in layer), "training")
+            return [f"{where}.model: {training.model} needs images, but scenario {scenario}'s dataset "
+                    f"{dataset} has feature vectors; use mlp"]
+    clients = spec.scenarios[scenario].clients
+    if training.clients_per_round > clients:
+        where = next((w for w, layer in reversed(layers) if "clients_per_round" in layer), "training")
+        return [f"{where}.clients_per_round: must be <= clients of scenario {scenario} ({clients}), "
+                f"got {training.clients_per_round}"]
+    return []
+
+
+def _registered(dataset: str) -> bool:
+    """Unknown datasets are reported by the dataset check; here they are just skipped."""
+    from cflpipe.data.base import dataset_info
+
+    try:
+        dataset_info(dataset)
+    except SpecError:
+        return False
+    return True
+
+
+def _check_method(spec: Spec, method: str) -> list[str]:
+    from cflpipe.methods import METHODS, resolved_hyperparams, scenario_hyperparams, validate_method_entry
+
+    entry = spec.methods[method]
+    where = f"methods.{method}"
+    origin = spec._sweeps.get(method)
+    typed = entry.method and (origin is None or origin.typed)
+    problems = validate_method_entry(spec.method_type(method), entry.hyperparams, where,
+                                     f"{where}.method" if typed else where)
+    if problems:
+        return problems
+    info = METHODS[spec.method_type(method)]
+    capabilities = info.capabilities
+    for scenario, sc in spec.scenarios.items():
+        if not spec.runs_on(method, scenario):
+            continue
+        shared = scenario_hyperparams(spec, scenario, method)
+        if not shared:
+            continue
+        # The values the method gets on this scenario, checked together (some rules span two
+        # keys); a problem is reported where its key was written last.
+        merged = {**shared, **entry.hyperparams}
+        problems = validate_method_entry(spec.method_type(method), merged, where)
+        scenario_where = f"scenarios.{scenario}.hyperparams"
+        for key in shared:
+            if key not in entry.hyperparams:
+                problems = [line.replace(f"{where}.{key}:", f"{scenario_where}.{key}:") for line in problems]
+        if problems:
+            return problems
+    if capabilities.k_param:
+        # Uniform for every method with a number of clusters: K clusters need K clients.
+        for scenario, sc in spec.scenarios.items():
+            if not spec.runs_on(method, scenario):
+                continue
+            k = getattr(resolved_hyperparams(spec, scenario, method), capabilities.k_param)
+            if k is not None and k > sc.clients:
+                param = capabilities.k_param
+                source = f"scenarios.{scenario}.hyperparams" \
+                    if param in sc.hyperparams and param not in entry.hyperparams else where
+                return [f"{source}.{param}: must be <= clients of scenario {scenario} "
+                        f"({sc.clients}), got {k}"]
+    if capabilities.needs_public:
+        for scenario, sc in spec.scenarios.items():
+            if spec.runs_on(method, scenario) and sc.public is None:
+                return [f"{where}: {spec.method_type(method)} needs server-held public data, but scenario "
+                        f"{scenario} has no `public:` (e.g. public: {{source: test, size: 500}} with pool: train)"]
+    if capabilities.needs_groups:
+        for scenario, sc in spec.scenarios.items():
+            if spec.runs_on(method, scenario) and sc.group_step() is None:
+                return [f"{where}: {spec.method_type(method)} needs ground-truth groups, but scenario "
+                        f"{scenario} has none; list the scenarios it should run on in {where}.scenarios"]
+    return []
+
+
+def spec_warnings(spec: Spec) -> list[str]:
+    """Things a valid spec asks for that make a result meaningless without being an error: a
+    clustered method whose clustering starts at or after the run's last round stays one cluster
+    (FedAvg) throughout. One line each, naming the key. Imports the methods (torch)."""
+    from cflpipe.methods import method_info, resolved_hyperparams
+
+    lines = []
+    for method in spec.methods:
+        cls = method_info(spec.method_type(method)).cls
+        for scenario in spec.scenarios:
+            if not spec.runs_on(method, scenario):
+                continue
+            start = cls.clustering_starts(resolved_hyperparams(spec, scenario, method))
+            rounds = spec.resolved_training(scenario, method).rounds
+            if start is not None and start[1] >= rounds:
+                key, first = start
+                value = getattr(resolved_hyperparams(spec, scenario, method), key)
+                lines.append(f"methods.{method}.{key}: {value} leaves no round to cluster in the {rounds} rounds "
+                             f"of scenario {scenario} (it may first cluster in round {first + 1}): {method} stays "
+                             f"one cluster, FedAvg, throughout; lower it or raise training.rounds")
+    return lines
+
+
+def _check_scenario_hyperparams(spec: Spec) -> list[str]:
+    """A scenario's `hyperparams` key that no method running on it takes, or that every such method
+    overrides, would silently do nothing: an error, not a no-op."""
+    from cflpipe.methods import method_info
+
+    def info(name: str):
+        try:  # unknown types and plugins that fail to load are reported by _check_method
+            return method_info(spec.method_type(name))
+        except (KeyError, SpecError):
+            return None
+
+    problems = []
+    for scenario, sc in spec.scenarios.items():
+        known: set[str] = set()
+        used: set[str] = set()
+        for name in spec.methods:
+            if not spec.runs_on(name, scenario) or info(name) is None:
+                continue
+            has = set(info(name).params.model_fields)
+            known |= has
+            used |= has - set(spec.methods[name].hyperparams)
+        for key in sc.hyperparams:
+            if key not in known:
+                problems.append(f"scenarios.{scenario}.hyperparams.{key}: no method of this scenario has this "
+                                f"hyper-parameter; allowed: {', '.join(sorted(known)) or 'none'}")
+            elif key not in used:
+                problems.append(f"scenarios.{scenario}.hyperparams.{key}: every method of this scenario that has "
+                                f"it sets its own value, so this one is never used; remove it")
+    return problems

@@ -1,0 +1,371 @@
+"""The pydantic models of a spec's parts: training settings, partition steps, scenarios and
+method entries. No torch: model names are checked as names only."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from cflpipe.spec._errors import _short
+
+# Upper bound of counts a spec sets (rounds, clients, devices, restarts): far beyond any real
+# experiment, low enough that a typo cannot ask for years of work or all the memory.
+MAX_COUNT = 1_000_000
+# Names become paths and command-line arguments: no leading dash (Snakemake would read an option).
+NAME_PATTERN = re.compile(r"[a-z0-9_][a-z0-9_-]*")
+
+
+class Strict(BaseModel):
+    # strict: `clients: true` or `rounds: "5"` are errors, not 1 and 5 (ints still fill floats)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+# --------------------------------------------------------------------------- training
+
+# cflpipe.models' built-in networks (that module imports torch, this one must not).
+MODEL_NAMES = ("mlp", "cnn", "cnn_tsdp", "resnet18")
+BUILTIN_TRAINERS = ("auto", "sequential", "batched")
+MAX_MLP_DEPTH = 64
+
+
+def mlp_depth(name: str) -> int | None:
+    """The depth d of a model named `mlp<d>` (an MLP with d linear layers, 2 ≤ d ≤ 64), else None."""
+    match = re.fullmatch(r"mlp([1-9][0-9]?)", name)
+    return int(match.group(1)) if match and 2 <= int(match.group(1)) <= MAX_MLP_DEPTH else None
+
+
+class Training(Strict):
+    """Training settings shared by every run; a scenario or method may override any key."""
+
+    model: str = Field("cnn", description="network: built in (cflpipe.models), a plugin's (entry point group "
+                                          "cflpipe.models) or a module:Class reference")
+    rounds: int = Field(40, ge=1, le=MAX_COUNT, description="communication rounds")
+    clients_per_round: int = Field(10, ge=1, description="clients sampled each round")
+    local_steps: int | None = Field(5, ge=1, description="local SGD iterations per round")
+    local_epochs: float | None = Field(
+        None, gt=0, description="local epochs per round (instead of local_steps)"
+    )
+    batch_size: int = Field(32, ge=1)
+    lr: float = Field(0.05, gt=0, description="learning rate")
+    momentum: float = Field(0.0, ge=0, lt=1)
+    weight_decay: float = Field(0.0, ge=0)
+    lr_decay: float = Field(1.0, gt=0, le=1, description="lr multiplier applied every round")
+    eval_every: int = Field(5, ge=1, description="evaluate every N rounds (and the last round)")
+    checkpoint_every: int = Field(10, ge=1, description="save resumable state every N rounds")
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    trainer: str = Field(
+        "auto", description="how client plans are executed: one client after the other, or all of a round's "
+                            "clients at once with torch.func (auto: batched on CUDA and for the cnn on CPU, "
+                            "where it is measured faster; sequential otherwise); or a plugin's trainer "
+                            "(entry point group cflpipe.trainers) or a module:Class reference")
+    eval_batch_size: int = Field(256, ge=1, description="samples per forward pass in evaluation")
+    on_divergence: Literal["stop", "skip"] = Field(
+        "stop", description="NaN/inf loss: stop the run, or skip that client's update"
+    )
+    keep_state: bool = Field(
+        False, description="keep a finished run's whole checkpoint (models, method state); false cuts it down "
+                           "to the tables its outputs are written from")
+
+    @field_validator("trainer")
+    @classmethod
+    def _trainer_name(cls, value: str) -> str:
+        from cflpipe.plugins import TRAINERS_GROUP, entry_point_names, is_reference
+
+        names = [*BUILTIN_TRAINERS, *entry_point_names(TRAINERS_GROUP)]
+        if value in names or is_reference(value):
+            return value
+        raise ValueError(f"must be one of {', '.join(map(repr, names))} or a module:Class reference, "
+                         f"got {_short(value)}")
+
+    @field_validator("model")
+    @classmethod
+    def _model_name(cls, value: str) -> str:
+        # Names only (no torch here): whether a plugin's model imports is checked by parse_spec.
+        from cflpipe.plugins import MODELS_GROUP, entry_point_names, is_reference
+
+        names = [*MODEL_NAMES, *(n for n in entry_point_names(MODELS_GROUP) if n not in MODEL_NAMES)]
+        if value in names or is_reference(value) or mlp_depth(value) is not None:
+            return value
+        raise ValueError(f"must be one of {', '.join(map(repr, names))}, mlp<d> (an MLP of d = 2…{MAX_MLP_DEPTH} "
+                         f"linear layers, e.g. mlp11) or a module:Class reference, got {_short(value)}")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _epochs_replace_steps(cls, data: Any) -> Any:
+        # local_epochs given without local_steps means "epochs instead of the default steps".
+        if isinstance(data, dict) and data.get("local_epochs") is not None and "local_steps" not in data:
+            data = {**data, "local_steps": None}
+        return data
+
+    @model_validator(mode="after")
+    def _one_local_budget(self) -> "Training":
+        if (self.local_steps is None) == (self.local_epochs is None):
+            raise ValueError("give exactly one of local_steps and local_epochs")
+        return self
+
+    def definition(self) -> dict[str, Any]:
+        """The settings that make a run what it is (its config.yaml and workflow params): all but
+        what only says what to keep of it afterwards, so changing that redoes no run."""
+        return self.model_dump(mode="json", exclude=set(TRAINING_NOT_IN_RUN))
+
+
+TRAINING_KEYS = tuple(Training.model_fields)
+# Training keys that change what is kept of a run, not its results.
+TRAINING_NOT_IN_RUN = ("keep_state",)
+
+
+def merge_training(layers: list[dict[str, Any]]) -> dict[str, Any]:
+    """Overlay training layers (spec < scenario < method). A layer that sets one local budget
+    (local_steps or local_epochs) replaces the other, so `{local_epochs: 1}` in a scenario
+    overrides the spec's default `local_steps`."""
+    merged: dict[str, Any] = {}
+    for layer in layers:
+        merged.update(layer)
+        for key, other in (("local_epochs", "local_steps"), ("local_steps", "local_epochs")):
+            if layer.get(key) is not None and other not in layer:
+                merged[other] = None
+    return merged
+
+
+# --------------------------------------------------------------------------- partition steps
+
+
+class IIDStep(Strict):
+    kind: Literal["iid"]
+
+
+class DirichletStep(Strict):
+    kind: Literal["dirichlet"]
+    alpha: float = Field(gt=0, description="concentration; smaller is more skewed")
+    min_size: int = Field(10, ge=0, description="minimum samples per client")
+
+
+class PathologicalStep(Strict):
+    kind: Literal["pathological"]
+    labels_per_client: int = Field(ge=1, description="distinct labels each client holds (shards)")
+    label_sets: Literal["cyclic", "random"] = Field(
+        "cyclic", description="cyclic: consecutive labels from evenly spread starts (every label held by "
+                              "about as many clients, at most C distinct sets); random: each client draws its "
+                              "labels uniformly at random, as most papers (a label may be held by no client)")
+
+
+class QuantityStep(Strict):
+    kind: Literal["quantity"]
+    min: int = Field(ge=1, description="smallest client size")
+    max: int = Field(ge=1, description="largest client size")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "QuantityStep":
+        if self.max < self.min:
+            raise ValueError(f"max must be >= min ({self.min}), got {self.max}")
+        return self
+
+
+class NaturalStep(Strict):
+    """One client per generating device of a naturally federated dataset (LEAF Synthetic,
+    FEMNIST's writers, CelebA's celebrities)."""
+
+    kind: Literal["natural"]
+    holdout: Literal["fraction", "dataset"] = Field(
+        "fraction", description="each client's test set: test_fraction of its samples, or its samples in "
+                                "the dataset's own test split (LEAF's sample- or user-level split; needs pool: all)")
+
+
+class RotationStep(Strict):
+    kind: Literal["rotation"]
+    groups: int = Field(ge=1)
+    angles: list[float] | None = Field(None, description="degrees per group; default evenly spaced")
+
+    @model_validator(mode="after")
+    def _angles_per_group(self) -> "RotationStep":
+        if self.angles is not None and len(self.angles) != self.groups:
+            raise ValueError(f"angles must list one angle per group ({self.groups}), got {len(self.angles)}")
+        return self
+
+    def group_angles(self) -> list[float]:
+        if self.angles is not None:
+            return [float(a) for a in self.angles]
+        return [360.0 * g / self.groups for g in range(self.groups)]
+
+
+class LabelSwapStep(Strict):
+    """Label-swap groups: group 0 keeps the labels, every other group applies its own fixed
+    permutation: a random full permutation (default) or, with `pairs: n`, n disjoint label
+    pairs swapped (CFL's setting, Sattler et al., which FCCA's paper cites for its split)."""
+
+    kind: Literal["label_swap"]
+    groups: int = Field(ge=1)
+    pairs: int | None = Field(None, ge=1)
+
+
+FLIP_AXES = ("none", "horizontal", "vertical", "both")
+
+
+class FlipStep(Strict):
+    """Image flips per group (AWCFL's "flipped" clients): group g uses axes[g]."""
+
+    kind: Literal["flip"]
+    groups: int = Field(2, ge=1, le=4)
+    axes: list[Literal["none", "horizontal", "vertical", "both"]] | None = None
+
+    @model_validator(mode="after")
+    def _axes_per_group(self) -> "FlipStep":
+        if self.axes is not None and len(self.axes) != self.groups:
+            raise ValueError(f"axes must list one axis per group ({self.groups}), got {len(self.axes)}")
+        return self
+
+    def group_axes(self) -> list[str]:
+        return list(self.axes) if self.axes is not None else list(FLIP_AXES[: self.groups])
+
+
+PartitionStep = Annotated[
+    Union[IIDStep, DirichletStep, PathologicalStep, QuantityStep, NaturalStep,
+          RotationStep, LabelSwapStep, FlipStep],
+    Field(discriminator="kind"),
+]
+LABEL_SPLITS = ("iid", "dirichlet", "pathological", "natural")
+GROUP_TRANSFORMS = ("rotation", "label_swap", "flip")
+
+
+# --------------------------------------------------------------------------- scenario / method
+
+
+class DatasetRef(Strict):
+    name: str
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class PublicData(Strict):
+    """Samples the server holds without their labels and never gives to a client (FedTSDP's public
+    unlabeled data: the dataset's test images without labels)."""
+
+    source: Literal["test"] = Field("test", description="the dataset's test split (needs pool: train)")
+    size: int | None = Field(None, ge=1, description="samples drawn from the source, seeded by the "
+                                                     "scenario seed (default: all of it)")
+
+
+# Partition-step options added after partitions were first written, with their defaults: left out
+# of a scenario's definition when at the default, so existing partitions keep their fingerprints.
+LATER_STEP_DEFAULTS = {"natural": {"holdout": "fraction"}, "pathological": {"label_sets": "cyclic"}}
+
+
+# A display name: one line of text, shown in figures and tables instead of the entry's name.
+LABEL_MAX = 80
+
+
+def check_label(value: str | None) -> str | None:
+    # isprintable: no line or paragraph separators, tabs or control characters of any kind
+    if value is not None and (not value.strip() or not value.isprintable() or value != value.strip()):
+        raise ValueError(f"must be one line of text that is not blank, got {_short(value)}; printable "
+                         f"characters only, no surrounding spaces")
+    return value
+
+
+def label_field(what: str):
+    return Field(None, min_length=1, max_length=LABEL_MAX,
+                 description=f"display name of the {what} in the report's figures and tables (default: its name); "
+                             f"cosmetic: it does not change any run")
+
+
+class Scenario(Strict):
+    dataset: DatasetRef
+    label: str | None = label_field("scenario")
+    clients: int = Field(ge=1, le=MAX_COUNT)
+    test_fraction: float = Field(0.2, gt=0, lt=1, description="share of each client's data held out")
+    pool: Literal["all", "train"] = Field(
+        "all", description="partition the dataset's train+test pool, or only its train split"
+    )
+    seed: int = Field(0, ge=0, le=2**63 - 1, description="partition seed (training seeds are the spec's `seeds`)")
+    partition: list[PartitionStep] = Field(default_factory=lambda: [IIDStep(kind="iid")], min_length=1)
+    training: dict[str, Any] = Field(default_factory=dict, description="overrides of `training`")
+    hyperparams: dict[str, Any] = Field(
+        default_factory=dict,
+        description="method hyper-parameters for every method of this scenario that has them, e.g. "
+                    "`clusters: 4` (its number of true groups); a method entry's own value wins")
+    public: PublicData | None = Field(None, description="unlabeled data held by the server (FedTSDP)")
+
+    _label = field_validator("label")(classmethod(lambda cls, value: check_label(value)))
+
+    @field_validator("dataset", mode="before")
+    @classmethod
+    def _dataset_shorthand(cls, value: Any) -> Any:
+        # `dataset: digits` or `dataset: {name: synthetic, alpha: 1, ...}`.
+        if isinstance(value, str):
+            return {"name": value}
+        if isinstance(value, dict) and "name" in value and "params" not in value:
+            return {"name": value["name"], "params": {k: v for k, v in value.items() if k != "name"}}
+        return value
+
+    @model_validator(mode="after")
+    def _steps_compose(self) -> "Scenario":
+        kinds = [step.kind for step in self.partition]
+        splits = [k for k in kinds if k in LABEL_SPLITS]
+        if len(splits) > 1:
+            raise ValueError(f"partition has more than one label split ({', '.join(splits)}); use one of "
+                             f"{', '.join(LABEL_SPLITS)}")
+        if kinds.count("quantity") > 1:
+            raise ValueError("partition has more than one quantity step")
+        if "quantity" in kinds and "natural" in kinds:
+            raise ValueError("partition: quantity cannot resize a natural split")
+        transforms = [k for k in kinds if k in GROUP_TRANSFORMS]
+        if len(transforms) > 1:
+            raise ValueError(f"partition has more than one group transform ({', '.join(transforms)})")
+        natural = self.step("natural")
+        if natural is not None and natural.holdout == "dataset" and self.pool != "all":
+            raise ValueError("partition: natural with holdout: dataset takes each client's test samples from "
+                             "the dataset's test split, so it needs pool: all")
+        if self.public is not None and self.public.source == "test" and self.pool != "train":
+            raise ValueError("public.source: 'test' needs pool: train (with pool: all the test split is "
+                             "dealt to the clients, so the server's samples would not be public-only)")
+        for index, step in enumerate(self.partition):
+            if step.kind in GROUP_TRANSFORMS and step.groups > self.clients:
+                raise ValueError(f"partition[{index}].groups: must be <= clients ({self.clients}), got {step.groups}")
+        return self
+
+    def definition(self) -> dict[str, Any]:
+        """The scenario as data, without its training and hyper-parameter overrides (they reach a
+        run through its resolved training and hyperparams, not its partition) and without its
+        `label` (cosmetic: a new label re-partitions and re-trains nothing); options added later
+        (`public`, a natural step's `holdout`) only where they differ from their defaults, so that
+        partitions and runs written before they existed keep their fingerprints."""
+        data = self.model_dump(mode="json", exclude={"training", "hyperparams", "label"})
+        if data.get("public") is None:
+            data.pop("public", None)
+        for step in data["partition"]:
+            for key, default in LATER_STEP_DEFAULTS.get(step.get("kind"), {}).items():
+                if step.get(key) == default:
+                    step.pop(key)
+        return data
+
+    def group_step(self) -> RotationStep | LabelSwapStep | FlipStep | None:
+        for step in self.partition:
+            if step.kind in GROUP_TRANSFORMS:
+                return step  # type: ignore[return-value]
+        return None
+
+    def step(self, kind: str):
+        return next((s for s in self.partition if s.kind == kind), None)
+
+
+class MethodEntry(BaseModel):
+    """`name: {method: TYPE, training: {...}, <hyper-parameters>}`; TYPE defaults to the name."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    method: str | None = None
+    training: dict[str, Any] = Field(default_factory=dict)
+    scenarios: list[str] | None = Field(None, description="run only on these scenarios (default: all)")
+    # A declared field, so never one of the method's hyper-parameters (which reach a run's config).
+    label: str | None = label_field("method")
+
+    @field_validator("label", mode="before")
+    @classmethod
+    def _label(cls, value: Any) -> Any:
+        if value is not None and not isinstance(value, str):  # the entry is lax: no 5 -> "5"
+            raise ValueError(f"must be a string, got {_short(value)}")
+        return check_label(value)
+
+    @property
+    def hyperparams(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
