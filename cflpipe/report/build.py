@@ -42,7 +42,7 @@ from cflpipe.errors import CflpipeError
 from cflpipe.partition import small_test_sets
 from cflpipe.report.aggregate import aggregate_dir, per_seed_frame, read_aggregate
 from cflpipe.report.ranks import Ranking, q_alpha, rank_methods
-from cflpipe.report.styles import FAMILIES, assign_styles, family_order
+from cflpipe.report.styles import FAMILY_TITLES, assign_styles, family_order
 from cflpipe.report.tables import (ALPHA, DASH, TIE_MARK, PaperTable, format_mean_std, is_clustered, is_reference,
                                    mark_best, paper_tables, seed_values, table_specs, write_tables)
 from cflpipe.spec import TRAINING_KEYS, Spec, Training, merge_training, spec_sha256
@@ -1053,9 +1053,6 @@ def _step_text(step) -> str:
     if not fields:
         return step.kind
     return f"{step.kind}(" + ", ".join(f"{k}={v}" for k, v in fields.items()) + ")"
-
-
-FAMILY_TITLES = {f.key: f.title for f in FAMILIES}
 
 
 def _local_text(t: Training) -> str:
