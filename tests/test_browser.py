@@ -467,6 +467,7 @@ def test_critical_difference_diagram_renders(built_report_dir, tmp_path, monkeyp
     from cflpipe.report import build
     from cflpipe.report.aggregate import read_aggregate
     from cflpipe.report.ranks import rank_methods
+    from cflpipe.report.view import AggregateView
 
     binary = require_chromium()
     spec = built_report_dir["spec"]
@@ -476,7 +477,7 @@ def test_critical_difference_diagram_renders(built_report_dir, tmp_path, monkeyp
                           index=[f"s{i}" for i in range(12)])
     want = rank_methods(scores)
     assert want.significant and want.groups and len(want.groups) < len(methods)
-    monkeypatch.setattr(build.Report, "rank_scores", lambda self: (scores, {}))
+    monkeypatch.setattr(AggregateView, "rank_scores", lambda self: (scores, {}))
     html, _ = build.render_report(spec, read_aggregate(spec))
     page = tmp_path / "cd.html"
     page.write_text(html)

@@ -45,6 +45,7 @@ FAMILIES = (
            DASHES),
 )
 FAMILY = {f.key: f for f in FAMILIES}
+FAMILY_TITLES = {f.key: f.title for f in FAMILIES}
 # Method types by family where capabilities cannot tell (Local is personalized by capability but
 # is the "no federation" baseline; the seed papers' methods are clustered or personalized).
 BASELINE_TYPES = frozenset({"fedavg", "fedprox", "local"})

@@ -1,0 +1,325 @@
+"""The report page's sections, results first as the page shows them: each is the dict (or list of
+dicts, one per scenario) that templates/index.html.j2 renders, with its figures from
+report/figures.py and its numbers from the aggregate view (report/view.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import pandas as pd
+
+from cflpipe import __version__
+from cflpipe.partition import small_test_sets
+from cflpipe.report.figures import FigureBuilder
+from cflpipe.report.ranks import q_alpha, rank_methods
+from cflpipe.report.styles import FAMILY_TITLES
+from cflpipe.report.tables import (DASH, PaperTable, format_mean_std, is_reference, mark_best, paper_tables,
+                                   seed_values, table_specs)
+from cflpipe.report.view import RANK_FIGURE, RANK_FIGURE_TITLE, AggregateView, find_sweeps
+from cflpipe.spec import TRAINING_KEYS, Training, spec_sha256
+
+# Columns of the per-scenario detail tables: (figure, header, scale, digits, direction) where
+# direction +1 marks the highest mean best, -1 the lowest, 0 marks nothing.
+DETAIL_COLUMNS = (
+    ("acc_macro", "acc macro %", 100, 1, 1), ("acc_micro", "acc micro %", 100, 1, 1),
+    ("acc_worst10", "worst-10% acc %", 100, 1, 1), ("global_acc_mean", "global acc %", 100, 1, 1),
+    ("f1_macro", "F1 macro", 1, 3, 1), ("f1_micro", "F1 micro", 1, 3, 1), ("ari", "ARI", 1, 3, 1),
+    ("nmi", "NMI", 1, 3, 1), ("n_clusters", "clusters", 1, 1, 0), ("intra_acc", "intra %", 100, 1, 1),
+    ("inter_acc", "inter %", 100, 1, 0), ("bytes_total", "MB total", 1e-6, 2, -1),
+    ("seconds_per_round", "s / round", 1, 3, -1),
+)
+
+
+class Sections:
+    """The sections of one report. Figures are numbered in the order they are built: render_report
+    (report/page.py) calls the sections in one fixed order, so one aggregate gives one page."""
+
+    def __init__(self, view: AggregateView):
+        self.view = view
+        self.figures = FigureBuilder(view)
+
+    def setup(self) -> dict[str, Any]:
+        from cflpipe.methods import scenario_hyperparams
+
+        view = self.view
+        names = [view.scenario_labels[s] for s in view.spec.scenarios]
+        settings: dict[str, list[str]] = {}
+        for s, sc in view.spec.scenarios.items():
+            t = view.scenario_training(s)
+            for what, value in (
+                    ("dataset", sc.dataset.name + (f" ({', '.join(f'{k}={v}' for k, v in sc.dataset.params.items())})"
+                                                   if sc.dataset.params else "")),
+                    ("clients", sc.clients), ("partition", ", ".join(_step_text(step) for step in sc.partition)),
+                    ("partition seed", sc.seed), ("model", t.model), ("rounds", t.rounds),
+                    ("local work per round", _local_text(t)), ("batch size", t.batch_size),
+                    ("lr", f"{t.lr:g}" + (f" (× {t.lr_decay:g} per round)" if t.lr_decay != 1 else "")),
+                    ("momentum", f"{t.momentum:g}"), ("weight decay", f"{t.weight_decay:g}"),
+                    ("clients per round", t.clients_per_round), ("evaluated every", f"{t.eval_every} rounds"),
+                    ("device", t.device), ("trainer", t.trainer),
+                    ("seeds", ", ".join(str(k) for k in view.spec.seeds)),
+                    ("scenario hyperparams", _kv_text(sc.hyperparams))):
+                settings.setdefault(what, []).append(str(value))
+        methods = []
+        for m in view.methods:
+            ran = [s for s in view.spec.scenarios if m in view.methods_on(s)]
+            if not ran:
+                continue
+            overrides, shared = {}, {}
+            own = view.spec.methods[m].hyperparams
+            for s in ran:
+                base, resolved = view.scenario_training(s).model_dump(), view.spec.resolved_training(s, m).model_dump()
+                overrides[s] = _kv_text({k: resolved[k] for k in TRAINING_KEYS if resolved[k] != base[k]})
+                shared[s] = _kv_text({k: v for k, v in scenario_hyperparams(view.spec, s, m).items() if k not in own})
+            methods.append({"method": view.label(m), "type": view.method_types[m],
+                            "family": FAMILY_TITLES[view.styles[m].family],
+                            "scenarios": ", ".join(view.scenario_labels[s] for s in ran)
+                            if len(ran) < len(view.spec.scenarios) else "all",
+                            "training": self._per_scenario(overrides), "hyperparams": _kv_text(own),
+                            "from_scenario": self._per_scenario(shared)})
+        return {"scenario_names": names, "settings": list(settings.items()), "methods": methods,
+                "provenance": self.provenance(), "key": self.figures.style_key()}
+
+    def _per_scenario(self, texts: dict[str, str]) -> str:
+        """One text when every scenario has it, else `text (scenarios); …` grouped by text."""
+        if len(set(texts.values())) == 1:
+            return next(iter(texts.values()))
+        groups: dict[str, list[str]] = {}
+        for s, text in texts.items():
+            groups.setdefault(text, []).append(self.view.scenario_labels[s])
+        return "; ".join(f"{text} ({', '.join(where)})" for text, where in groups.items())
+
+    def provenance(self) -> list[tuple[str, str]]:
+        """(what, value) rows: how and when the runs were made, from summary.json's provenance
+        (runs.parquet) and timing.json (timing.parquet); "unknown" where a run did not record it."""
+        runs, timing = self.view.runs, self.view.timing
+
+        def values(frame: pd.DataFrame, column: str, unknown: str = "unknown") -> str:
+            found = [str(v) for v in frame[column]] if column in frame.columns else [""] * len(frame)
+            known = sorted(set(found) - {""})
+            missing = found.count("")
+            text = ", ".join(known) if known else unknown
+            if known and missing:
+                text += f" ({missing} of {len(found)} runs: {unknown})"
+            return text
+
+        now = spec_sha256(self.view.spec)
+        recorded = sorted(set(timing["spec_sha256"]) - {""}) if "spec_sha256" in timing.columns else []
+        spec_text = now
+        others = [h for h in recorded if h != now]
+        if others:
+            count = int(timing["spec_sha256"].isin(others).sum())
+            spec_text += (f" ({count} of {len(timing)} runs were trained under another version of the spec: "
+                          f"{', '.join(h[:12] for h in others)}; their config.yaml still matches this one)")
+        finished = sorted(v for v in timing.get("finished_utc", pd.Series(dtype=str)).astype(str) if v)
+        dates = "unknown" if not finished else _utc(finished[0]) if finished[0] == finished[-1] else \
+            f"{_utc(finished[0])} to {_utc(finished[-1])}"
+        if finished and len(finished) < len(timing):
+            dates += f" ({len(timing) - len(finished)} of {len(timing)} runs: unknown)"
+        commits = values(timing, "git_commit", "unknown (results not in a git checkout)")
+        if "git_dirty" in timing.columns and (timing["git_dirty"].astype(str) == "true").any():
+            commits += " (with uncommitted changes to tracked files)"
+        return [("cflpipe", values(runs, "cflpipe_version") + f" (this report: {__version__})"),
+                ("torch", values(runs, "torch_version")), ("python", values(runs, "python_version")),
+                ("device requested", values(runs, "device_requested")),
+                ("device used", values(timing, "device")),
+                ("runs finished", dates), ("git commit", commits),
+                ("spec hash", spec_text + " (sha256 of seeds, training, scenarios and methods; labels, "
+                                          "description, report and paths left out)")]
+
+    def accuracy(self) -> list[dict[str, Any]]:
+        view = self.view
+        out = []
+        for s in view.spec.scenarios:
+            figs = [self.figures.curve_figure(s, "acc_macro", f"{view.scenario_labels[s]}: personalized accuracy (mean ± std over seeds)",
+                                              "accuracy %", 100),
+                    self.figures.curve_figure(s, "global_acc_mean", f"{view.scenario_labels[s]}: global accuracy (mean ± std over seeds)",
+                                              "accuracy %", 100),
+                    self.figures.loss_figure(s)]
+            out.append({"scenario": s, "label": view.scenario_labels[s], "figures": [f for f in figs if f is not None]})
+        return out
+
+    def comparison(self) -> tuple[list[PaperTable], list[dict[str, Any]]]:
+        view = self.view
+        tables = paper_tables(view.per_seed, list(view.spec.scenarios), view.methods, view.method_types,
+                              ari_methods=view.clustering_methods(), tables=table_specs(view.spec.report.tables),
+                              method_labels=view.method_labels, scenario_labels=view.scenario_labels)
+        details = []
+        for s in view.spec.scenarios:
+            methods = view.methods_on(s)
+            columns = [c for c in DETAIL_COLUMNS if any(
+                math.isfinite(float(view.summary_row(s, m)[f"{c[0]}_mean"])) for m in methods)]
+            rows = []
+            marks: dict[str, dict[str, tuple[str, float]]] = {}
+            reference = {m for m in methods if is_reference(view.method_types[m])}
+            for figure, _, scale, digits, direction in columns:
+                pool = view.clustered_methods(s) if figure in ("ari", "nmi") else methods
+                values = {m: seed_values(view.per_seed, s, m, figure, scale) for m in pool}
+                marks[figure] = mark_best(values, direction, reference)
+            for m in methods:
+                r = view.summary_row(s, m)
+                cells = []
+                for f, _, sc, d, _ in columns:
+                    mark = marks[f].get(m, ("", math.nan))[0]
+                    cells.append({"text": format_mean_std(float(r[f"{f}_mean"]) * sc, float(r[f"{f}_std"]) * sc, d),
+                                  "bold": mark == "best", "tied": mark == "tied"})
+                rows.append({"method": view.label(m), "type": view.method_types[m], "seeds": int(r["seeds"]),
+                             "hyperparams": _hp_text(r["hyperparams"]), "cells": cells})
+            details.append({"scenario": s, "label": view.scenario_labels[s], "headers": [c[1] for c in columns],
+                            "rows": rows})
+        return tables, details
+
+    def ranking(self) -> dict[str, Any]:
+        scores, excluded = self.view.rank_scores()
+        ranking = rank_methods(scores, excluded, RANK_FIGURE) if scores.shape[1] else None
+        out: dict[str, Any] = {"figure_title": RANK_FIGURE_TITLE, "alpha": None, "rows": [], "scenarios": [],
+                               "test": None, "notes": [], "figure": None,
+                               "excluded": self._by_reason(excluded)}
+        if ranking is None:
+            out["notes"].append("Fewer than two methods ran on every scenario: there is nothing to rank.")
+            return out
+        out["excluded"] = self._by_reason(ranking.excluded)
+        out["scenarios"] = [self.view.scenario_labels.get(s, s) for s in ranking.scenarios]
+        out["alpha"] = f"{ranking.alpha:g}"
+        for m in ranking.average.sort_values(kind="stable").index:
+            out["rows"].append({"method": self.view.label(m), "average": f"{ranking.average[m]:.2f}",
+                                "cells": [(f"{ranking.ranks.loc[s, m]:g}", f"{ranking.scores.loc[s, m] * 100:.1f}")
+                                          for s in ranking.scenarios]})
+        k, n = len(ranking.methods), len(ranking.scenarios)
+        if ranking.tested:
+            text = f"Friedman test over {n} scenarios and {k} methods: χ²({k - 1}) = {ranking.statistic:.3g}, " \
+                   f"p = {ranking.p_value:.3g}"
+            if ranking.cd is not None:
+                text += (f"; Nemenyi critical difference CD = q·√(k(k+1)/(6N)) = {q_alpha(k, ranking.alpha):.3f}·"
+                         f"√({k}·{k + 1}/(6·{n})) = {ranking.cd:.2f} at α = {ranking.alpha:g}")
+            out["test"] = text + "."
+        out["notes"] = list(ranking.notes)
+        if ranking.cd is not None:
+            out["figure"] = self.figures.cd_diagram(ranking)
+        return out
+
+    def _by_reason(self, excluded: dict[str, str]) -> list[tuple[str, str]]:
+        """(reason, methods) with the methods that share a reason listed together."""
+        groups: dict[str, list[str]] = {}
+        for m, why in excluded.items():
+            groups.setdefault(why, []).append(self.view.label(m))
+        return [(why, ", ".join(names)) for why, names in groups.items()]
+
+    def clients(self) -> list[dict[str, Any]]:
+        return [{"scenario": s, "label": self.view.scenario_labels[s], "figure": self.figures.client_accuracy_figure(s)}
+                for s in self.view.spec.scenarios]
+
+    def clustering(self) -> list[dict[str, Any]]:
+        view = self.view
+        out = []
+        for s in view.spec.scenarios:
+            grouped = view.has_groups(s)
+            clustered = view.clustered_methods(s)
+            others = [m for m in view.methods_on(s) if m not in clustered]
+            figs, notes = [], []
+            if grouped and clustered:
+                figs += [self.figures.curve_figure(s, "ari", f"{view.scenario_labels[s]}: ARI vs true groups", "ARI", methods=clustered,
+                                                   yaxis=dict(range=[-0.05, 1.05])),
+                         self.figures.curve_figure(s, "nmi", f"{view.scenario_labels[s]}: NMI vs true groups", "NMI", methods=clustered,
+                                                   yaxis=dict(range=[-0.05, 1.05]))]
+            elif grouped:
+                notes.append("no method clusters clients here: ARI and NMI are 0 by construction")
+            else:
+                notes.append("no ground-truth groups: ARI and NMI are undefined for this scenario")
+            most = max([view.max_clusters(s, m) for m in view.methods_on(s)] + [1.0])
+            figs.append(self.figures.curve_figure(s, "n_clusters", f"{view.scenario_labels[s]}: number of clusters (mean over seeds)",
+                                                  "clusters", yaxis=dict(rangemode="tozero", tick0=0,
+                                                                         dtick=max(1, math.ceil(most / 8)))))
+            figs += self.figures.method_figures(s)
+            heatmaps = []
+            for m in clustered:
+                fig, note = self.figures.assignment_heatmap(s, m)
+                if fig is not None:
+                    heatmaps.append(fig)
+                if note:
+                    notes.append(note)
+                similarity = self.figures.similarity_heatmap(s, m)
+                if similarity is not None:
+                    heatmaps.append(similarity)
+            if others:
+                notes.append(f"one cluster throughout (no assignment heatmap): {', '.join(view.label(m) for m in others)}")
+            notes += view.never_clustered(s)
+            out.append({"scenario": s, "label": view.scenario_labels[s], "figures": [f for f in figs if f is not None],
+                        "heatmaps": heatmaps,
+                        "notes": notes})
+        return out
+
+    def communication(self) -> list[dict[str, Any]]:
+        return [{"scenario": s, "label": self.view.scenario_labels[s], "figures": self.figures.communication_figures(s)}
+                for s in self.view.spec.scenarios]
+
+    def intra_inter(self) -> list[dict[str, Any]]:
+        out = []
+        for s in self.view.spec.scenarios:
+            if not self.view.has_groups(s):
+                out.append({"scenario": s, "label": self.view.scenario_labels[s], "figure": None,
+                            "note": "no ground-truth groups: intra/inter-cluster accuracy is undefined"})
+                continue
+            fig = self.figures.intra_inter_figure(s)
+            out.append({"scenario": s, "label": self.view.scenario_labels[s], "figure": fig,
+                        "note": None if fig else "intra/inter-cluster accuracy was not recorded"})
+        return out
+
+    def sweeps(self) -> list[dict[str, Any]]:
+        found = find_sweeps(self.view.summary, self.view.spec)
+        return [{"sweep": sw, "figure": self.figures.sweep_figure(sw)} for sw in found]
+
+    def overview(self) -> list[dict[str, Any]]:
+        view = self.view
+        out = []
+        for name, sc in view.spec.scenarios.items():
+            stats = view.stats[name]
+            step = sc.group_step()
+            item: dict[str, Any] = {
+                "name": name, "dataset": sc.dataset.name,
+                "dataset_params": ", ".join(f"{k}={v}" for k, v in sc.dataset.params.items()),
+                "clients": sc.clients, "steps": [_step_text(s) for s in sc.partition],
+                "groups": f"{step.groups} ({step.kind})" if step is not None else "none",
+                "test_fraction": sc.test_fraction, "pool": sc.pool, "partition_seed": sc.seed,
+                "methods": [view.label(m) for m in view.methods_on(name)], "label": view.scenario_labels[name],
+                "seeds": sorted({int(k) for k in view.runs.loc[view.runs["scenario"] == name, "seed"]}),
+                "rounds": sorted({int(r) for r in view.runs.loc[view.runs["scenario"] == name, "rounds"]}),
+                "figure": self.figures.label_heatmap(name), "note": None,
+                "public": None if sc.public is None else
+                f"{sc.public.size or 'all'} unlabeled samples of the {sc.public.source} split (never given to a client)",
+            }
+            if stats is not None:
+                labels = [c for c in stats.columns if c.startswith("label_")]
+                item.update(classes=len(labels), n_train=int(stats["n_train"].sum()),
+                            n_test=int(stats["n_test"].sum()), note=small_test_sets(stats))
+            else:
+                item["note"] = (f"{view.spec.partition_dir(name) / 'stats.parquet'} is missing; run "
+                                f"`cflpipe partition --config FILE --scenario {name}`")
+            out.append(item)
+        return out
+
+
+def _step_text(step) -> str:
+    fields = step.model_dump(exclude={"kind"}, exclude_none=True)
+    if not fields:
+        return step.kind
+    return f"{step.kind}(" + ", ".join(f"{k}={v}" for k, v in fields.items()) + ")"
+
+
+def _local_text(t: Training) -> str:
+    return f"{t.local_steps} steps" if t.local_steps is not None else f"{t.local_epochs:g} epochs"
+
+
+def _kv_text(values: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in values.items()) or DASH
+
+
+def _utc(stamp: str) -> str:
+    """An ISO timestamp from timing.json as `YYYY-MM-DD HH:MM UTC`."""
+    return stamp[:16].replace("T", " ") + " UTC"
+
+
+def _hp_text(hyperparams: str) -> str:
+    hp = json.loads(hyperparams) if hyperparams else {}
+    return ", ".join(f"{k}={v}" for k, v in hp.items()) or DASH
