@@ -47,7 +47,7 @@ def test_methods_name_describes_one_method(capsys):
 
     assert main(["methods", "cfl_awcfl"]) == 0  # a variant: the method's paper and the option's
     out = capsys.readouterr().out
-    assert "beta = 0.5" in out and "eps1 = 0.4" in out
+    assert "beta = 0.5" in out and "eps1 = None — " in out and "0.4 absolute" in out
     assert sum(line.startswith("paper: ") for line in out.splitlines()) == 2 and "Sattler" in out
 
     assert main(["methods"]) == 0

@@ -200,8 +200,9 @@ def play(run, rounds: int, poison: bool = False) -> list[dict]:
                 if isinstance(value, torch.Tensor) and value.is_floating_point():
                     saved[attr] = value
                     setattr(method, attr, torch.full_like(value, float("nan")))
-        trained = ctx.run({c: method.plan(c, payloads[c]) for c in payloads})
-        updates = {c: method.finish(c, payloads[c], trained[c]) for c in payloads}
+        started = {c: method.start_client(c, payloads[c]) for c in payloads}
+        trained = ctx.run({c: plans for c, (plans, _) in started.items()})
+        updates = {c: method.end_client(c, payloads[c], trained[c], started[c][1]) for c in payloads}
         for attr, value in saved.items():
             setattr(method, attr, value)
         for c, update in updates.items():

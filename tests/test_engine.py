@@ -205,15 +205,15 @@ def test_a_few_skipped_updates_are_counted_and_the_run_finishes(tmp_path, monkey
     from cflpipe.fl.local import LocalResult
     from cflpipe.methods.fedavg import FedAvg
 
-    finish = FedAvg.finish
+    finish = FedAvg.end_client
 
-    def client_zero_diverges(self, client, payload, trained):
-        update = finish(self, client, payload, trained)
+    def client_zero_diverges(self, client, payload, trained, scratch):
+        update = finish(self, client, payload, trained, scratch)
         if client == 0:
             update.result = LocalResult(float("nan"), update.result.steps, update.result.samples)
         return update
 
-    monkeypatch.setattr(FedAvg, "finish", client_zero_diverges)
+    monkeypatch.setattr(FedAvg, "end_client", client_zero_diverges)
     spec = parse_spec(tiny_spec(tmp_path, on_divergence="skip", clients_per_round=8))
     result = train_run(spec, "swap", "fedavg", 0, progress=False)
     rounds = pd.read_parquet(result.run_dir / "rounds.parquet")

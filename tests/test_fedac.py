@@ -184,8 +184,9 @@ def test_round_metrics_report_the_servers_clusters_g_values_and_pca_dims(tmp_pat
         sampled = run.sample(r)
         fedac.round_start(sampled)
         payloads = {int(c): fedac.payload(int(c)) for c in sampled}
-        trained = run.ctx.run({c: fedac.plan(c, payloads[c]) for c in payloads})
-        fedac.receive({c: fedac.finish(c, payloads[c], trained[c]) for c in payloads})
+        started = {c: fedac.start_client(c, payloads[c]) for c in payloads}
+        trained = run.ctx.run({c: plans for c, (plans, _) in started.items()})
+        fedac.receive({c: fedac.end_client(c, payloads[c], trained[c], started[c][1]) for c in payloads})
     metrics = fedac.round_metrics()
     assert metrics["fedac_clusters"] == fedac.centers.shape[0] == len(set(fedac.clusters.tolist()))
     assert metrics["fedac_g"] == [float(g) if np.isfinite(g) else None for g in fedac.g_values]

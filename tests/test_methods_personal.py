@@ -462,7 +462,8 @@ def test_perfedavg_fine_tuning_is_plain_sgd_whatever_the_training_momentum_and_d
 def test_fedprox_plan_pulls_towards_the_received_global_model():
     method, ctx = make_method("fedprox", {"mu": 0.5})
     payload = method.payload(0)
-    (anchor,) = method.plan(0, payload).anchors
+    plan, _ = method.start_client(0, payload)
+    (anchor,) = plan.anchors
     assert torch.equal(anchor.vector, payload.tensors["model"]) and anchor.strength == 0.5
 
 

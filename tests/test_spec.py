@@ -384,7 +384,7 @@ def test_scenario_hyperparams_give_k_per_scenario_and_the_method_entry_wins():
 
 @pytest.mark.parametrize("hyperparams, line", [
     ({"clustres": 4}, "scenarios.digits-swap4.hyperparams.clustres: no method of this scenario has this "
-                      "hyper-parameter; allowed: clusters, mu"),
+                      "hyper-parameter; allowed: clusters, mu, restart_rounds, restarts"),
     ({"clusters": 0}, "scenarios.digits-swap4.hyperparams.clusters: must be >= 1, got 0"),
     ({"clusters": 9}, "scenarios.digits-swap4.hyperparams.clusters: must be <= clients of scenario "
                       "digits-swap4 (8), got 9"),

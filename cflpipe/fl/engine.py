@@ -276,7 +276,7 @@ class Run:
             # Only the updates hold the trained vectors from here on, so aggregation can free
             # each upload as it copies it (see stack_updates).
             updates, bytes_up, losses, skipped = self.finish_all(
-                r, payloads, self.ctx.run({c: self.method.plan(c, payloads[c]) for c in clients}))
+                r, payloads, *self.train_clients(payloads))
             t1 = time.perf_counter()
             self.method.receive(updates)
             t2 = time.perf_counter()
@@ -305,13 +305,18 @@ class Run:
         summary = self.write_outputs()
         return RunResult(self.run_dir, False, summary)
 
-    def finish_all(self, r: int, payloads: dict[int, Payload], trained: dict[int, Results]
+    def train_clients(self, payloads: dict[int, Payload]) -> tuple[dict[int, Results], dict[int, Any]]:
+        """Every sampled client's plans, trained together by the trainer, and their scratch."""
+        started = {c: self.method.start_client(c, payload) for c, payload in payloads.items()}
+        return self.ctx.run({c: plans for c, (plans, _) in started.items()}), {c: s for c, (_, s) in started.items()}
+
+    def finish_all(self, r: int, payloads: dict[int, Payload], trained: dict[int, Results], scratch: dict[int, Any]
                    ) -> tuple[dict[int, Update], int, list[float], int]:
         """The sampled clients' updates (diverged ones skipped or stopping the run), the bytes
         they send and their losses."""
         updates, bytes_up, losses, skipped = {}, 0, [], 0
         for client, payload in payloads.items():
-            update = self.method.finish(client, payload, trained.pop(client))
+            update = self.method.end_client(client, payload, trained.pop(client), scratch.pop(client))
             if update.result.diverged:
                 if self.training.on_divergence == "stop":
                     raise divergence_error(r, client, self.method_name, update.result.loss)

@@ -250,6 +250,11 @@ class Context:
         trained = self.run({client: ClientPlan(start, anchors, trainable, steps, lr)})[client]
         return trained.vector, trained.result
 
+    def view(self, client: int) -> ClientView:
+        """The narrow view a client's step gets (see ClientView)."""
+        return ClientView(client, self.round, self.hp, self.training, int(self._train_sizes[client]), self.data,
+                          self.clients, self.apply, self.seed)
+
     def count_traffic(self, down: int, up: int) -> None:
         self.extra_bytes_down += int(down)
         self.extra_bytes_up += int(up)
@@ -270,6 +275,49 @@ class Context:
                 continue
             kept[client] = outcome
         return kept
+
+
+@dataclass(frozen=True)
+class ClientView:
+    """What one client's step may use, and nothing else (Flower's ClientApp gets a message and its
+    own Context.state): its own data, its own rows of the client store, the run's model
+    application, its seeded randomness, its hyper-parameters and the training settings. A method
+    whose client side is written over a view (`Method.client_plan`/`client_finish`, static) can
+    read no server state and no other client's; it returns its scratch instead of writing it
+    anywhere."""
+
+    client: int
+    round: int
+    hp: Any
+    training: Training
+    samples: int  # its training samples (its update's weight)
+    _data: FederatedData
+    _store: "ClientStore"
+    _apply: Any
+    _seed: int
+
+    def data(self, split: str = "train") -> tuple[torch.Tensor, torch.Tensor]:
+        """The client's own inputs and targets of a split."""
+        return self._data.client(self.client, split)
+
+    def kept(self, name: str) -> torch.Tensor:
+        """A copy of what the client keeps under `name` (its row of the client store)."""
+        return self._store.get(name, self.client).clone()
+
+    def apply(self, vectors: torch.Tensor, *inputs: torch.Tensor, **options: Any) -> torch.Tensor:
+        """Context.apply: parameter vectors applied to inputs by the run's trainer."""
+        return self._apply(vectors, *inputs, **options)
+
+    def rng(self, *purpose: int) -> np.random.Generator:
+        """Client-side randomness of this round, seeded by (run seed, round, client, purpose): the
+        stream Context.rng(client, *purpose) gives."""
+        return np.random.default_rng([self._seed, self.round, self.client, *purpose, 0x5E])
+
+    def update(self, tensors: dict[str, torch.Tensor], trained: Trained,
+               keep: dict[str, torch.Tensor] | None = None) -> Update:
+        """The client's Update, weighted by its training samples (see Method.update)."""
+        result = trained.then.result if trained.then is not None and trained.then.diverged else trained.result
+        return Update(tensors, self.samples, result, keep=keep or {})
 
 
 def _has_dropout(module: torch.nn.Module) -> bool:
@@ -308,17 +356,48 @@ class Method:
         raise NotImplementedError
 
     # --- client side
+    # Written over a ClientView (static: no server state in reach), the client's step is
+    #     client_plan(view, payload) -> (plans, scratch)
+    #     client_finish(view, payload, trained, scratch) -> Update
+    # A method that defines them is run through them; one that defines plan()/finish() instead
+    # (methods on the server object, the older form) is run through those.
+    client_plan: Any = None
+    client_finish: Any = None
+
+    @classmethod
+    def _over_view(cls, view_hook: str, object_hook: str) -> bool:
+        """Whether the most derived class that defines either hook defines the view-based one
+        (a subclass overriding plan() of a view-based base is run through its plan())."""
+        for klass in cls.__mro__:
+            if klass.__dict__.get(view_hook) is not None:
+                return True
+            if object_hook in klass.__dict__:
+                return False
+        return False
+
     def plan(self, client: int, payload: Payload) -> Plans:
         raise NotImplementedError
 
     def finish(self, client: int, payload: Payload, trained: Results) -> Update:
         raise NotImplementedError
 
+    def start_client(self, client: int, payload: Payload) -> tuple[Plans, Any]:
+        """A client's plans and its scratch (what its finishing step needs of its planning)."""
+        if self._over_view("client_plan", "plan"):
+            return type(self).client_plan(self.ctx.view(client), payload)
+        return self.plan(client, payload), None
+
+    def end_client(self, client: int, payload: Payload, trained: Results, scratch: Any) -> Update:
+        if self._over_view("client_finish", "finish"):
+            return type(self).client_finish(self.ctx.view(client), payload, trained, scratch)
+        return self.finish(client, payload, trained)
+
     def local_update(self, client: int, payload: Payload) -> Update:
         """One client's whole round (plan, train, finish); the engine does the same for all
         sampled clients at once so that the trainer can batch them."""
-        trained = self.ctx.run({client: self.plan(client, payload)})[client]
-        return self.finish(client, payload, trained)
+        plans, scratch = self.start_client(client, payload)
+        trained = self.ctx.run({client: plans})[client]
+        return self.end_client(client, payload, trained, scratch)
 
     def update(self, client: int, tensors: dict[str, torch.Tensor], trained: Trained,
                keep: dict[str, torch.Tensor] | None = None, **meta: Any) -> Update:

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from cflpipe.fl.method import Capabilities, Context, Method, Payload, Update, stack_updates
+from cflpipe.fl.method import Capabilities, ClientView, Context, Method, Payload, Update, stack_updates
 from cflpipe.fl.params import cluster_average
 from cflpipe.fl.plan import ClientPlan, Results
 from cflpipe.fl.local import Anchor
@@ -25,6 +25,12 @@ from cflpipe.methods.intercluster import AWCFLParams, MCFLParams, awcfl_mix, sam
 
 # Purposes of the server randomness that samples MCFL's feature means.
 _TRAIN_MEAN, _TEST_MEAN = 0x3E, 0x3F
+
+
+def client_feature_mean(view: ClientView) -> torch.Tensor:
+    """MCFL's upload: the mean of `feature_samples` of the client's training inputs."""
+    x, _ = view.data()
+    return sample_mean(x, view.hp.feature_samples, view.rng(_TRAIN_MEAN))
 
 
 class ClusterModels(Method):
@@ -99,8 +105,7 @@ class ClusterModels(Method):
     def finish(self, client: int, payload: Payload, trained: Results) -> Update:
         update = self.cluster_finish(client, payload, trained)
         if self.mcfl:
-            x, _ = self.ctx.data.client(client, "train")
-            update.tensors["feature_mean"] = sample_mean(x, self.hp.feature_samples, self.ctx.rng(client, _TRAIN_MEAN))
+            update.tensors["feature_mean"] = client_feature_mean(self.ctx.view(client))
         return update
 
     def aggregate(self, updates: dict[int, Update]) -> None:

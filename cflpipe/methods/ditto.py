@@ -28,7 +28,7 @@ import torch
 from pydantic import Field
 
 from cflpipe.fl.local import Anchor
-from cflpipe.fl.method import Capabilities, Payload, Update
+from cflpipe.fl.method import Capabilities, ClientView, Payload, Update
 from cflpipe.fl.plan import ClientPlan, Trained
 from cflpipe.methods import HyperParams, register
 from cflpipe.methods.fedavg import FedAvg
@@ -53,19 +53,21 @@ class Ditto(FedAvg):
         # is never sampled keeps it, so it is evaluated with the untrained initial model.
         ctx.clients.add("personal", ctx.init)
 
-    def plan(self, client: int, payload: Payload) -> dict[str, ClientPlan]:
+    @classmethod
+    def client_plan(cls, view: ClientView, payload: Payload) -> tuple[dict[str, ClientPlan], None]:
         received = payload.tensors["model"]
         # Both plans use the client's one batch stream of this round (see the module docstring).
         return {"model": ClientPlan(received),
-                "personal": ClientPlan(self.ctx.clients.get("personal", client), (Anchor(received, self.hp.lam),),
-                                       steps=self.hp.personal_steps)}
+                "personal": ClientPlan(view.kept("personal"), (Anchor(received, view.hp.lam),),
+                                       steps=view.hp.personal_steps)}, None
 
-    def finish(self, client: int, payload: Payload, trained: dict[str, Trained]) -> Update:
+    @classmethod
+    def client_finish(cls, view: ClientView, payload: Payload, trained: dict[str, Trained], scratch: None) -> Update:
         personal = trained["personal"]
         # A diverged personal model reports its loss, so the engine's on_divergence rule sees it.
         record = personal if personal.diverged else trained["model"]
         # The personal model stays on the client: it is kept, not sent, so not counted.
-        return self.update(client, {"model": trained["model"].vector}, record, keep={"personal": personal.vector})
+        return view.update({"model": trained["model"].vector}, record, keep={"personal": personal.vector})
 
     def eval_params(self, client: int) -> torch.Tensor:
         return self.ctx.clients.get("personal", client)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from cflpipe.fl.local import Anchor
-from cflpipe.fl.method import Method, Payload, Update, average_updates
+from cflpipe.fl.method import ClientView, Method, Payload, Update, average_updates
 from cflpipe.fl.plan import ClientPlan, Trained
 from cflpipe.methods import HyperParams, register
 
@@ -20,17 +20,22 @@ class FedAvg(Method):
         super().__init__(ctx)
         self.global_model = ctx.init.clone()
 
-    def anchors(self, payload: Payload) -> list[Anchor]:
-        return []
-
     def payload(self, client: int) -> Payload:
         return Payload({"model": self.global_model})
 
-    def plan(self, client: int, payload: Payload) -> ClientPlan:
-        return ClientPlan(payload.tensors["model"], self.anchors(payload))
+    # --- the client, over its view: it trains the model it received and sends it back
+    @classmethod
+    def client_anchors(cls, hp, payload: Payload) -> list[Anchor]:
+        """Proximal pulls of the local objective (FedProx's)."""
+        return []
 
-    def finish(self, client: int, payload: Payload, trained: Trained) -> Update:
-        return self.update(client, {"model": trained.vector}, trained)
+    @classmethod
+    def client_plan(cls, view: ClientView, payload: Payload) -> tuple[ClientPlan, None]:
+        return ClientPlan(payload.tensors["model"], cls.client_anchors(view.hp, payload)), None
+
+    @classmethod
+    def client_finish(cls, view: ClientView, payload: Payload, trained: Trained, scratch: None) -> Update:
+        return view.update({"model": trained.vector}, trained)
 
     def aggregate(self, updates: dict[int, Update]) -> None:
         if updates:

@@ -18,5 +18,6 @@ class FedProxParams(HyperParams):
 class FedProx(FedAvg):
     """FedProx: FedAvg whose local objective adds (mu/2)·||w − w_global||²."""
 
-    def anchors(self, payload: Payload) -> list[Anchor]:
-        return [Anchor(payload.tensors["model"], self.hp.mu)]
+    @classmethod
+    def client_anchors(cls, hp, payload: Payload) -> list[Anchor]:
+        return [Anchor(payload.tensors["model"], hp.mu)]

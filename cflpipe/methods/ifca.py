@@ -15,10 +15,11 @@ from pydantic import Field
 
 import torch.nn.functional as F
 from cflpipe.errors import SpecError
-from cflpipe.fl.method import Capabilities, Context, Payload, Update, stack_updates
+from cflpipe.fl.method import Capabilities, ClientView, Context, Payload, Update, stack_updates
 from cflpipe.fl.params import cluster_average
 from cflpipe.fl.plan import ClientPlan, Trained
-from cflpipe.methods.clustered import ClusterModels
+from cflpipe.methods.clustered import ClusterModels, client_feature_mean
+from cflpipe.methods.intercluster import MCFLParams
 from cflpipe.metrics import per_client_mean
 from cflpipe.methods import HyperParams, register
 from cflpipe.models import build_model
@@ -53,18 +54,19 @@ def random_models(ctx: Context, count: int, purpose: int) -> torch.Tensor:
 LOSS_CHUNK = 8192
 
 
-def train_losses(ctx: Context, models: torch.Tensor, client: int | None = None) -> np.ndarray:
-    """Mean training loss of every model (rows of `models`) on one client's training set,
-    (K,), or with client=None on every client's, (clients × K) — the K models applied together
-    (batched where the trainer batches) to the pooled training data."""
+def sample_losses(apply, models: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> np.ndarray:
+    """Every model's (rows of `models`) loss on every sample, (K × samples), float64: the K
+    models applied together (batched where the trainer batches) by `apply` (Context.apply)."""
+    logits = apply(models, x, chunk=LOSS_CHUNK)  # (K × rows × classes)
+    return torch.stack([F.cross_entropy(out, y, reduction="none") for out in logits]).double().cpu().numpy()
+
+
+def train_losses(ctx: Context, models: torch.Tensor) -> np.ndarray:
+    """Mean training loss of every model on every client's training set, (clients × K)."""
     split = ctx.data.train
-    x, y = (split.x, split.y) if client is None else split.of(client)
-    logits = ctx.apply(models, x, chunk=LOSS_CHUNK)  # (K × rows × classes)
-    losses = torch.stack([F.cross_entropy(out, y, reduction="none") for out in logits]).double().cpu().numpy()
-    if client is None:
-        owner = split.owner.cpu().numpy()
-        return np.stack([per_client_mean(owner, loss, ctx.num_clients) for loss in losses], axis=1)
-    return losses.mean(axis=1) if losses.shape[1] else np.full(len(losses), np.nan)
+    losses = sample_losses(ctx.apply, models, split.x, split.y)
+    owner = split.owner.cpu().numpy()
+    return np.stack([per_client_mean(owner, loss, ctx.num_clients) for loss in losses], axis=1)
 
 
 def lowest(losses: np.ndarray) -> np.ndarray:
@@ -113,30 +115,40 @@ class IFCA(ClusterModels):
     def cluster_payload(self, client: int) -> Payload:
         return Payload({"models": self.centers})
 
-    def plan(self, client: int, payload: Payload) -> ClientPlan | dict[str, ClientPlan]:
-        # The client's cluster identity estimate (per restart) is client-side work before
-        # training; it is noted in the payload's meta (the client's own scratch) for finish().
-        models, k = payload.tensors["models"], self.hp.clusters
-        losses = train_losses(self.ctx, models, client).reshape(self.tracks, k)
+    # --- the client, over its view: it picks, in each set of K models, the one with the lowest
+    # loss on its training data (its cluster identity estimate), trains each pick and returns
+    # its picks with the trained models
+    @classmethod
+    def client_plan(cls, view: ClientView, payload: Payload) -> tuple[ClientPlan | dict[str, ClientPlan], dict]:
+        models, k = payload.tensors["models"], view.hp.clusters
+        tracks = len(models) // k
+        x, y = view.data()
+        per_sample = sample_losses(view.apply, models, x, y)
+        losses = (per_sample.mean(axis=1) if per_sample.shape[1] else np.full(len(models), np.nan)).reshape(tracks, k)
         chosen = lowest(losses)
-        payload.meta["chosen"] = chosen
-        payload.meta["loss"] = losses[np.arange(self.tracks), chosen]
-        if self.tracks == 1:
-            return ClientPlan(models[int(chosen[0])])
+        scratch = {"chosen": chosen, "loss": losses[np.arange(tracks), chosen]}
+        if tracks == 1:
+            return ClientPlan(models[int(chosen[0])]), scratch
         # Each restart trains on its own batch stream, as independent runs would.
         return {f"restart{r}": ClientPlan(models[r * k + int(chosen[r])], stream=(r,) if r else ())
-                for r in range(self.tracks)}
+                for r in range(tracks)}, scratch
 
-    def cluster_finish(self, client: int, payload: Payload, trained: Trained | dict[str, Trained]) -> Update:
-        device = self.centers.device
-        cluster = torch.as_tensor(payload.meta["chosen"], dtype=torch.int64, device=device)
+    @classmethod
+    def client_finish(cls, view: ClientView, payload: Payload, trained: Trained | dict[str, Trained],
+                      scratch: dict) -> Update:
+        device = payload.tensors["models"].device
+        cluster = torch.as_tensor(scratch["chosen"], dtype=torch.int64, device=device)
         if isinstance(trained, Trained):
-            return self.update(client, {"model": trained.vector, "cluster": cluster}, trained)
-        runs = [trained[f"restart{r}"] for r in range(self.tracks)]
-        record = next((t for t in runs if t.diverged), runs[0])
-        loss = torch.as_tensor(payload.meta["loss"], dtype=torch.float64, device=device)
-        return self.update(client, {**{f"model{r}": t.vector for r, t in enumerate(runs)}, "cluster": cluster,
-                                    "loss": loss}, record)
+            update = view.update({"model": trained.vector, "cluster": cluster}, trained)
+        else:
+            runs = [trained[f"restart{r}"] for r in range(len(trained))]
+            record = next((t for t in runs if t.diverged), runs[0])
+            loss = torch.as_tensor(scratch["loss"], dtype=torch.float64, device=device)
+            update = view.update({**{f"model{r}": t.vector for r, t in enumerate(runs)}, "cluster": cluster,
+                                  "loss": loss}, record)
+        if isinstance(view.hp, MCFLParams):  # ifca_mcfl: the client's feature mean goes up too
+            update.tensors["feature_mean"] = client_feature_mean(view)
+        return update
 
     def cluster_aggregate(self, updates: dict[int, Update]) -> None:
         if self.tracks == 1:

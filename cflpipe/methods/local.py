@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from cflpipe.fl.method import Capabilities, Method, Payload, Update
+from cflpipe.fl.method import Capabilities, ClientView, Method, Payload, Update
 from cflpipe.fl.plan import ClientPlan, Trained
 from cflpipe.methods import HyperParams, register
 
@@ -23,12 +23,14 @@ class Local(Method):
     def payload(self, client: int) -> Payload:
         return Payload()
 
-    def plan(self, client: int, payload: Payload) -> ClientPlan:
-        return ClientPlan(self.ctx.clients.get("model", client))
+    @classmethod
+    def client_plan(cls, view: ClientView, payload: Payload) -> tuple[ClientPlan, None]:
+        return ClientPlan(view.kept("model")), None
 
-    def finish(self, client: int, payload: Payload, trained: Trained) -> Update:
+    @classmethod
+    def client_finish(cls, view: ClientView, payload: Payload, trained: Trained, scratch: None) -> Update:
         # The model stays on the client: nothing in `tensors`, so nothing is counted as sent.
-        return self.update(client, {}, trained, keep={"model": trained.vector})
+        return view.update({}, trained, keep={"model": trained.vector})
 
     def aggregate(self, updates: dict[int, Update]) -> None:
         pass  # nothing reaches the server; the engine keeps each client's model in its store

@@ -1,0 +1,333 @@
+"""The conformance checks every method must pass, importable by plugin authors (after
+scikit-learn's `check_estimator` / `parametrize_with_checks`). In a plugin's tests:
+
+    from cflpipe.testing import parametrize_with_checks
+
+    @parametrize_with_checks(["fedavgm"])          # registered names; None: every method
+    def test_conformance(method, check, tmp_path):
+        check(method, tmp_path)
+
+or `check_method("fedavgm", tmp_path)` to run them all in one call. Each check trains the method
+on a tiny scenario (6 digits clients in 2 label-swap groups, 3 of them per round, 4 rounds of an
+MLP: seconds) and raises AssertionError with what went wrong:
+
+- check_resume: interrupted right after a checkpoint, the run resumes to byte-identical outputs
+- check_outputs_from_last_checkpoint: a run stopped after its last checkpoint (which holds no
+  models) rebuilds its outputs from that checkpoint's tables
+- check_determinism: the same spec and seed give identical bytes
+- check_evaluation_does_not_change_training: evaluating every round or only every other one
+  gives the same training losses and final figures
+- check_clients_use_only_what_they_were_sent: the server's state is NaN while clients plan and
+  finish, so a client that read anything not counted as bytes down trains to NaN (traffic)
+- check_state_round_trip: the method's checkpoint and client store round-trip through the
+  engine's checkpoint into a fresh method that evaluates identically
+- check_k_rule: a number of clusters above the clients is refused in one line (methods with K)
+- check_batched_equals_sequential: the batched trainer trains what the sequential one trains
+  (batchable methods)
+
+A method makes its mechanism act within those few rounds by returning hyper-parameters from
+`Method.check_hyperparams(params)` (cluster from round 1, split early; e.g. CFL's warm-up of 1).
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pandas as pd
+import torch
+
+from cflpipe.errors import SpecError
+from cflpipe.fl import checkpoint, engine
+from cflpipe.fl.checkpoint import read_state, write_state
+from cflpipe.fl.engine import OUTPUT_FILES, prepare_run, train_run
+from cflpipe.methods import all_methods, method_info
+from cflpipe.spec import parse_spec
+
+ROUNDS = 4
+# config.yaml names the run's own directories; timing.* holds wall-clock times.
+COMPARED = [f for f in OUTPUT_FILES if not f.startswith("timing") and f != "config.yaml"]
+
+
+# ---------------------------------------------------------------------------- the tiny run
+
+
+def hyperparams(name: str) -> dict[str, Any]:
+    """The method's hyper-parameters for the checks (its `check_hyperparams`)."""
+    info = method_info(name)
+    return dict(info.cls.check_hyperparams(info.params))
+
+
+def spec_dict(results: Path, name: str, **training: Any) -> dict[str, Any]:
+    """The checks' spec: one scenario `s`, one seed, the method under its registered name."""
+    info = method_info(name)
+    public = {"pool": "train", "public": {"size": 40}} if info.capabilities.needs_public else {}
+    return {
+        "seeds": [0],
+        "training": {"model": "mlp", "rounds": ROUNDS, "clients_per_round": 3, "local_steps": 2, "batch_size": 8,
+                     "lr": 0.05, "momentum": 0.5, "eval_every": 2, "checkpoint_every": 1, "device": "cpu",
+                     **training},
+        "scenarios": {"s": {"dataset": "digits", "clients": 6, **public,
+                            "partition": [{"kind": "iid"}, {"kind": "label_swap", "groups": 2}]}},
+        "methods": {name: hyperparams(name)},
+        "results_dir": str(results),
+        "data_dir": str(results.parent / "data"),
+    }
+
+
+def finished(results: Path, name: str, **training: Any) -> Path:
+    """A whole run of the checks' spec; its folder."""
+    spec = parse_spec(spec_dict(results, name, **training))
+    train_run(spec, "s", name, 0, force=True, progress=False)
+    return spec.run_dir("s", name, 0)
+
+
+_REFERENCES: dict[str, Path] = {}
+
+
+def reference_run(name: str) -> Path:
+    """One uninterrupted run per method and process, shared by the checks that compare with it."""
+    if name not in _REFERENCES:
+        _REFERENCES[name] = finished(Path(tempfile.mkdtemp(prefix="cflpipe-checks-")) / "reference", name)
+    return _REFERENCES[name]
+
+
+def same_bytes(a: Path, b: Path) -> None:
+    """The standard outputs and a method's own tables (e.g. FCCA's similarity.parquet) are equal."""
+    extra = sorted({p.name for p in a.glob("*.parquet")} - set(OUTPUT_FILES))
+    assert extra == sorted({p.name for p in b.glob("*.parquet")} - set(OUTPUT_FILES)), "the method's own tables"
+    for f in [*COMPARED, *extra]:
+        assert (a / f).read_bytes() == (b / f).read_bytes(), f"{f} differs"
+
+
+def play(run: Any, rounds: int, poison: bool = False) -> list[dict]:
+    """Engine rounds without outputs, returning the method's round metrics; with `poison`, every
+    server tensor the method checkpoints is NaN while the clients plan and finish (restored
+    before aggregation)."""
+    method, ctx = run.method, run.ctx
+    reported = []
+    for r in range(rounds):
+        ctx.round = r
+        sampled = run.sample(r)
+        method.round_start(sampled)
+        payloads = {int(c): method.payload(int(c)) for c in sampled}
+        saved = {}
+        if poison:
+            for attr in method.checkpoint:
+                value = getattr(method, attr)
+                if isinstance(value, torch.Tensor) and value.is_floating_point():
+                    saved[attr] = value
+                    setattr(method, attr, torch.full_like(value, float("nan")))
+        started = {c: method.start_client(c, payloads[c]) for c in payloads}
+        trained = ctx.run({c: plans for c, (plans, _) in started.items()})
+        updates = {c: method.end_client(c, payloads[c], trained[c], started[c][1]) for c in payloads}
+        for attr, value in saved.items():
+            setattr(method, attr, value)
+        for c, update in updates.items():
+            sent = [t for t in update.tensors.values() if t.is_floating_point()]
+            kept = list(update.keep.values())
+            assert all(torch.isfinite(t).all() for t in sent + kept), \
+                f"client {c} of round {r + 1} used server state that was not in its payload"
+            assert not update.result.diverged, f"client {c} of round {r + 1} diverged"
+        method.receive(updates)
+        reported.append(method.round_metrics())
+    return reported
+
+
+class _Killed(Exception):
+    pass
+
+
+def _patched(owner: Any, attribute: str, replacement: Any):
+    """Replace an attribute for the duration of a with-block (what pytest's monkeypatch does,
+    without needing pytest)."""
+    class Patch:
+        def __enter__(self):
+            self.old = getattr(owner, attribute)
+            setattr(owner, attribute, replacement)
+
+        def __exit__(self, *exc):
+            setattr(owner, attribute, self.old)
+            return False
+
+    return Patch()
+
+
+# ---------------------------------------------------------------------------- the checks
+
+
+def check_resume(name: str, workdir: Path) -> None:
+    stop_after = int(np.random.default_rng(list(name.encode())).integers(1, ROUNDS))
+    save = engine.Run.save_state
+
+    def save_then_die(self, round_number):
+        save(self, round_number)
+        if round_number == stop_after:
+            raise _Killed
+
+    spec = parse_spec(spec_dict(Path(workdir), name))
+    # Every table of two dimensions goes to row blocks (the reference kept them inside state.pt),
+    # so the resumed state is what comes back through the checkpoint's blocks.
+    with _patched(checkpoint, "MIN_ROWS_BYTES", 1):
+        with _patched(engine.Run, "save_state", save_then_die):
+            try:
+                train_run(spec, "s", name, 0, progress=False)
+            except _Killed:
+                pass
+            else:
+                raise AssertionError("the interruption did not happen")
+        assert not (spec.run_dir("s", name, 0) / "summary.json").exists()
+        train_run(spec, "s", name, 0, progress=False)
+    same_bytes(reference_run(name), spec.run_dir("s", name, 0))
+
+
+def check_outputs_from_last_checkpoint(name: str, workdir: Path) -> None:
+    def die(self):
+        raise _Killed
+
+    spec = parse_spec(spec_dict(Path(workdir), name))
+    with _patched(engine.Run, "write_outputs", die):
+        try:
+            train_run(spec, "s", name, 0, progress=False)
+        except _Killed:
+            pass
+    run_dir = spec.run_dir("s", name, 0)
+    assert read_state(run_dir / "state/state.pt")[0]["method"] is None, "the last checkpoint holds models"
+    train_run(spec, "s", name, 0, progress=False)
+    same_bytes(reference_run(name), run_dir)
+
+
+def check_determinism(name: str, workdir: Path) -> None:
+    same_bytes(reference_run(name), finished(Path(workdir), name))
+
+
+def check_evaluation_does_not_change_training(name: str, workdir: Path) -> None:
+    reference_dir = reference_run(name)
+    every_round = finished(Path(workdir), name, eval_every=1)
+    ours = pd.read_parquet(every_round / "rounds.parquet")
+    reference = pd.read_parquet(reference_dir / "rounds.parquet")
+    assert ours["train_loss"].tolist() == reference["train_loss"].tolist(), "training losses"
+    last = reference.dropna(subset=["acc_macro"]).iloc[-1]
+    assert ours.dropna(subset=["acc_macro"]).iloc[-1]["acc_macro"] == last["acc_macro"]
+    ours_metrics = pd.read_parquet(every_round / "metrics.parquet")
+    reference_metrics = pd.read_parquet(reference_dir / "metrics.parquet")
+    pd.testing.assert_frame_equal(ours_metrics[ours_metrics["round"] == ROUNDS].reset_index(drop=True),
+                                  reference_metrics[reference_metrics["round"] == ROUNDS].reset_index(drop=True))
+    assert json.loads((every_round / "summary.json").read_text())["final"] == \
+        json.loads((reference_dir / "summary.json").read_text())["final"]
+
+
+def check_clients_use_only_what_they_were_sent(name: str, workdir: Path) -> None:
+    play(prepare_run(parse_spec(spec_dict(Path(workdir), name)), "s", name, 0), 3, poison=True)
+
+
+def _assert_state_equal(a: Any, b: Any) -> None:
+    assert type(a) is type(b)
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        # NaN marks "not known yet" in some server tables (FCCA's similarity of unheard clients)
+        assert torch.equal(a.cpu(), b.cpu()) or (a.is_floating_point() and torch.allclose(
+            a.cpu(), b.cpu(), rtol=0, atol=0, equal_nan=True))
+    elif isinstance(a, dict):
+        assert set(a) == set(b)
+        for key in a:
+            _assert_state_equal(a[key], b[key])
+    else:
+        assert a == b or (a != a and b != b)
+
+
+def check_state_round_trip(name: str, workdir: Path) -> None:
+    spec = parse_spec(spec_dict(Path(workdir), name))
+    run = prepare_run(spec, "s", name, 0)
+    play(run, 3)
+    path = Path(workdir) / "state.pt"
+    # Every table of two dimensions goes to row blocks, two rows per block where rows are small.
+    with _patched(checkpoint, "MIN_ROWS_BYTES", 1), _patched(checkpoint, "BLOCK_BYTES", 2 * 4 * 1024):
+        write_state(path, {"method": run.method.state_dict(), "clients": run.ctx.clients.state_dict()})
+        state, problem = read_state(path)
+    assert problem is None, problem
+    fresh = prepare_run(spec, "s", name, 0)
+    fresh.method.load_state_dict(state["method"])
+    fresh.ctx.clients.load_state_dict(state["clients"])
+    fresh.ctx.round = run.ctx.round  # as the engine sets it before every round and evaluation
+    _assert_state_equal(run.method.state_dict(), fresh.method.state_dict())
+    _assert_state_equal(run.ctx.clients.state_dict(), fresh.ctx.clients.state_dict())
+    (a, ia), (b, ib) = run.method.eval_models(), fresh.method.eval_models()
+    assert np.array_equal(ia, ib) and all(torch.equal(u, v) for u, v in zip(a, b))
+
+
+def check_k_rule(name: str, workdir: Path) -> None:
+    k_param = method_info(name).capabilities.k_param
+    if not k_param:
+        return
+    raw = spec_dict(Path(workdir), name)
+    raw["methods"][name][k_param] = 7
+    try:
+        parse_spec(raw)
+    except SpecError as error:
+        assert str(error) == f"methods.{name}.{k_param}: must be <= clients of scenario s (6), got 7", str(error)
+    else:
+        raise AssertionError(f"{k_param} = 7 with 6 clients was accepted")
+
+
+def trained_alike(name: str, workdir: Path, trainer: str, tolerances: dict[str, float] | None = None) -> None:
+    """`trainer` trains what the sequential trainer trains: evaluated models, assignment and the
+    client store, to 1e-5 of their scale (`tolerances` per client-store table, e.g. Adam's)."""
+    models = {}
+    for which in ("sequential", trainer):
+        run = prepare_run(parse_spec(spec_dict(Path(workdir) / which.replace(":", "-"), name, trainer=which)),
+                          "s", name, 0)
+        play(run, 3)
+        vectors, index = run.method.eval_models()
+        models[which] = (torch.stack(vectors), index, run.method.assignment(), run.ctx.clients.state_dict())
+        if which == "batched":
+            assert run.trainer.counts["batched"] > 0, "the batched trainer batched nothing"
+    (a, ia, ca, sa), (b, ib, cb, sb) = models["sequential"], models[trainer]
+    assert np.array_equal(ia, ib)
+    assert (ca is None) == (cb is None) and (ca is None or np.array_equal(ca, cb))
+    assert float((a - b).abs().max()) <= 1e-5 * float(a.abs().max())
+    assert set(sa) == set(sb)
+    for table in sa:
+        scale = max(float(sa[table].abs().max()), 1e-12)
+        assert float((sa[table] - sb[table]).abs().max()) <= (tolerances or {}).get(table, 1e-5) * scale, table
+
+
+# Client state trained with Adam (FCCA's cINN): Adam divides each entry's step by the running RMS
+# of its gradient, so where an entry's gradients nearly cancel over the steps, last-bit differences
+# between the two trainers' sums grow to about 1e-4 of the entry (0.06 % of the cINN's entries
+# when measured); a wrong batch or client is off by the steps themselves (about 0.1).
+ADAM_TOLERANCE = {"flow": 1e-3}
+
+
+def check_batched_equals_sequential(name: str, workdir: Path) -> None:
+    if method_info(name).capabilities.batchable:
+        trained_alike(name, workdir, "batched", ADAM_TOLERANCE)
+
+
+CHECKS: tuple[Callable[[str, Path], None], ...] = (
+    check_k_rule, check_clients_use_only_what_they_were_sent, check_state_round_trip,
+    check_batched_equals_sequential, check_determinism, check_resume, check_outputs_from_last_checkpoint,
+    check_evaluation_does_not_change_training)
+# Checks that train whole runs (seconds each): pytest's `slow` mark in parametrize_with_checks.
+SLOW_CHECKS = (check_determinism, check_resume, check_outputs_from_last_checkpoint,
+               check_evaluation_does_not_change_training)
+
+
+def check_method(name: str, workdir: Path) -> None:
+    """Every check on one registered method, each in its own folder under `workdir`."""
+    for check in CHECKS:
+        check(name, Path(workdir) / check.__name__)
+
+
+def parametrize_with_checks(names: list[str] | None = None):
+    """A pytest parametrization over (method, check) for `names` (default: every registered
+    method, plugins' included); the whole-run checks carry the `slow` mark."""
+    import pytest
+
+    params = [pytest.param(name, check, id=f"{name}-{check.__name__}",
+                           marks=[pytest.mark.slow] if check in SLOW_CHECKS else [])
+              for name in (sorted(all_methods()) if names is None else names) for check in CHECKS]
+    return pytest.mark.parametrize("method, check", params)
