@@ -1,318 +1,50 @@
 """One conformance suite for every registered method and variant (after scikit-learn's
-check_estimator): a method that registers itself is checked here without being named.
-
-- resume: interrupted right after a checkpoint at a seeded round, the run resumes to
-  byte-identical outputs (the engine's real SIGKILL test is in test_engine.py; here the
-  interruption is an exception raised after the atomic state write, which leaves the same files)
-- determinism: same spec and seed give identical bytes
-- evaluation does not change training: evaluating every round or only at the end gives the same
-  final figures and the same training losses
-- traffic: the client side (plan and finish) uses only what it was sent and what it keeps; the
-  server's state is poisoned with NaN after the payload is made, so a client that read anything
-  not counted as bytes down would train to NaN
-- state: the method's checkpoint and the client store round-trip through the engine's checkpoint
-  (torch.load with weights_only, every table in row blocks) into a fresh method that then
-  evaluates identically
-- K: a number of clusters larger than the clients is rejected in one line, for every method that
-  has one
-- trainers: batched training equals sequential within 1e-5 relative (methods that are batchable)
+check_estimator): a method that registers itself is checked here without being named. The checks
+live in the package (cflpipe.testing), so a plugin's own tests run them too; what they check is
+listed there. Here, beyond them: a trainer that pickles every work item and trains it in another
+process equals the sequential trainer, every hyper-parameter and training setting has an effect,
+and training reaches the evaluated models.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import typing
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pytest
 import torch
 
-from cflpipe.fl import checkpoint, engine
-from cflpipe.fl.checkpoint import read_state, write_state
-from cflpipe.fl.engine import OUTPUT_FILES, prepare_run, train_run
+from cflpipe.fl.engine import prepare_run
 from cflpipe.methods import all_methods
-from cflpipe.errors import SpecError
 from cflpipe.spec import parse_spec
+from cflpipe.testing import (ADAM_TOLERANCE, ROUNDS, hyperparams, parametrize_with_checks, play, spec_dict,
+                             trained_alike)
 
 torch.set_num_threads(1)
 
 METHODS = sorted(all_methods())
-ROUNDS = 4
-# config.yaml names the run's own directories; timing.* holds wall-clock times.
-COMPARED = [f for f in OUTPUT_FILES if not f.startswith("timing") and f != "config.yaml"]
-
-# Settings that make each mechanism act within a few rounds on 6 clients (cluster early, split
-# early); keyed by the registered class so that variants inherit them.
-EARLY = {
-    "FLHC": {"cluster_round": 1, "clusters": 2},
-    "CFL": {"warmup": 1, "eps1": 100.0, "eps2": 1e-6, "min_members": 2, "thresholds": "absolute"},
-    "KMeansCFL": {"cluster_start": 1, "clusters": 2, "n_init": 2},
-    "FedAC": {"cnt_start": 1, "components": 2},
-    "IFCA": {"clusters": 2},
-    "FeSEM": {"clusters": 2, "init_restarts": 2},
-    "FedGroup": {"clusters": 2, "pretrain_scale": 2, "pretrain_steps": 2},
-    "CGPFL": {"clusters": 2},
-    "FCCA": {"clusters": 2, "flow_hidden": 8, "server_samples": 4},
-    "FedTSDP": {"hopkins_threshold": 0.01, "dampening": 0.5, "public_batch": 8, "eps_js": 0.01, "eps_weights": 0.5,
-                "radii": "absolute", "hopkins_min_samples": 1},
-}
 
 
-# Settings of one registered name only (its variants refuse them): IFCA's restarts, kept at the
-# end of round 2 of 4, so resume, state and trainer checks cover the switch from two sets to one.
-EARLY_NAMED = {"ifca": {"restarts": 2, "restart_rounds": 2}}
-
-
-def hyperparams(name: str) -> dict:
-    return {**EARLY.get(all_methods()[name].cls.__name__, {}), **EARLY_NAMED.get(name, {})}
-
-
-def public_data(name: str) -> dict:
-    """Server-held public samples for the methods that use them (FedTSDP); the others keep the
-    scenario they were checked on before public data existed."""
-    if not all_methods()[name].capabilities.needs_public:
-        return {}
-    return {"pool": "train", "public": {"size": 40}}
-
-
-def spec_dict(results: Path, name: str, **training) -> dict:
-    return {
-        "seeds": [0],
-        "training": {"model": "mlp", "rounds": ROUNDS, "clients_per_round": 3, "local_steps": 2, "batch_size": 8,
-                     "lr": 0.05, "momentum": 0.5, "eval_every": 2, "checkpoint_every": 1, "device": "cpu",
-                     **training},
-        "scenarios": {"s": {"dataset": "digits", "clients": 6, **public_data(name),
-                            "partition": [{"kind": "iid"}, {"kind": "label_swap", "groups": 2}]}},
-        "methods": {name: hyperparams(name)},
-        "results_dir": str(results),
-        "data_dir": str(results.parent / "data"),
-    }
-
-
-def finished(results: Path, name: str, **training) -> Path:
-    spec = parse_spec(spec_dict(results, name, **training))
-    train_run(spec, "s", name, 0, force=True, progress=False)
-    return spec.run_dir("s", name, 0)
-
-
-def same_bytes(a: Path, b: Path) -> None:
-    # the standard outputs and a method's own tables (e.g. FCCA's similarity.parquet)
-    extra = sorted({p.name for p in a.glob("*.parquet")} - set(OUTPUT_FILES))
-    assert extra == sorted({p.name for p in b.glob("*.parquet")} - set(OUTPUT_FILES))
-    for f in [*COMPARED, *extra]:
-        assert (a / f).read_bytes() == (b / f).read_bytes(), f
-
-
-@pytest.fixture(scope="module")
-def reference_runs(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("conformance")
-    return {name: finished(root / name / "reference", name) for name in METHODS}
-
-
-class Killed(Exception):
-    pass
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name", METHODS)
-def test_resume_after_interruption_is_byte_identical(name, reference_runs, tmp_path, monkeypatch):
-    # Every table of two dimensions goes to row blocks (the reference kept them inside state.pt),
-    # so the resumed state is what comes back through cflpipe/fl/checkpoint.py's blocks.
-    monkeypatch.setattr(checkpoint, "MIN_ROWS_BYTES", 1)
-    stop_after = int(np.random.default_rng(list(name.encode())).integers(1, ROUNDS))
-    save = engine.Run.save_state
-
-    def save_then_die(self, round_number):
-        save(self, round_number)
-        if round_number == stop_after:
-            raise Killed
-
-    spec = parse_spec(spec_dict(tmp_path, name))
-    with monkeypatch.context() as patch:
-        patch.setattr(engine.Run, "save_state", save_then_die)
-        with pytest.raises(Killed):
-            train_run(spec, "s", name, 0, progress=False)
-    assert not (spec.run_dir("s", name, 0) / "summary.json").exists()
-    train_run(spec, "s", name, 0, progress=False)
-    same_bytes(reference_runs[name], spec.run_dir("s", name, 0))
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name", METHODS)
-def test_outputs_come_back_from_the_last_checkpoint_alone(name, reference_runs, tmp_path, monkeypatch):
-    """Stopped after its last checkpoint, which holds no models (training.keep_state: false), a
-    run's outputs are rebuilt from that checkpoint's tables: a method's own tables included."""
-    def die(self):
-        raise Killed
-
-    spec = parse_spec(spec_dict(tmp_path, name))
-    with monkeypatch.context() as patch:
-        patch.setattr(engine.Run, "write_outputs", die)
-        with pytest.raises(Killed):
-            train_run(spec, "s", name, 0, progress=False)
-    run_dir = spec.run_dir("s", name, 0)
-    assert read_state(run_dir / "state/state.pt")[0]["method"] is None
-    train_run(spec, "s", name, 0, progress=False)
-    same_bytes(reference_runs[name], run_dir)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name", METHODS)
-def test_same_seed_gives_identical_bytes(name, reference_runs, tmp_path):
-    same_bytes(reference_runs[name], finished(tmp_path, name))
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name", METHODS)
-def test_evaluating_more_often_does_not_change_training(name, reference_runs, tmp_path):
-    every_round = finished(tmp_path, name, eval_every=1)
-    ours = pd.read_parquet(every_round / "rounds.parquet")
-    reference = pd.read_parquet(reference_runs[name] / "rounds.parquet")
-    assert ours["train_loss"].tolist() == reference["train_loss"].tolist()
-    last = reference.dropna(subset=["acc_macro"]).iloc[-1]
-    assert ours.dropna(subset=["acc_macro"]).iloc[-1]["acc_macro"] == last["acc_macro"]
-    ours_metrics = pd.read_parquet(every_round / "metrics.parquet")
-    reference_metrics = pd.read_parquet(reference_runs[name] / "metrics.parquet")
-    pd.testing.assert_frame_equal(ours_metrics[ours_metrics["round"] == ROUNDS].reset_index(drop=True),
-                                  reference_metrics[reference_metrics["round"] == ROUNDS].reset_index(drop=True))
-    assert json.loads((every_round / "summary.json").read_text())["final"] == \
-        json.loads((reference_runs[name] / "summary.json").read_text())["final"]
-
-
-def play(run, rounds: int, poison: bool = False) -> list[dict]:
-    """Engine rounds without outputs, returning the method's round metrics; with `poison`, every
-    server tensor the method checkpoints is NaN while the clients plan and finish (restored
-    before aggregation)."""
-    method, ctx = run.method, run.ctx
-    reported = []
-    for r in range(rounds):
-        ctx.round = r
-        sampled = run.sample(r)
-        method.round_start(sampled)
-        payloads = {int(c): method.payload(int(c)) for c in sampled}
-        saved = {}
-        if poison:
-            for attr in method.checkpoint:
-                value = getattr(method, attr)
-                if isinstance(value, torch.Tensor) and value.is_floating_point():
-                    saved[attr] = value
-                    setattr(method, attr, torch.full_like(value, float("nan")))
-        started = {c: method.start_client(c, payloads[c]) for c in payloads}
-        trained = ctx.run({c: plans for c, (plans, _) in started.items()})
-        updates = {c: method.end_client(c, payloads[c], trained[c], started[c][1]) for c in payloads}
-        for attr, value in saved.items():
-            setattr(method, attr, value)
-        for c, update in updates.items():
-            sent = [t for t in update.tensors.values() if t.is_floating_point()]
-            kept = list(update.keep.values())
-            assert all(torch.isfinite(t).all() for t in sent + kept), \
-                f"client {c} of round {r + 1} used server state that was not in its payload"
-            assert not update.result.diverged
-        method.receive(updates)
-        reported.append(method.round_metrics())
-    return reported
-
-
-@pytest.mark.parametrize("name", METHODS)
-def test_clients_use_only_what_they_were_sent(name, tmp_path):
-    run = prepare_run(parse_spec(spec_dict(tmp_path, name)), "s", name, 0)
-    play(run, 3, poison=True)
-
-
-def _assert_state_equal(a, b) -> None:
-    assert type(a) is type(b)
-    if isinstance(a, torch.Tensor):
-        assert a.dtype == b.dtype and a.shape == b.shape
-        # NaN marks "not known yet" in some server tables (FCCA's similarity of unheard clients)
-        assert torch.equal(a.cpu(), b.cpu()) or (a.is_floating_point() and torch.allclose(
-            a.cpu(), b.cpu(), rtol=0, atol=0, equal_nan=True))
-    elif isinstance(a, dict):
-        assert set(a) == set(b)
-        for key in a:
-            _assert_state_equal(a[key], b[key])
-    else:
-        assert a == b or (a != a and b != b)
-
-
-@pytest.mark.parametrize("name", METHODS)
-def test_state_round_trips(name, tmp_path, monkeypatch):
-    # Every table of two dimensions goes to row blocks, two rows per block where rows are small.
-    monkeypatch.setattr(checkpoint, "MIN_ROWS_BYTES", 1)
-    monkeypatch.setattr(checkpoint, "BLOCK_BYTES", 2 * 4 * 1024)
-    spec = parse_spec(spec_dict(tmp_path, name))
-    run = prepare_run(spec, "s", name, 0)
-    play(run, 3)
-    path = tmp_path / "state.pt"
-    write_state(path, {"method": run.method.state_dict(), "clients": run.ctx.clients.state_dict()})
-    state, problem = read_state(path)
-    assert problem is None, problem
-    fresh = prepare_run(spec, "s", name, 0)
-    fresh.method.load_state_dict(state["method"])
-    fresh.ctx.clients.load_state_dict(state["clients"])
-    fresh.ctx.round = run.ctx.round  # as the engine sets it before every round and evaluation
-    _assert_state_equal(run.method.state_dict(), fresh.method.state_dict())
-    _assert_state_equal(run.ctx.clients.state_dict(), fresh.ctx.clients.state_dict())
-    (a, ia), (b, ib) = run.method.eval_models(), fresh.method.eval_models()
-    assert np.array_equal(ia, ib) and all(torch.equal(u, v) for u, v in zip(a, b))
-
-
-K_METHODS = [n for n in METHODS if all_methods()[n].capabilities.k_param]
-
-
-@pytest.mark.parametrize("name", K_METHODS)
-def test_more_clusters_than_clients_is_rejected_in_one_line(name, tmp_path):
-    k_param = all_methods()[name].capabilities.k_param
-    raw = spec_dict(tmp_path, name)
-    raw["methods"][name][k_param] = 7
-    with pytest.raises(SpecError) as error:
-        parse_spec(raw)
-    assert str(error.value) == f"methods.{name}.{k_param}: must be <= clients of scenario s (6), got 7"
-
-
-BATCHABLE = [n for n in METHODS if all_methods()[n].capabilities.batchable]
+@parametrize_with_checks()
+def test_conformance(method, check, tmp_path):
+    check(method, tmp_path)
 
 
 PROCESS_TRAINER = "process_trainer:ProcessTrainer"  # tests/process_trainer.py
 
 
-@pytest.mark.parametrize("other", ["batched", pytest.param(PROCESS_TRAINER, marks=pytest.mark.slow)])
-@pytest.mark.parametrize("name", BATCHABLE)
-def test_batched_trainer_equals_sequential(name, other, tmp_path):
-    """The batched trainer, and a trainer that pickles every work item and trains it in another
-    process (what a Ray or Dask trainer does), train what the sequential trainer trains."""
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [n for n in METHODS if all_methods()[n].capabilities.batchable])
+def test_a_trainer_in_another_process_equals_the_sequential_one(name, tmp_path):
+    """A trainer that pickles every work item and trains it in a spawned process (what a Ray or
+    Dask trainer does) trains what the sequential trainer trains."""
     from process_trainer import ProcessTrainer
 
-    models = {}
     sent = ProcessTrainer.pickled_items
-    for trainer in ("sequential", other):
-        run = prepare_run(parse_spec(spec_dict(tmp_path / trainer.replace(":", "-"), name, trainer=trainer)),
-                          "s", name, 0)
-        play(run, 3)
-        vectors, index = run.method.eval_models()
-        models[trainer] = (torch.stack(vectors), index, run.method.assignment(), run.ctx.clients.state_dict())
-        if trainer == "batched":
-            assert run.trainer.counts["batched"] > 0
-    if other == PROCESS_TRAINER:
-        assert ProcessTrainer.pickled_items > sent
-    (a, ia, ca, sa), (b, ib, cb, sb) = models["sequential"], models[other]
-    assert np.array_equal(ia, ib)
-    assert (ca is None) == (cb is None) and (ca is None or np.array_equal(ca, cb))
-    assert float((a - b).abs().max()) <= 1e-5 * float(a.abs().max())
-    # what clients keep (personal models, heads, FCCA's cINNs) trained alike on both trainers
-    assert set(sa) == set(sb)
-    for name in sa:
-        scale = max(float(sa[name].abs().max()), 1e-12)
-        assert float((sa[name] - sb[name]).abs().max()) <= ADAM_TOLERANCE.get(name, 1e-5) * scale, name
-
-
-# Client state trained with Adam (FCCA's cINN): Adam divides each entry's step by the running RMS
-# of its gradient, so where an entry's gradients nearly cancel over the steps, last-bit differences
-# between the two trainers' sums grow to about 1e-4 of the entry (0.06 % of the cINN's entries
-# when measured); a wrong batch or client is off by the steps themselves (about 0.1).
-ADAM_TOLERANCE = {"flow": 1e-3}
+    trained_alike(name, tmp_path, PROCESS_TRAINER, ADAM_TOLERANCE)
+    assert ProcessTrainer.pickled_items > sent
 
 
 # --- every hyper-parameter has an effect ---------------------------------------------------------

@@ -25,7 +25,7 @@ from cflpipe import plugins
 from cflpipe.errors import SpecError
 from cflpipe.spec import parse_spec
 
-from conftest import PLUGIN, ROOT, require_plugin
+from conftest import PLUGIN, ROOT, require_plugin, run
 
 PLUGIN_DIR = ROOT / "examples" / PLUGIN
 
@@ -189,6 +189,18 @@ def referenced_module(tmp_path, monkeypatch) -> Path:
     (folder / "my_cfl_refs.py").write_text(textwrap.dedent(REFERENCED))
     monkeypatch.syspath_prepend(str(folder))
     return folder
+
+
+@pytest.mark.slow
+def test_the_plugins_own_tests_run_cflpipes_conformance_checks(tmp_path):
+    """cflpipe.testing from a plugin's side: the example plugin's test file, run by pytest in its
+    own folder, parametrizes every check over its method and passes."""
+    require_plugin()
+    folder = ROOT / "examples" / PLUGIN / "tests"
+    result = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(folder),
+                  "--basetemp", str(tmp_path / "base")], cwd=tmp_path, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "8 passed" in result.stdout
 
 
 def test_module_attr_references_name_a_method_a_model_and_a_dataset(tmp_path, referenced_module):

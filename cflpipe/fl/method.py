@@ -457,6 +457,14 @@ class Method:
         """Extra round-level figures written to rounds.parquet (e.g. FedAC's G values)."""
         return {}
 
+    # --- conformance (cflpipe.testing)
+    @classmethod
+    def check_hyperparams(cls, params: type) -> dict[str, Any]:
+        """Hyper-parameters under which the method's mechanism acts within the conformance
+        checks' 4 rounds of 3 of 6 clients (cluster from round 1, split early); `params` is the
+        registered entry's HyperParams class (a variant's, for variants)."""
+        return {}
+
     # --- degeneration (a clustered method that ends up as FedAvg must say so)
     @classmethod
     def clustering_starts(cls, hp: Any) -> tuple[str, int] | None:

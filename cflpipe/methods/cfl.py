@@ -122,6 +122,10 @@ class CFL(ClusterModels):
     aggregated; both transfers are counted). Until then it is evaluated with, and reported in,
     the first half."""
 
+    @classmethod
+    def check_hyperparams(cls, params):
+        return {"warmup": 1, "eps1": 100.0, "eps2": 1e-6, "min_members": 2, "thresholds": "absolute"}
+
     checkpoint = (*ClusterModels.checkpoint, "pending", "split_models", "split_directions", "split_clusters",
                   "warmup_max_norms")
 

@@ -80,6 +80,10 @@ def nearest(vectors: torch.Tensor, centers: torch.Tensor) -> torch.Tensor:
 class CGPFL(Method):
     """CGPFL: pFedMe-style personalized models tied to the nearest of K generalized models."""
 
+    @classmethod
+    def check_hyperparams(cls, params):
+        return {"clusters": 2}
+
     capabilities = Capabilities(clustered=True, personalized=True, k_param="clusters")
     checkpoint = ("local", "centers", "seeded", "clusters")
 

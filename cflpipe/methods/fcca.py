@@ -233,6 +233,10 @@ def reconstructions(apply: Callable[..., torch.Tensor], module: "ConditionalFlow
 class FCCA(Method):
     """FCCA: global encoder, cluster-wise classifiers, clients clustered by their cINNs' reconstructions."""
 
+    @classmethod
+    def check_hyperparams(cls, params):
+        return {"clusters": 2, "flow_hidden": 8, "server_samples": 4}
+
     capabilities = Capabilities(clustered=True, k_param="clusters")
     checkpoint = ("global_model", "heads", "client_heads", "flows", "heard", "assign", "similarity")
 

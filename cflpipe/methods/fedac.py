@@ -150,6 +150,10 @@ def tune_cluster_number(models: torch.Tensor, centers: torch.Tensor, clusters: n
 class FedAC(Method):
     """FedAC: personalized models pulled to cluster centers (μ) and a global embedding (λ); LrCos EM clustering; CNT."""
 
+    @classmethod
+    def check_hyperparams(cls, params):
+        return {"cnt_start": 1, "components": 2}
+
     capabilities = Capabilities(clustered=True, personalized=True, k_param="clusters")
     checkpoint = ("phi", "centers", "clusters", "pca_round", "pca_version", "client_pca_version",
                   "projections", "g_values")

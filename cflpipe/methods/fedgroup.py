@@ -53,6 +53,10 @@ class FedGroup(ClusterModels):
     inside a group is sample-weighted FedAvg. The reference code's optional inter-group
     aggregation (group_agg_lr) is not implemented: the brief asks for group-wise FedAvg."""
 
+    @classmethod
+    def check_hyperparams(cls, params):
+        return {"clusters": 2, "pretrain_scale": 2, "pretrain_steps": 2}
+
     capabilities = Capabilities(clustered=True, k_param="clusters")
     checkpoint = (*ClusterModels.checkpoint, "directions", "initialized")
 

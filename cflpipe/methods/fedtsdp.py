@@ -199,6 +199,11 @@ def _noise_to_singletons(labels: np.ndarray) -> np.ndarray:
 class FedTSDP(Method):
     """FedTSDP (Zhu et al.): Hopkins-gated two-stage clustering (JS of public outputs, then weights) with shrinking shared layers."""
 
+    @classmethod
+    def check_hyperparams(cls, params):
+        return {"hopkins_threshold": 0.01, "dampening": 0.5, "public_batch": 8, "eps_js": 0.01,
+                "eps_weights": 0.5, "radii": "absolute", "hopkins_min_samples": 1}
+
     capabilities = Capabilities(clustered=True, personalized=True, needs_public=True)
     checkpoint = ("centers", "clusters", "sampling_weights", "shared_exact", "last_hopkins", "last_clustered",
                   "times_clustered")

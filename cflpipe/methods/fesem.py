@@ -72,6 +72,10 @@ class FeSEM(ClusterModels):
     and the E-step rarely moves a client away from the center it trained from, so the first
     clustering tends to persist (see the scenario tests for measured ARI)."""
 
+    @classmethod
+    def check_hyperparams(cls, params):
+        return {"clusters": 2, "init_restarts": 2}
+
     capabilities = Capabilities(clustered=True, k_param="clusters")
     checkpoint = (*ClusterModels.checkpoint, "initialized")
 

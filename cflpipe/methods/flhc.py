@@ -85,6 +85,10 @@ class FLHC(ClusterModels):
     height between single points is their Euclidean distance; between clusters it grows with
     their sizes)."""
 
+    @classmethod
+    def check_hyperparams(cls, params):
+        return {"cluster_round": 1, "clusters": 2}
+
     capabilities = Capabilities(clustered=True, k_param="clusters")
     checkpoint = (*ClusterModels.checkpoint, "clustered")
 

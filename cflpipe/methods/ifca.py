@@ -19,7 +19,7 @@ from cflpipe.fl.method import Capabilities, ClientView, Context, Payload, Update
 from cflpipe.fl.params import cluster_average
 from cflpipe.fl.plan import ClientPlan, Trained
 from cflpipe.methods.clustered import ClusterModels, client_feature_mean
-from cflpipe.methods.intercluster import MCFLParams
+from cflpipe.methods.intercluster import AWCFLParams, MCFLParams
 from cflpipe.metrics import per_client_mean
 from cflpipe.methods import HyperParams, register
 from cflpipe.models import build_model
@@ -101,6 +101,14 @@ class IFCA(ClusterModels):
 
     capabilities = Capabilities(clustered=True, k_param="clusters")
     checkpoint = (*ClusterModels.checkpoint, "tracks", "best_track")
+
+    @classmethod
+    def check_hyperparams(cls, params):
+        # Two restarts, the best kept at the end of round 2 of 4: resume, state and trainer
+        # checks cover the switch from two sets to one (the variants take one initialization).
+        if issubclass(params, (AWCFLParams, MCFLParams)):
+            return {"clusters": 2}
+        return {"clusters": 2, "restarts": 2, "restart_rounds": 2}
 
     def __init__(self, ctx: Context):
         super().__init__(ctx, ctx.hp.clusters, np.zeros(ctx.num_clients, dtype=np.int64))

@@ -29,6 +29,10 @@ class KMeansCFLParams(HyperParams):
 class KMeansCFL(ClusterModels):
     """K-means CFL: K-means on the clients' latest models every round, then per-cluster averaging (AWCFL/MCFL's base)."""
 
+    @classmethod
+    def check_hyperparams(cls, params):
+        return {"cluster_start": 1, "clusters": 2, "n_init": 2}
+
     capabilities = Capabilities(clustered=True, k_param="clusters")
     checkpoint = (*ClusterModels.checkpoint, "latest", "seen")
     # The paper's standalone Algorithms 1 (AWCFL) and 2 (MCFL) are K-means CFL with the option.
