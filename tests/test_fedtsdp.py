@@ -294,10 +294,11 @@ def test_hopkins_takes_a_tenth_of_the_clients_but_at_least_the_floor_and_at_most
     assert hopkins_samples(100, 0.1, 5) == 10 and hopkins_samples(3, 0.1, 5) == 3 and hopkins_samples(4, 0.01, 1) == 1
 
 
-def test_relative_radii_follow_the_median_neighbour_distance_and_absolute_ones_do_not():
-    """Two groups of clients whose outputs and weights are tight inside, far apart: relative radii
-    find them at any scale of the weights; the paper's absolute ε2 = 3.5 merges the groups when
-    the weights' distances are small and shatters them when large."""
+def test_a_relative_weight_radius_follows_the_median_neighbour_distance_and_an_absolute_one_does_not():
+    """Two groups of clients whose outputs and weights are tight inside, far apart: the relative
+    ε2 finds them at any scale of the weights; the paper's absolute ε2 = 3.5 merges the groups
+    when the weights' distances are small and shatters them when large. ε1 is the paper's 0.15
+    (JS divergences are bounded whatever the model)."""
     from cflpipe.methods.fedtsdp import neighbour_scale
 
     generator = torch.Generator().manual_seed(0)
@@ -310,9 +311,9 @@ def test_relative_radii_follow_the_median_neighbour_distance_and_absolute_ones_d
     weights = torch.stack([base[c // 4] + 0.05 * torch.randn(30, generator=generator) for c in range(8)])
     truth = [0, 0, 0, 0, 1, 1, 1, 1]
     for scale in (0.01, 1.0, 100.0):
-        labels = two_stage_clusters(same_outputs, scale * weights, 2.0, 2.0, min_pts=2, relative=True)
+        labels = two_stage_clusters(same_outputs, scale * weights, 0.15, 2.0, min_pts=2, relative=True)
         assert labels.tolist() == truth, scale
-    assert two_stage_clusters(outputs, weights, 2.0, 2.0, min_pts=2, relative=True).tolist() == truth
+    assert two_stage_clusters(outputs, weights, 0.15, 2.0, min_pts=2, relative=True).tolist() == truth  # stage 1
     assert len(set(two_stage_clusters(same_outputs, 0.01 * weights, 0.15, 3.5, 2).tolist())) == 1
     assert len(set(two_stage_clusters(same_outputs, 100 * weights, 0.15, 3.5, 2).tolist())) == 8
     square = np.array([[0.0, 1, 4], [1, 0, 3], [4, 3, 0]])
