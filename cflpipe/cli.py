@@ -192,7 +192,7 @@ def _papers(info) -> list[str]:
 
 
 def cmd_clean(args) -> int:
-    from cflpipe.fl.engine import clean_runs
+    from cflpipe.fl.runs import clean_runs
 
     spec = _load(args, check_methods=False)
     verb = "would free" if args.dry_run else "freed"

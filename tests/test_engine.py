@@ -333,7 +333,7 @@ def test_unexpected_failures_are_one_line_with_exit_code_1(tmp_path):
 def test_one_writer_per_run_and_stale_temp_files_are_swept(tmp_path):
     from cflpipe import store
     from cflpipe.errors import BusyError
-    from cflpipe.fl.engine import LOCK_FILE
+    from cflpipe.fl.runs import LOCK_FILE
 
     spec = parse_spec(tiny_spec(tmp_path, rounds=2))
     run_dir = spec.run_dir("swap", "fedavg", 0)
@@ -517,7 +517,7 @@ def test_a_failed_seed_does_not_stop_the_jobs_other_seeds(tmp_path):
     """The workflow's job trains all seeds: seed 0 failing (here: another process holds its run)
     still trains seed 1, and the job exits with seed 0's error and code."""
     from cflpipe import store
-    from cflpipe.fl.engine import LOCK_FILE
+    from cflpipe.fl.runs import LOCK_FILE
 
     data = tiny_spec(tmp_path / "results", rounds=2)
     config = tmp_path / "spec.yaml"
@@ -536,7 +536,7 @@ def test_a_scenario_job_trains_every_method_and_a_failed_run_stops_none(tmp_path
     that fails (here: another process holds it) leaves the others training, and the job exits
     with the first failure's error and code, naming the other failed runs."""
     from cflpipe import store
-    from cflpipe.fl.engine import LOCK_FILE
+    from cflpipe.fl.runs import LOCK_FILE
 
     data = tiny_spec(tmp_path / "results", rounds=1)
     data["methods"] = {"fedavg": {}, "local": {}}
@@ -670,7 +670,7 @@ def test_a_checkpoint_holding_a_pickled_object_is_refused_even_with_its_digest(t
 
 
 def test_same_run_compares_the_recorded_config_without_threads(tmp_path):
-    from cflpipe.fl.engine import same_run
+    from cflpipe.fl.runs import same_run
     from cflpipe.spec import dump_yaml
 
     recorded = tmp_path / "config.yaml"
@@ -686,20 +686,20 @@ def test_same_run_compares_the_recorded_config_without_threads(tmp_path):
 
 
 def test_a_run_that_left_nothing_leaves_no_empty_folders(tmp_path):
-    from cflpipe.fl.engine import LOCK_FILE, _remove_empty
+    from cflpipe.fl.runs import LOCK_FILE, remove_empty
 
     existed = tmp_path / "results"
     run_dir = existed / "runs" / "s" / "fedavg" / "seed0"
     (run_dir / "state").mkdir(parents=True)
     (run_dir / LOCK_FILE).write_text("1\n")
-    _remove_empty(run_dir, existed)
+    remove_empty(run_dir, existed)
     assert existed.is_dir() and not (existed / "runs").exists()
     # a checkpoint to resume from keeps its run folder, whatever else is empty
     (run_dir / "state").mkdir(parents=True)
     (run_dir / "state" / "state.pt").write_bytes(b"x")
-    _remove_empty(run_dir, existed)
+    remove_empty(run_dir, existed)
     assert (run_dir / "state" / "state.pt").exists()
-    _remove_empty(run_dir, existed)  # no lock file left: nothing to unlink, no error
+    remove_empty(run_dir, existed)  # no lock file left: nothing to unlink, no error
 
 
 def test_unsampled_clients_count_their_traffic_and_follow_on_divergence(tmp_path):
@@ -813,7 +813,7 @@ def test_the_summary_names_the_run(tmp_path):
     assert list(plots.columns[:3]) == ["round", "acc_macro", "acc_micro"] and plots["round"].tolist() == [2, 4, 6]
     assert plots["acc_macro"].tolist() == [float(f"{v:.6g}") for v in rounds.dropna(subset=["acc_macro"])["acc_macro"]]
     # the run's identity leaves out the thread count and where the data lives
-    from cflpipe.fl.engine import run_provenance
+    from cflpipe.fl.runs import run_provenance
 
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
     same = run_provenance({**config, "threads": 7, "data_dir": "/elsewhere"}, spec.training)
@@ -988,7 +988,7 @@ def test_prepare_run_builds_the_run_train_run_would_record(tmp_path):
     # run folder that train_run gives the same run (clean_runs looks for state/state.pt).
     spec = parse_spec(tiny_spec(tmp_path))
     run = prepare_run(spec, "swap", "fedprox", 1)
-    from cflpipe.fl.engine import resolved_config
+    from cflpipe.fl.runs import resolved_config
 
     assert run.config == resolved_config(spec, "swap", "fedprox", 1, threads=torch.get_num_threads())
     assert (run.config["seed"], run.config["threads"]) == (1, torch.get_num_threads())
@@ -1001,7 +1001,7 @@ def test_a_runs_config_records_the_digests_of_a_users_input_files(tmp_path):
     # A user's own file is hashed into the run's config: an edited file makes another run (a
     # finished run is not skipped), while built-in datasets record no digests at all.
     from cflpipe import store
-    from cflpipe.fl.engine import resolved_config
+    from cflpipe.fl.runs import resolved_config
 
     path = tmp_path / "mine.npz"
     np.savez(path, x_train=np.zeros((8, 4), np.float32), y_train=np.arange(8) % 2,
@@ -1019,7 +1019,7 @@ def test_a_runs_config_records_the_release_of_a_plugin_it_runs(tmp_path):
     # end, through the CLI); this checks the config itself, fast.
     from importlib import metadata
 
-    from cflpipe.fl.engine import resolved_config
+    from cflpipe.fl.runs import resolved_config
 
     require_plugin()
     version = metadata.version("cflpipe-plugin-example")

@@ -14,7 +14,8 @@ import yaml
 from cflpipe.cli import main
 from cflpipe.fl import engine
 from cflpipe.fl.checkpoint import read_state, state_bytes
-from cflpipe.fl.engine import OUTPUT_FILES, clean_runs, resolved_config, train_run
+from cflpipe.fl.engine import train_run
+from cflpipe.fl.runs import OUTPUT_FILES, clean_runs, resolved_config
 from cflpipe.spec import parse_spec, spec_sha256
 
 torch.set_num_threads(1)
@@ -168,7 +169,7 @@ def test_clean_cuts_down_finished_runs_only(tmp_path, kept, monkeypatch, capsys)
 
 def test_clean_leaves_a_run_another_process_writes(tmp_path, kept, capsys):
     from cflpipe import store
-    from cflpipe.fl.engine import LOCK_FILE
+    from cflpipe.fl.runs import LOCK_FILE
 
     spec, kept_dirs = kept
     run_dir = kept_dirs["fedprox"]

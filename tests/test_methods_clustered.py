@@ -14,7 +14,8 @@ import torch
 from sklearn.metrics import adjusted_rand_score
 
 from cflpipe.clustering import pairwise_sq_distances
-from cflpipe.fl.engine import Run, resolved_config, train_run
+from cflpipe.fl.engine import Run, train_run
+from cflpipe.fl.runs import resolve_run
 from cflpipe.fl.local import LocalResult
 from cflpipe.fl.method import Context, Update
 from cflpipe.fl.plan import Trained
@@ -25,7 +26,7 @@ from cflpipe.methods.fesem import FeSEM, FeSEMParams
 from cflpipe.methods.flhc import FLHC, FLHCParams
 from cflpipe.methods.ifca import lowest, train_losses
 from cflpipe.methods.kmeans_cfl import KMeansCFL, KMeansCFLParams
-from cflpipe.spec import dump_yaml, parse_spec
+from cflpipe.spec import parse_spec
 
 torch.set_num_threads(1)
 
@@ -135,8 +136,7 @@ def tiny_spec(results: Path, methods: dict, **training) -> dict:
 
 def real_run(tmp_path: Path, method: str, hyperparams: dict) -> Run:
     spec = parse_spec(tiny_spec(tmp_path, {method: hyperparams}))
-    config = resolved_config(spec, "swap", method, 0)
-    run = Run(spec, "swap", method, 0, config, dump_yaml(config), spec.run_dir("swap", method, 0))
+    run = Run(resolve_run(spec, "swap", method, 0))
     run.setup()
     return run
 

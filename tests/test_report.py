@@ -553,7 +553,7 @@ def test_git_commit_of_the_results_checkout(tmp_path):
     import shutil
     import subprocess
 
-    from cflpipe.fl.engine import volatile_provenance
+    from cflpipe.fl.runs import volatile_provenance
 
     if shutil.which("git") is None:
         pytest.skip("git is not installed")
@@ -574,7 +574,7 @@ def test_git_commit_of_the_results_checkout(tmp_path):
 
 def test_spec_hash_and_run_configs_ignore_labels_and_paths(tmp_path):
     from cflpipe.fl.data import _fingerprint
-    from cflpipe.fl.engine import resolved_config
+    from cflpipe.fl.runs import resolved_config
     from cflpipe.spec import spec_sha256
 
     plain = parse_spec(spec_data(tmp_path))

@@ -366,7 +366,7 @@ def test_scenario_hyperparams_give_k_per_scenario_and_the_method_entry_wins():
     """`scenarios.S.hyperparams` (e.g. K = the scenario's true groups) reaches every method of the
     scenario that has the key, a method entry's own value overrides it, and the partition's
     fingerprint does not depend on it."""
-    from cflpipe.fl.engine import resolved_config
+    from cflpipe.fl.runs import resolved_config
     from cflpipe.methods import resolved_hyperparams
 
     data = with_change("methods", {"fedavg": {}, "ifca": {}, "fixed": {"method": "ifca", "clusters": 3},

@@ -61,7 +61,7 @@ def test_a_sweep_expands_in_place_into_named_labelled_entries():
 def test_expanded_entries_are_the_entries_written_by_hand():
     """Same spec hash, same run configs (what makes Snakemake, DVC and `train` skip a finished run):
     switching between a sweep and its entries written out re-trains nothing."""
-    from cflpipe.fl.engine import resolved_config
+    from cflpipe.fl.runs import resolved_config
 
     swept = parse_spec(BASE)
     by_hand = copy.deepcopy(BASE)

@@ -17,23 +17,21 @@ import numpy as np
 import pandas as pd
 import torch
 
-from cflpipe import __version__
 from cflpipe.errors import DivergenceError, SpecError
-from cflpipe.fl.checkpoint import (STATE_HASH_FILE, manifest_bytes, read_state, rows_folder, state_bytes,
-                                   write_state)
-from cflpipe.fl.data import FederatedData, build_federated_data, input_digests
+from cflpipe.fl.checkpoint import STATE_HASH_FILE, read_state, rows_folder, write_state
+from cflpipe.fl.data import FederatedData
 from cflpipe.fl.evaluation import evaluate
 from cflpipe.fl.method import Context, Method, Payload, Update, divergence_error
 from cflpipe.fl.plan import Results
 from cflpipe.fl.params import ParamSpace
 from cflpipe.fl.trainers import build_trainer
-from cflpipe.methods import method_info, resolved_hyperparams
+from cflpipe.fl.runs import (LOCK_FILE, OUTPUT_FILES, ResolvedRun, read_json, remove_empty, resolve_device,
+                             resolve_run, run_provenance, same_run, state_folders, volatile_provenance)
+from cflpipe.methods import method_info
 from cflpipe.models import build_model
-from cflpipe.plugins import run_plugins
-from cflpipe.spec import RUN_OUTPUT_FILES, Spec, Training, dump_yaml, spec_sha256, training_key_path, without_threads
+from cflpipe.spec import Spec, Training
 from cflpipe import store
 
-OUTPUT_FILES = RUN_OUTPUT_FILES
 # DVC cannot read Parquet: these evaluation figures are also written to plots.csv for `dvc plots`.
 PLOT_COLUMNS = ("round", "acc_macro", "acc_micro", "global_acc_mean", "loss", "train_loss", "ari", "nmi",
                 "n_clusters", "intra_acc", "inter_acc")
@@ -44,8 +42,6 @@ METRICS_SCHEMA = {"round": "int32", "client": "int32", "split": "str", "model": 
 CLUSTERS_SCHEMA = {"round": "int32", "client": "int32", "cluster": "int32", "true_group": "int32"}
 # Integer figures of rounds.parquet; nullable because evaluation figures exist only on
 # evaluation rounds. Every other column is float64 (or a method's own list column).
-# Held by the process writing a run (flock), in the run's folder.
-LOCK_FILE = ".lock"
 # A run with more than this share of its sampled clients' updates skipped as diverged fails.
 MAX_SKIPPED_SHARE = 0.5
 # A round's mean training loss this many times the first round's prints a warning.
@@ -69,45 +65,14 @@ class RunResult:
         return f"{self.run_dir}: {verb}{figures}"
 
 
-def resolve_device(requested: str) -> torch.device:
-    if requested == "cuda" and not torch.cuda.is_available():
-        raise SpecError("training.device: 'cuda' requested but no CUDA device is available; use auto or cpu")
-    device = torch.device("cuda" if requested == "auto" and torch.cuda.is_available() else
-                          "cpu" if requested == "auto" else requested)
-    if device.type == "cuda":
-        # cuBLAS is reproducible only with a fixed workspace, set before its first use.
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    return device
-
-
-def resolved_config(spec: Spec, scenario: str, method: str, seed: int, threads: int | None = None
-                    ) -> dict[str, Any]:
-    """What a run is made of, written as its config.yaml; `threads` (torch's CPU threads) is
-    recorded when given: CPU kernels reduce in a thread-dependent order, so the same run with
-    other threads gives other bytes (a run of the spec all the same)."""
-    method_type = spec.method_type(method)
-    hp = resolved_hyperparams(spec, scenario, method)
-    return {
-        "cflpipe": __version__,
-        "scenario": scenario,
-        "method": method,
-        "method_type": method_type,
-        "seed": seed,
-        "hyperparams": hp.model_dump(mode="json"),
-        "training": spec.resolved_training(scenario, method).definition(),
-        "scenario_spec": spec.scenarios[scenario].definition(),
-        "data_dir": spec.data_dir,
-        **({"inputs_sha256": digests} if (digests := input_digests(spec, scenario)) else {}),
-        **({"plugins": versions} if (versions := run_plugins(spec, scenario, method)) else {}),
-        **({} if threads is None else {"threads": threads}),
-    }
-
-
 def train_run(spec: Spec, scenario: str, method: str, seed: int, force: bool = False,
               progress: bool = True) -> RunResult:
-    run_dir = spec.run_dir(scenario, method, seed)
-    config = resolved_config(spec, scenario, method, seed, threads=torch.get_num_threads())
-    config_text = dump_yaml(config)
+    return train_resolved(resolve_run(spec, scenario, method, seed, threads=torch.get_num_threads()), force, progress)
+
+
+def train_resolved(resolved: ResolvedRun, force: bool = False, progress: bool = True) -> RunResult:
+    """Train a resolved run (skipped when its folder holds it finished, resumed when killed)."""
+    run_dir = resolved.run_dir
     existed = next(p for p in (run_dir, *run_dir.parents) if p.exists())
     try:  # before any training: a results_dir that cannot hold the run fails now, not at the first checkpoint
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -115,83 +80,41 @@ def train_run(spec: Spec, scenario: str, method: str, seed: int, force: bool = F
             raise PermissionError(13, "not writable")
     except OSError as exc:
         raise SpecError(f"results_dir: cannot write the run folder {run_dir} ({exc.strerror})") from None
-    return _train_locked(spec, scenario, method, seed, run_dir, existed, config, config_text, force, progress)
-
-
-def _remove_empty(run_dir: Path, existed: Path) -> None:
-    (run_dir / LOCK_FILE).unlink(missing_ok=True)
-    state_folders = _state_folders(run_dir)
-    for folder in (*state_folders, run_dir, *run_dir.parents):
-        if folder == existed:
-            return
-        try:
-            folder.rmdir()
-        except OSError:  # not empty (a checkpoint to resume from) or gone
-            if folder not in state_folders:
-                return
-
-
-def _state_folders(run_dir: Path) -> tuple[Path, Path]:
-    """The checkpoint's folders, innermost first: its row blocks and state/."""
-    state_path = run_dir / "state" / "state.pt"
-    return rows_folder(state_path), state_path.parent
-
-
-def _train_locked(spec: Spec, scenario: str, method: str, seed: int, run_dir: Path, existed: Path, config: dict,
-                  config_text: str, force: bool, progress: bool) -> RunResult:
     summary_path = run_dir / "summary.json"
     # One writer per run: a second `cflpipe train` of the same run would interleave its files.
     # It is refused before this block, so it never cleans up after the one that holds the lock.
-    with store.exclusive(run_dir / LOCK_FILE, f"run {scenario}/{method}/seed{seed} ({run_dir})"):
+    with store.exclusive(run_dir / LOCK_FILE, f"run {resolved.scenario}/{resolved.method}/seed{resolved.seed} "
+                                              f"({run_dir})"):
         try:
             if not force and summary_path.exists() and (run_dir / "config.yaml").exists() \
-                    and same_run(run_dir / "config.yaml", config) \
+                    and same_run(run_dir / "config.yaml", resolved.config) \
                     and all((run_dir / f).exists() for f in OUTPUT_FILES):
-                return RunResult(run_dir, True, _read_json(summary_path))
-            store.sweep_temp_files(run_dir, *_state_folders(run_dir))  # left by a killed writer
-            run = Run(spec, scenario, method, seed, config, config_text, run_dir)
-            return run.execute(resume=not force, progress=progress)
+                return RunResult(run_dir, True, read_json(summary_path))
+            store.sweep_temp_files(run_dir, *state_folders(run_dir))  # left by a killed writer
+            return Run(resolved).execute(resume=not force, progress=progress)
         except BaseException:
             if existed != run_dir:  # a run that failed before writing anything leaves no folders behind
-                _remove_empty(run_dir, existed)
+                remove_empty(run_dir, existed)
             raise
-
-
-def same_run(recorded: Path, config: dict) -> bool:
-    """The run recorded in `recorded` (a config.yaml) is `config`, whatever torch threads each
-    was made with: a finished run is not redone for another thread count (nor for the count
-    that runs written before it was recorded lack)."""
-    import yaml
-
-    try:
-        old = yaml.safe_load(recorded.read_text())
-    except (OSError, yaml.YAMLError):
-        return False
-    return isinstance(old, dict) and without_threads(old) == without_threads(config)
 
 
 def prepare_run(spec: Spec, scenario: str, method: str, seed: int) -> "Run":
     """A run with its data, model and method built but no round played (tests, benchmarks)."""
-    config = resolved_config(spec, scenario, method, seed, threads=torch.get_num_threads())
-    run = Run(spec, scenario, method, seed, config, dump_yaml(config), spec.run_dir(scenario, method, seed))
+    run = Run(resolve_run(spec, scenario, method, seed, threads=torch.get_num_threads()))
     run.setup()
     return run
 
 
-def _read_json(path: Path) -> dict:
-    import json
-
-    return json.loads(path.read_text())
-
-
 class Run:
-    def __init__(self, spec: Spec, scenario: str, method: str, seed: int, config: dict, config_text: str,
-                 run_dir: Path):
-        self.spec, self.scenario, self.method_name, self.seed = spec, scenario, method, seed
-        self.config, self.config_text, self.run_dir = config, config_text, run_dir
-        self.training: Training = spec.resolved_training(scenario, method)
+    """One run's rounds, evaluations, checkpoints and outputs, from its ResolvedRun alone."""
+
+    def __init__(self, resolved: ResolvedRun):
+        self.resolved = resolved
+        self.scenario, self.method_name, self.seed = resolved.scenario, resolved.method, resolved.seed
+        self.config, self.config_text, self.run_dir = resolved.config, resolved.config_text, resolved.run_dir
+        self.training: Training = resolved.training
         self.device = resolve_device(self.training.device)
-        self.state_path = run_dir / "state" / "state.pt"
+        self.state_path = resolved.state_path
 
     # ------------------------------------------------------------------ setup
 
@@ -200,13 +123,13 @@ class Run:
             # CPU kernels are deterministic already; the switch costs over a second per process
             # (it loads torch's compiler stack), so it is paid only where it matters.
             torch.use_deterministic_algorithms(True, warn_only=True)
-        self.data: FederatedData = build_federated_data(self.spec, self.scenario, self.device)
+        self.data: FederatedData = self.resolved.load_data(self.device)
         torch.manual_seed(self.seed)
         model = build_model(self.training.model, self.data.input_shape, self.data.num_classes,
                             field_path="training.model")
         self.space = ParamSpace(model, self.device)
-        info = method_info(self.config["method_type"])
-        hp = info.params(**self.config["hyperparams"])
+        info = method_info(self.resolved.method_type)
+        hp = self.resolved.hyperparams
         # A method whose plans cannot be batched trains them one by one; a plugin's trainer
         # (which runs plans elsewhere) is its own business.
         name = self.training.trainer
@@ -239,7 +162,7 @@ class Run:
                             f"Use a method with one global model (e.g. fedavg, fedprox), leave the scenario out "
                             f"of methods.{self.method_name}.scenarios, or use LEAF's sample-level split")
         if self.training.clients_per_round > len(training):
-            where = training_key_path(self.spec, self.scenario, self.method_name, "clients_per_round")
+            where = self.resolved.key_path("clients_per_round")
             raise SpecError(f"{where}: {self.training.clients_per_round}, but scenario {self.scenario} has "
                             f"{len(training)} clients with training samples ({held_out} only test); at most "
                             f"{len(training)}")
@@ -469,7 +392,7 @@ class Run:
                           # plans each path trained in this process (a resumed run counts its part)
                           "plans_trained": dict(self.trainer.counts),
                           **volatile_provenance(self.run_dir),
-                          "spec_sha256": spec_sha256(self.spec)}
+                          "spec_sha256": self.resolved.spec_sha256}
         store.write_parquet(d / "metrics.parquet", metrics)
         store.write_parquet(d / "clusters.parquet", clusters)
         store.write_parquet(d / "rounds.parquet", rounds)
@@ -482,100 +405,6 @@ class Run:
         store.write_text(d / "config.yaml", self.config_text)
         store.write_json(d / "summary.json", summary)  # last: its presence marks a finished run
         return summary
-
-
-@dataclass(frozen=True)
-class Cleaned:
-    run_dir: Path
-    freed: int | None  # bytes; None: the run is being written by another process, left alone
-
-
-def clean_runs(spec: Spec, dry_run: bool = False) -> list[Cleaned]:
-    """Cut the checkpoints of the spec's finished runs down to their tables (what `keep_state:
-    false` keeps), whatever keep_state they ran with; returns the runs whose checkpoint shrank
-    (or would) and those another process holds.
-
-    A run counts as finished when every output exists and its checkpoint is of its last round and
-    of the run its config.yaml records: such a checkpoint is never resumed into another round, so
-    dropping its models changes nothing a later `cflpipe train` writes. Anything else (a run that
-    is training, was killed, or whose checkpoint is of an earlier definition) is left alone."""
-    from cflpipe.errors import BusyError
-
-    cleaned = []
-    for scenario, method, seed in spec.matrix():
-        run_dir = spec.run_dir(scenario, method, seed)
-        if not (run_dir / "state" / "state.pt").is_file() or \
-                not all((run_dir / name).is_file() for name in OUTPUT_FILES):
-            continue
-        try:
-            with store.exclusive(run_dir / LOCK_FILE, f"run {scenario}/{method}/seed{seed} ({run_dir})"):
-                freed = _cut_down_state(run_dir, dry_run)
-        except BusyError:
-            cleaned.append(Cleaned(run_dir, None))
-            continue
-        if freed is not None:
-            cleaned.append(Cleaned(run_dir, freed))
-    return cleaned
-
-
-def _cut_down_state(run_dir: Path, dry_run: bool) -> int | None:
-    """Bytes freed by dropping the models from a finished run's checkpoint; None when it is not
-    one to cut down (see clean_runs)."""
-    import yaml
-
-    path = run_dir / "state" / "state.pt"
-    state, problem = read_state(path)
-    config_text = (run_dir / "config.yaml").read_text()
-    if problem is not None or state.get("method") is None or state.get("config") != config_text:
-        return None
-    training = (yaml.safe_load(config_text) or {}).get("training") or {}
-    if int(state["round"]) != training.get("rounds"):
-        return None
-    before = state_bytes(path)
-    cut = {**state, "method": None, "clients": None}
-    if dry_run:
-        return before - manifest_bytes(cut)  # the tables alone: no row blocks
-    write_state(path, cut)
-    return before - state_bytes(path)
-
-
-# Provenance records what made a run; mutation testing leaves it out (no figure depends on it).
-def run_provenance(config: dict, training: Training) -> dict[str, Any]:  # pragma: no mutate block
-    """What made a run, in summary.json: the same for the same run (scenario, method, seed,
-    resolved settings) and installation, so a re-run or a resumed run writes the same bytes.
-    `config_sha256` hashes the run's config.yaml without the thread count and data_dir (a place,
-    not part of what the run is). The whole spec's hash is not here: entries that have nothing to
-    do with this run (another seed, another method) would change it; it goes to timing.json."""
-    import hashlib
-    import platform
-
-    identity = {k: v for k, v in config.items() if k not in ("threads", "data_dir")}
-    return {"cflpipe": __version__, "torch": torch.__version__, "python": platform.python_version(),
-            "device_requested": training.device,
-            "config_sha256": hashlib.sha256(dump_yaml(identity).encode()).hexdigest()}
-
-
-def volatile_provenance(run_dir: Path) -> dict[str, Any]:  # pragma: no mutate block
-    """When and from which checkout a run finished, in timing.json (never compared byte for
-    byte): the UTC time, and the git commit of the checkout holding the results (None outside
-    one, or without git) with whether tracked files differed from it."""
-    import datetime
-    import subprocess
-
-    finished = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()
-    commit, dirty = None, None
-    env = {**os.environ, "GIT_OPTIONAL_LOCKS": "0", "LC_ALL": "C"}
-    try:
-        head = subprocess.run(["git", "-C", str(run_dir), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              timeout=10, env=env)
-        if head.returncode == 0 and head.stdout.strip():
-            commit = head.stdout.strip()
-            status = subprocess.run(["git", "-C", str(run_dir), "status", "--porcelain", "--untracked-files=no"],
-                                    capture_output=True, text=True, timeout=30, env=env)
-            dirty = bool(status.stdout.strip()) if status.returncode == 0 else None
-    except (OSError, subprocess.SubprocessError):  # no git, or a slow file system: unknown
-        pass
-    return {"finished_utc": finished, "git_commit": commit, "git_dirty": dirty}
 
 
 def _frame(columns: dict[str, list], schema: dict[str, str]) -> pd.DataFrame:

@@ -186,7 +186,7 @@ def _sha256(data: bytes) -> str:
 def _expected_config(spec: Spec, scenario: str, method: str, seed: int) -> str:
     # The engine's own resolution, so "stale" means what `cflpipe train` would re-run (whatever
     # the thread count it ran with: that changes bytes, not what the run is).
-    from cflpipe.fl.engine import resolved_config
+    from cflpipe.fl.runs import resolved_config
 
     return without_threads(resolved_config(spec, scenario, method, seed))
 
