@@ -13,6 +13,9 @@ median training ms per round (evaluation only at the last round, left out) and t
 
 Evaluation: `eval_batch_size` 8192 (one forward pass per split, as before chunking) against the
 default 256, in the engine on the digits cnn workload and for `predict` at MNIST/CIFAR shapes.
+
+Applying models: one evaluation round of IFCA (K = 4) and of Ditto at 100 clients, the models
+applied one by one against one vmap over the stacked models (Trainer.apply).
 """
 
 from __future__ import annotations
@@ -193,9 +196,45 @@ def bench_eval(rounds: int = 6, repeats: int = 3) -> list[dict]:
     return rows
 
 
+def bench_apply(repeats: int = 3, clients: int = 100) -> list[dict]:
+    """One evaluation round of a K = 4 cluster method (IFCA: 4 cluster models on the pooled test
+    data, and its cluster choice by loss on the pooled training data) and of Ditto (a personal
+    model per client on its own rows), at `clients` digits clients, with the models applied one by
+    one (the sequential trainer, how evaluation always ran before Trainer.apply) and as one vmap
+    over the stacked models (the batched trainer); fastest of `repeats` alternating runs."""
+    from cflpipe.fl.engine import prepare_run
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for model in ("mlp", "cnn"):
+            for method, hyperparams in (("ifca", {"clusters": 4}), ("ditto", {})):
+                seconds: dict[str, list[float]] = {"sequential": [], "batched": []}
+                for _ in range(repeats):
+                    for trainer in seconds:
+                        spec = parse_spec({
+                            "seeds": [0],
+                            "training": {"model": model, "rounds": 1, "clients_per_round": 10, "device": "cpu",
+                                         "trainer": trainer},
+                            "scenarios": {"bench": {"dataset": "digits", "clients": clients,
+                                                    "partition": [{"kind": "iid"},
+                                                                  {"kind": "label_swap", "groups": 4}]}},
+                            "methods": {method: hyperparams},
+                            "results_dir": str(Path(tmp) / trainer)})
+                        run = prepare_run(spec, "bench", method, 0)
+                        t0 = time.perf_counter()
+                        run.evaluate(1)
+                        seconds[trainer].append(time.perf_counter() - t0)
+                one, together = min(seconds["sequential"]), min(seconds["batched"])
+                rows.append({"model": model, "method": method, "clients": clients,
+                             "one_by_one_ms": one * 1000, "batched_ms": together * 1000, "speedup": one / together})
+                print(f"apply     {model:4s} {method:6s} clients={clients:4d}  one by one {one * 1000:8.1f} ms  "
+                      f"batched {together * 1000:8.1f} ms  speed-up ×{one / together:.2f}", flush=True)
+    return rows
+
+
 def run_bench(workloads: list[str] | None = None, rounds: int = 10, output: str | None = None,
               repeats: int = 3, parts: list[str] | None = None) -> dict:
-    parts = parts or ["overhead", "trainers", "eval"]
+    parts = parts or ["overhead", "trainers", "eval", "apply"]
     figures: dict = {"torch_threads": torch.get_num_threads()}
     if "overhead" in parts:
         figures["results"] = bench_overhead(workloads, rounds, repeats)
@@ -203,6 +242,8 @@ def run_bench(workloads: list[str] | None = None, rounds: int = 10, output: str 
         figures["trainers"] = bench_trainers(repeats=repeats)
     if "eval" in parts:
         figures["eval"] = bench_eval(repeats=repeats)
+    if "apply" in parts:
+        figures["apply"] = bench_apply(repeats=repeats)
     if output:
         from cflpipe.store import write_text
 

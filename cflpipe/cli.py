@@ -402,9 +402,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="alternating repeats; the fastest counts (default 3)")
     p.add_argument("--threads", type=int, default=None, metavar="N", help="CPU threads for torch (default: torch's)")
     p.add_argument("--output", default=None, metavar="FILE", help="also write the figures as JSON")
-    p.add_argument("--part", action="append", choices=["overhead", "trainers", "eval"], default=None,
+    p.add_argument("--part", action="append", choices=["overhead", "trainers", "eval", "apply"], default=None,
                    help="what to measure (repeatable; default all): engine overhead, batched vs sequential "
-                        "trainer, evaluation chunking")
+                        "trainer, evaluation chunking, models applied one by one vs batched in evaluation")
     p.set_defaults(func=cmd_bench)
     return parser
 
