@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from cflpipe.fl.data import build_federated_data
 from cflpipe.fl.engine import train_run
 from cflpipe.fl.local import batch_indices, steps_for
-from cflpipe.fl.trainers import mix_seed as _mix
+from cflpipe.seeds import mix_seed as _mix
 from cflpipe.models import build_model
 from cflpipe.spec import parse_spec
 

@@ -275,7 +275,7 @@ def check_k_rule(name: str, workdir: Path) -> None:
 
 def trained_alike(name: str, workdir: Path, trainer: str, tolerances: dict[str, float] | None = None) -> None:
     """`trainer` trains what the sequential trainer trains: evaluated models, assignment and the
-    client store, to 1e-5 of their scale (`tolerances` per client-store table, e.g. Adam's)."""
+    client store, to 1e-5 of their scale (`tolerances`: client-store tables compared by relative norm, Adam's)."""
     models = {}
     for which in ("sequential", trainer):
         run = prepare_run(parse_spec(spec_dict(Path(workdir) / which.replace(":", "-"), name, trainer=which)),
@@ -291,14 +291,21 @@ def trained_alike(name: str, workdir: Path, trainer: str, tolerances: dict[str, 
     assert float((a - b).abs().max()) <= 1e-5 * float(a.abs().max())
     assert set(sa) == set(sb)
     for table in sa:
+        if table in (tolerances or {}):
+            # Adam's tables: the difference as a whole, relative to the table's norm
+            gap = float((sa[table] - sb[table]).norm() / max(float(sa[table].norm()), 1e-12))
+            assert gap <= tolerances[table], f"{table}: relative difference {gap:.2e} > {tolerances[table]}"
+            continue
         scale = max(float(sa[table].abs().max()), 1e-12)
-        assert float((sa[table] - sb[table]).abs().max()) <= (tolerances or {}).get(table, 1e-5) * scale, table
+        assert float((sa[table] - sb[table]).abs().max()) <= 1e-5 * scale, table
 
 
 # Client state trained with Adam (FCCA's cINN): Adam divides each entry's step by the running RMS
 # of its gradient, so where an entry's gradients nearly cancel over the steps, last-bit differences
-# between the two trainers' sums grow to about 1e-4 of the entry (0.06 % of the cINN's entries
-# when measured); a wrong batch or client is off by the steps themselves (about 0.1).
+# between the two trainers' sums grow without bound entry by entry (FCCA+Prox, 3 rounds: one
+# entry in 13 000 off by 4e-3 of the table's largest entry). The table as a whole stays put: its
+# relative difference was 4e-5, against 0.13 for the three rounds' own movement, which is what a
+# wrong batch or client would be off by. So Adam's tables are compared by relative norm.
 ADAM_TOLERANCE = {"flow": 1e-3}
 
 

@@ -100,6 +100,8 @@ SETTING = {
     ("FLHC", "metric"): {"clusters": 4, "linkage": "average"},
     # α weighs the UNKNOWN samples, which exist only with unknown: extra
     ("FCCA", "alpha"): {"unknown": "extra"},
+    # the default draws a client's absent labels; the fixture's clients hold every label
+    ("FCCA", "unknown"): {"scenario": {"partition": [{"kind": "pathological", "labels_per_client": 3}]}},
     # a third set that does not win changes nothing once one is kept: here none is
     ("IFCA", "restarts"): {"restart_rounds": ROUNDS + 1},
     # radii between the fixture's distances (JS about 0.002-0.01, weights 0.17-0.36) for the
@@ -166,6 +168,7 @@ def _perturbed(cls_name: str, field_name: str, field, value):
 def _trained_state(tmp_path: Path, name: str, overrides: dict) -> list[torch.Tensor]:
     overrides = dict(overrides)
     raw = spec_dict(tmp_path, name, **overrides.pop("training", {}))
+    raw["scenarios"]["s"] |= overrides.pop("scenario", {})
     raw["methods"][name] = hyperparams(name) | overrides
     run = prepare_run(parse_spec(raw), "s", name, 0)
     reported = play(run, ROUNDS)
@@ -212,7 +215,8 @@ def test_every_hyperparameter_changes_training(name, field_name, tmp_path):
     if (cls_name, field_name) in NO_EFFECT_HERE:
         pytest.skip(NO_EFFECT_HERE[cls_name, field_name])
     setting = _lookup(SETTING, cls_name, field_name, {})
-    value = getattr(info.params(**hyperparams(name) | {k: v for k, v in setting.items() if k != "training"}),
+    value = getattr(info.params(**hyperparams(name) | {k: v for k, v in setting.items()
+                                                       if k not in ("training", "scenario")}),
                     field_name)
     changed = _perturbed(cls_name, field_name, info.params.model_fields[field_name], value)
     reference = _trained_state(tmp_path / "reference", name, setting)

@@ -19,7 +19,7 @@ from cflpipe.fl.checkpoint import read_state, write_state
 from cflpipe.fl.data import FederatedData, SplitData
 from cflpipe.fl.local import Anchor, FOMAMLStep, LocalResult, MoreauStep, batch_indices, sgd
 from cflpipe.fl.method import Context, Update
-from cflpipe.fl.trainers import mix_seed as _mix
+from cflpipe.seeds import mix_seed as _mix
 from cflpipe.fl.params import ParamSpace
 from cflpipe.methods import method_info
 from cflpipe.methods.cgpfl import CGPFLParams, nearest

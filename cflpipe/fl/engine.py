@@ -29,6 +29,7 @@ from cflpipe.fl.runs import (LOCK_FILE, OUTPUT_FILES, ResolvedRun, read_json, re
                              resolve_run, run_provenance, same_run, state_folders, volatile_provenance)
 from cflpipe.methods import method_info
 from cflpipe.models import build_model
+from cflpipe.seeds import rng
 from cflpipe.spec import Spec, Training
 from cflpipe import store
 
@@ -169,11 +170,11 @@ class Run:
         return training
 
     def sample(self, round_index: int) -> np.ndarray:
-        rng = np.random.default_rng([self.seed, round_index, 0x5A])
+        draw = rng(self.seed, round_index, 0x5A)
         k = self.training.clients_per_round
         if self.training_clients is not None:  # held-out users never train
-            return np.sort(rng.choice(self.training_clients, size=k, replace=False))
-        return np.sort(rng.choice(self.data.num_clients, size=k, replace=False))
+            return np.sort(draw.choice(self.training_clients, size=k, replace=False))
+        return np.sort(draw.choice(self.data.num_clients, size=k, replace=False))
 
     # ------------------------------------------------------------------ loop
 

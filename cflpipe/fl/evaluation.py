@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from cflpipe.fl.data import FederatedData, SplitData as Split
 from cflpipe.fl.method import Context, Method
+from cflpipe.seeds import rng
 from cflpipe.metrics import (clustering_scores, device_f1, f1_macro_over_classes, intra_inter_accuracy,
                              per_client_accuracy, per_client_f1, per_client_mean, personalized_summary)
 
@@ -56,7 +57,7 @@ def evaluate(ctx: Context, method: Method, data: FederatedData, eval_batch_size:
     n_models = len(models)
     scored = np.arange(n_models)
     if n_models > MAX_GLOBAL_MODELS:
-        scored = np.sort(np.random.default_rng([seed, round_number, 0x61]).choice(
+        scored = np.sort(rng(seed, round_number, 0x61).choice(
             n_models, MAX_GLOBAL_MODELS, replace=False))
     scored_set = set(scored.tolist())
     global_acc, group_acc = [], np.full((n_models, max(n_groups, 1)), np.nan)

@@ -17,7 +17,8 @@ from cflpipe.fl.data import FederatedData
 from cflpipe.fl.local import Anchor, LocalResult, steps_for
 from cflpipe.fl.params import ParamSpace, weighted_average
 from cflpipe.fl.plan import ClientPlan, Plans, Results, Trained
-from cflpipe.fl.trainers import SequentialTrainer, Trainer, mix_seed
+from cflpipe.fl.trainers import SequentialTrainer, Trainer
+from cflpipe.seeds import mix_seed, rng
 from cflpipe.fl.work import WorkItem
 from cflpipe.metrics import tensor_bytes
 from cflpipe.spec import Training
@@ -162,7 +163,7 @@ class Context:
 
     def rng(self, *purpose: int) -> np.random.Generator:
         """Server-side randomness for this round (pass extra ints to separate purposes)."""
-        return np.random.default_rng([self.seed, self.round, *purpose, 0x5E])
+        return rng(self.seed, self.round, *purpose, 0x5E)
 
     def lr(self) -> float:
         return self.training.lr * self.training.lr_decay ** self.round
@@ -311,7 +312,7 @@ class ClientView:
     def rng(self, *purpose: int) -> np.random.Generator:
         """Client-side randomness of this round, seeded by (run seed, round, client, purpose): the
         stream Context.rng(client, *purpose) gives."""
-        return np.random.default_rng([self._seed, self.round, self.client, *purpose, 0x5E])
+        return rng(self._seed, self.round, self.client, *purpose, 0x5E)
 
     def update(self, tensors: dict[str, torch.Tensor], trained: Trained,
                keep: dict[str, torch.Tensor] | None = None) -> Update:

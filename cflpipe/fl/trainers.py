@@ -26,16 +26,12 @@ from cflpipe.fl.local import LocalResult, batch_indices, run_loop, sgd, step_con
 from cflpipe.fl.params import ParamSpace
 from cflpipe.fl.plan import Trained, trained_into
 from cflpipe.fl.work import WorkItem
+from cflpipe.seeds import mix_seed  # noqa: F401  (its old home; plugins import it from here)
 
 if TYPE_CHECKING:
     from cflpipe.fl.method import Context
 
 TRAINERS = ("auto", "sequential", "batched")
-
-
-def mix_seed(*values: int) -> int:
-    """One 63-bit seed from several ints (run seed, round, client, purpose…)."""
-    return int(np.random.SeedSequence(list(values)).generate_state(1, dtype=np.uint64)[0] >> 1)
 
 
 Inputs = tuple[torch.Tensor, ...]

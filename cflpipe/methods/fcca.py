@@ -117,7 +117,7 @@ from cflpipe.fl.local import AdamStep, Anchor, SGDStep
 from cflpipe.fl.method import Capabilities, Context, Method, Payload, Update, stack_updates
 from cflpipe.fl.params import cluster_average, weighted_average
 from cflpipe.fl.plan import ClientPlan, Trained
-from cflpipe.fl.trainers import mix_seed
+from cflpipe.seeds import mix_seed
 from cflpipe.methods import HyperParams, register
 
 # Purposes of the seeded randomness (server noise, k-means, the clients' z' draws, the flow's

@@ -23,6 +23,7 @@ from cflpipe.methods.intercluster import AWCFLParams, MCFLParams
 from cflpipe.metrics import per_client_mean
 from cflpipe.methods import HyperParams, register
 from cflpipe.models import build_model
+from cflpipe.seeds import seed32
 
 
 class IFCAParams(HyperParams):
@@ -42,7 +43,7 @@ def random_models(ctx: Context, count: int, purpose: int) -> torch.Tensor:
     rows = [ctx.init.clone()]
     for k in range(1, count):
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(int(np.random.SeedSequence([ctx.seed, purpose, k]).generate_state(1)[0]))
+            torch.manual_seed(seed32(ctx.seed, purpose, k))
             model = build_model(ctx.training.model, ctx.data.input_shape, ctx.data.num_classes)
         rows.append(torch.nn.utils.parameters_to_vector(model.parameters()).detach()
                     .to(dtype=ctx.init.dtype, device=ctx.device))
