@@ -47,6 +47,7 @@ from cflpipe.fl.method import Capabilities, Method, Payload, Update, stack_updat
 from cflpipe.fl.params import cluster_average
 from cflpipe.fl.plan import ClientPlan, Trained
 from cflpipe.methods import HyperParams, register
+from cflpipe.methods.personal import PersonalModels
 
 _SEEDING = 0xC6  # purpose of the server randomness that seeds the generalized models
 
@@ -77,7 +78,7 @@ def nearest(vectors: torch.Tensor, centers: torch.Tensor) -> torch.Tensor:
 
 
 @register("cgpfl", CGPFLParams)
-class CGPFL(Method):
+class CGPFL(PersonalModels, Method):
     """CGPFL: pFedMe-style personalized models tied to the nearest of K generalized models."""
 
     @classmethod
@@ -89,8 +90,7 @@ class CGPFL(Method):
 
     def __init__(self, ctx):
         super().__init__(ctx)
-        k = self.hp.clusters
-        ctx.clients.add("personal", ctx.init)  # θ_i, on the clients
+        k = self.hp.clusters  # θ_i, on the clients, is the "personal" table of PersonalModels
         self.local = ctx.init.repeat(ctx.num_clients, 1)     # last uploaded w_i, on the server
         self.centers = ctx.init.repeat(k, 1)                 # Ω_k
         self.seeded = torch.zeros(k, dtype=torch.bool, device=ctx.device)
@@ -149,12 +149,6 @@ class CGPFL(Method):
                 pick = int(rng.integers(len(vectors)))
             self.centers[slot] = vectors[pick]
             self.seeded[slot] = True
-
-    def eval_params(self, client: int) -> torch.Tensor:
-        return self.ctx.clients.get("personal", client)
-
-    def eval_models(self) -> tuple[list[torch.Tensor], np.ndarray]:
-        return list(self.ctx.clients["personal"]), np.arange(self.ctx.num_clients)
 
     def assignment(self) -> np.ndarray | None:
         return self.clusters.copy()

@@ -12,7 +12,7 @@ Registering a subclass registers its `<name>_awcfl` and `<name>_mcfl` variants w
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -25,6 +25,10 @@ from cflpipe.methods.intercluster import AWCFLParams, MCFLParams, awcfl_mix, sam
 
 # Purposes of the server randomness that samples MCFL's feature means.
 _TRAIN_MEAN, _TEST_MEAN = 0x3E, 0x3F
+
+# A client's cluster before it has one (FedGroup's clients until they are first sampled): its
+# uploads count towards no cluster.
+UNASSIGNED = -1
 
 
 def client_feature_mean(view: ClientView) -> torch.Tensor:
@@ -41,6 +45,9 @@ class ClusterModels(Method):
     checkpoint = ("centers", "clusters")
     # Registered variant names; {name} is the base method's name.
     variant_names = {"awcfl": "{name}_awcfl", "mcfl": "{name}_mcfl"}
+    # Whether cluster_payload already sends every cluster model (IFCA's clients pick among them);
+    # otherwise MCFL adds the K−1 models the client's own cluster payload lacks.
+    sends_all_models: ClassVar[bool] = False
 
     # Called by @register while the class is being defined, before mutmut's trampoline exists.
     @classmethod
@@ -95,8 +102,8 @@ class ClusterModels(Method):
 
     def payload(self, client: int) -> Payload:
         payload = self.cluster_payload(client)
-        if self.mcfl and not any(t.shape == self.centers.shape for t in payload.tensors.values()):
-            # The client's own model is already in the payload; the other K−1 travel too.
+        if self.mcfl and not self.sends_all_models:
+            # MCFL selects among all K models at test time: the other K−1 travel too.
             own = self.clusters[client]
             keep = torch.arange(self.num_clusters, device=self.centers.device) != own
             payload.tensors["other_cluster_models"] = self.centers[keep]
@@ -137,7 +144,7 @@ class ClusterModels(Method):
     def cluster_feature_means(self) -> tuple[torch.Tensor, np.ndarray]:
         """Each cluster's feature mean (average of its members' uploaded means) and which
         clusters have one."""
-        known = np.nonzero(self.has_mean & (self.clusters >= 0))[0]  # FedGroup: -1 = unassigned
+        known = np.nonzero(self.has_mean & (self.clusters != UNASSIGNED))[0]
         onehot = torch.zeros(self.num_clusters, len(known), dtype=self.feature_means.dtype,
                              device=self.feature_means.device)
         onehot[torch.from_numpy(self.clusters[known]), torch.arange(len(known))] = 1

@@ -23,8 +23,6 @@ from {0.1, 1, 2}); the authors' released run scripts use λ = 1, the default her
 
 from __future__ import annotations
 
-import numpy as np
-import torch
 from pydantic import Field
 
 from cflpipe.fl.local import Anchor
@@ -32,6 +30,7 @@ from cflpipe.fl.method import Capabilities, ClientView, Payload, Update
 from cflpipe.fl.plan import ClientPlan, Trained
 from cflpipe.methods import HyperParams, register
 from cflpipe.methods.fedavg import FedAvg
+from cflpipe.methods.personal import PersonalModels
 
 
 class DittoParams(HyperParams):
@@ -42,16 +41,12 @@ class DittoParams(HyperParams):
 
 
 @register("ditto", DittoParams)
-class Ditto(FedAvg):
-    """Ditto: FedAvg global model plus a personal model per client pulled towards it by λ."""
+class Ditto(PersonalModels, FedAvg):
+    """Ditto: FedAvg global model plus a personal model per client pulled towards it by λ.
+
+    v_i starts from the initial global model w^0, as in the reference code."""
 
     capabilities = Capabilities(personalized=True)
-
-    def __init__(self, ctx):
-        super().__init__(ctx)
-        # v_i starts from the initial global model w^0 (as in the reference code). A client that
-        # is never sampled keeps it, so it is evaluated with the untrained initial model.
-        ctx.clients.add("personal", ctx.init)
 
     @classmethod
     def client_plan(cls, view: ClientView, payload: Payload) -> tuple[dict[str, ClientPlan], None]:
@@ -69,8 +64,3 @@ class Ditto(FedAvg):
         # The personal model stays on the client: it is kept, not sent, so not counted.
         return view.update({"model": trained["model"].vector}, record, keep={"personal": personal.vector})
 
-    def eval_params(self, client: int) -> torch.Tensor:
-        return self.ctx.clients.get("personal", client)
-
-    def eval_models(self) -> tuple[list[torch.Tensor], np.ndarray]:
-        return list(self.ctx.clients["personal"]), np.arange(self.ctx.num_clients)

@@ -20,7 +20,7 @@ from pydantic import Field
 from cflpipe.clustering import cosine_similarity_matrix, decomposed_cosine_similarity, kmeans
 from cflpipe.fl.method import Capabilities, Context, Payload, Update
 from cflpipe.fl.plan import ClientPlan
-from cflpipe.methods.clustered import ClusterModels
+from cflpipe.methods.clustered import UNASSIGNED, ClusterModels
 from cflpipe.fl.params import cluster_average
 from cflpipe.methods import HyperParams, register
 
@@ -61,7 +61,7 @@ class FedGroup(ClusterModels):
     checkpoint = (*ClusterModels.checkpoint, "directions", "initialized")
 
     def __init__(self, ctx: Context):
-        super().__init__(ctx, ctx.hp.clusters, np.full(ctx.num_clients, -1, dtype=np.int64))
+        super().__init__(ctx, ctx.hp.clusters, np.full(ctx.num_clients, UNASSIGNED, dtype=np.int64))
         self.directions = torch.zeros_like(self.centers)
         self.initialized = False
 
@@ -106,7 +106,7 @@ class FedGroup(ClusterModels):
     # ------------------------------------------------------------------ training
 
     def cluster_payload(self, client: int) -> Payload:
-        if self.clusters[client] < 0:  # pre-training or cold start diverged: train the group mean
+        if self.clusters[client] == UNASSIGNED:  # pre-training or cold start diverged: train the group mean
             return Payload({"model": self._auxiliary()})
         return super().cluster_payload(client)
 

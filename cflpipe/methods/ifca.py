@@ -100,6 +100,8 @@ class IFCA(ClusterModels):
     evaluation step, not training, so its models are not counted as bytes; it does not change
     training, because a sampled client re-picks its cluster from all K models anyway."""
 
+    sends_all_models = True  # every client picks among all K (MCFL needs nothing more)
+
     capabilities = Capabilities(clustered=True, k_param="clusters")
     checkpoint = (*ClusterModels.checkpoint, "tracks", "best_track")
 

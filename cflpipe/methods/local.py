@@ -2,23 +2,18 @@
 
 from __future__ import annotations
 
-import numpy as np
-import torch
-
 from cflpipe.fl.method import Capabilities, ClientView, Method, Payload, Update
 from cflpipe.fl.plan import ClientPlan, Trained
 from cflpipe.methods import HyperParams, register
+from cflpipe.methods.personal import PersonalModels
 
 
 @register("local", HyperParams)
-class Local(Method):
+class Local(PersonalModels, Method):
     """Local: every client trains only its own model; nothing is communicated."""
 
     capabilities = Capabilities(personalized=True)
-
-    def __init__(self, ctx):
-        super().__init__(ctx)
-        ctx.clients.add("model", ctx.init)
+    personal_table = "model"
 
     def payload(self, client: int) -> Payload:
         return Payload()
@@ -35,8 +30,3 @@ class Local(Method):
     def aggregate(self, updates: dict[int, Update]) -> None:
         pass  # nothing reaches the server; the engine keeps each client's model in its store
 
-    def eval_params(self, client: int) -> torch.Tensor:
-        return self.ctx.clients.get("model", client)
-
-    def eval_models(self) -> tuple[list[torch.Tensor], np.ndarray]:
-        return list(self.ctx.clients["model"]), np.arange(self.ctx.num_clients)
