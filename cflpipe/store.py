@@ -27,9 +27,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    # mkstemp creates 0600; outputs get the mode any new file gets (0644 under the usual umask),
-    # so colleagues and web servers can read them.
-    os.fchmod(fd, 0o666 & ~_umask())
+    share_like_new(fd)
     os.close(fd)
     tmp_path = Path(tmp)
     try:
@@ -48,6 +46,12 @@ def sha256_of(path: str | Path) -> str:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def share_like_new(fd: int) -> None:
+    """Give a file mkstemp made (0600) the mode any new file gets (0644 under the usual umask), so
+    colleagues and web servers can read results and downloaded data."""
+    os.fchmod(fd, 0o666 & ~_umask())
 
 
 def _umask() -> int:

@@ -209,6 +209,20 @@ def test_mnist_family_round_trip(name, mirror, data_dir):
     assert_loaded(ds, expected, 10)
 
 
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o002, 0o664)])
+def test_downloaded_files_honour_the_umask(mirror, data_dir, umask, mode):
+    """Colleagues read a shared data folder: downloads get the mode any new file gets."""
+    write_mnist_like(mirror.root)
+    old = os.umask(umask)
+    try:
+        folder = download_dataset("mnist", data_dir, progress=False, base_url=mirror.url,
+                                  resources=with_fake_md5s("mnist", mirror.root))
+    finally:
+        os.umask(old)
+    files = [path for path in folder.iterdir() if path.is_file()]
+    assert files and {path.name: path.stat().st_mode & 0o777 for path in files} == {path.name: mode for path in files}
+
+
 def test_second_download_uses_files_present(mirror, data_dir):
     write_mnist_like(mirror.root)
     resources = with_fake_md5s("mnist", mirror.root)

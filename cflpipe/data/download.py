@@ -121,7 +121,10 @@ def fetch(resource: Resource, dest_dir: str | Path, progress: bool = True,
 def _download(url: str, dest_dir: Path, filename: str, progress: bool) -> Path:
     from tqdm import tqdm
 
+    from cflpipe.store import share_like_new  # pyarrow: imported only when writing
+
     fd, tmp_name = tempfile.mkstemp(prefix=f".{filename}.", suffix=_PART_SUFFIX, dir=dest_dir)
+    share_like_new(fd)
     tmp = Path(tmp_name)
     try:
         with os.fdopen(fd, "wb") as out:
