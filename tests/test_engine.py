@@ -424,6 +424,57 @@ def test_an_intact_checkpoint_resumes_silently(tmp_path, finished_runs, monkeypa
     assert _bytes(result.run_dir) == _bytes(runs["fedavg"].run_dir)
 
 
+def test_a_save_killed_before_its_rename_falls_back_to_the_previous_checkpoint(
+        tmp_path, finished_runs, monkeypatch, capsys, record_start_rounds):
+    """A kill between writing state.sha256 and renaming the new state.pt into place (simulated:
+    the rename of round 6's state fails) costs one checkpoint interval, not the run."""
+    from cflpipe import store
+    from cflpipe.fl import engine
+
+    _, runs = finished_runs
+    spec = parse_spec(tiny_spec(tmp_path))
+    real_replace, save = os.replace, engine.Run.save_state
+
+    def replace(src, dst):
+        if Path(dst).name == "state.pt" and round_saved[-1] == 6:
+            raise _Stopped
+        real_replace(src, dst)
+
+    round_saved: list[int] = []
+
+    def recording_save(self, round_number):
+        round_saved.append(round_number)
+        save(self, round_number)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(store.os, "replace", replace)
+        patch.setattr(engine.Run, "save_state", recording_save)
+        with pytest.raises(_Stopped):
+            train_run(spec, "swap", "fedavg", 0, progress=False)
+    state = spec.run_dir("swap", "fedavg", 0) / "state" / "state.pt"
+    assert len(state.with_name("state.sha256").read_text().split()) == 2  # round 6's digest, then round 4's
+    capsys.readouterr()
+    started = record_start_rounds()
+    result = train_run(spec, "swap", "fedavg", 0, progress=False)
+    assert started == [4]
+    assert capsys.readouterr().err == (f"warning: {state}: the last checkpoint's save was interrupted; "
+                                       f"resuming from the one before it (round 4)\n")
+    assert _bytes(result.run_dir) == _bytes(runs["fedavg"].run_dir)
+
+
+def test_a_checkpoint_of_another_configuration_is_discarded_with_a_word(tmp_path, monkeypatch, capsys,
+                                                                        record_start_rounds):
+    spec = parse_spec(tiny_spec(tmp_path))
+    _interrupted_after_round(spec, monkeypatch)
+    capsys.readouterr()
+    started = record_start_rounds()
+    train_run(parse_spec(tiny_spec(tmp_path, lr=0.07)), "swap", "fedavg", 0, progress=False)
+    state = spec.run_dir("swap", "fedavg", 0) / "state" / "state.pt"
+    assert started == [0]
+    assert capsys.readouterr().err == (f"warning: {state}: a checkpoint of another configuration (differs in "
+                                       f"training.lr); starting the run afresh\n")
+
+
 def test_a_results_dir_that_cannot_hold_runs_fails_before_training(tmp_path):
     blocker = tmp_path / "results"
     blocker.write_text("a file, not a folder")

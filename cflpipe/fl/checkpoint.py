@@ -8,10 +8,12 @@ round. So every tensor of two or more dimensions and at least `MIN_ROWS_BYTES` i
 blocks of rows, each stored once under its sha256 in `state/rows/<sha256>.bin` (raw bytes);
 `state.pt` holds the blocks' names in its place. A checkpoint writes only the blocks that no
 earlier checkpoint wrote, then `state.pt`, then removes the blocks it no longer names: a crash
-before `state.pt` is written leaves the previous checkpoint whole, one after it the new one; a
-crash between the new digest and the rename of `state.pt` leaves a mismatch, which restarts the
-run (as it did before row blocks). Every block is checked against its name when read, as
-`state.pt` is against its digest.
+before `state.pt` is written leaves the previous checkpoint whole, one after it the new one.
+`state.sha256` names the new state's digest and, on a second line, the previous one's: it is
+written before the new `state.pt` is renamed into place, so a crash in between leaves the previous
+checkpoint, still verified, and the resume falls back to it (losing one checkpoint interval at
+most, and saying so). Every block is checked against its name when read, as `state.pt` is against
+its digest.
 
 The blocks are files of the run's folder, one per distinct row: a run keeps up to one inode per
 client, and two processes writing one run (possible only where flock does not work, see
@@ -51,11 +53,12 @@ def write_state(path: Path, state: dict[str, Any]) -> None:
     folder = rows_folder(path)
     named: set[str] = set()
     manifest = _externalize(state, folder, named)
+    previous = [store.sha256_of(path)] if path.exists() else []
     with store.atomic_path(path) as tmp:
         torch.save(manifest, tmp)
-        # The digest is written before the state is renamed into place: a crash in between
-        # leaves a mismatch (a fresh start), never a state that is used unverified.
-        store.write_text(path.with_name(STATE_HASH_FILE), f"{store.sha256_of(tmp)}\n")
+        # The digest is written before the state is renamed into place, with the previous
+        # state's: a crash in between leaves the previous checkpoint, verified by the second line.
+        store.write_text(path.with_name(STATE_HASH_FILE), "".join(f"{d}\n" for d in [store.sha256_of(tmp), *previous]))
     if folder.is_dir():
         for block in folder.glob("*.bin"):
             if block.stem not in named:  # an earlier checkpoint's rows that changed since
@@ -67,14 +70,24 @@ def write_state(path: Path, state: dict[str, Any]) -> None:
                 pass
 
 
+def _digests(path: Path) -> list[str]:
+    """The digests `state.sha256` names: the newest state's, then the one before it."""
+    try:
+        return path.with_name(STATE_HASH_FILE).read_text().split()[:2]
+    except (OSError, UnicodeDecodeError):
+        return []
+
+
 def read_state(path: Path) -> tuple[dict[str, Any] | None, str | None]:
     """A run's checkpoint, verified against its digest and its blocks' names: (state, None), or
-    (None, the problem)."""
+    (None, the problem). A state that matches the previous digest (a save interrupted before its
+    rename) is returned with state["__previous__"] = True."""
     path = Path(path)
     digest = path.with_name(STATE_HASH_FILE)
     if not digest.exists():
         return None, f"no {STATE_HASH_FILE} beside it"
-    if digest.read_text().strip() != store.sha256_of(path):
+    digests, actual = _digests(path), store.sha256_of(path)
+    if actual not in digests:
         return None, f"its content does not match {STATE_HASH_FILE} (a truncated or altered file)"
     try:
         # Loaded to the CPU: load_state_dict methods move tensors to the device themselves
@@ -83,9 +96,14 @@ def read_state(path: Path) -> tuple[dict[str, Any] | None, str | None]:
     except Exception as exc:  # a file torch cannot read: same treatment as a bad digest
         return None, f"unreadable ({type(exc).__name__})"
     try:
-        return _internalize(manifest, rows_folder(path)), None
+        state = _internalize(manifest, rows_folder(path))
     except _BadBlock as exc:
         return None, str(exc)
+    if actual != digests[0]:
+        if not isinstance(state, dict):
+            return None, "not a checkpoint"
+        state["__previous__"] = True
+    return state, None
 
 
 def state_bytes(path: Path) -> int:

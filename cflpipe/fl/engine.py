@@ -25,8 +25,9 @@ from cflpipe.fl.method import Context, Method, Payload, Update, divergence_error
 from cflpipe.fl.plan import Results
 from cflpipe.fl.params import ParamSpace
 from cflpipe.fl.trainers import build_trainer
-from cflpipe.fl.runs import (LOCK_FILE, OUTPUT_FILES, ResolvedRun, read_json, remove_empty, resolve_device,
-                             resolve_run, run_provenance, same_run, state_folders, volatile_provenance)
+from cflpipe.fl.runs import (LOCK_FILE, OUTPUT_FILES, ResolvedRun, config_differences, read_json, remove_empty,
+                             resolve_device, resolve_run, run_provenance, same_run, state_folders,
+                             volatile_provenance)
 from cflpipe.methods import method_info
 from cflpipe.models import build_model
 from cflpipe.seeds import rng
@@ -324,6 +325,9 @@ class Run:
         if not self.state_path.exists():
             return
         state, problem = read_state(self.state_path)
+        if problem is None and state.pop("__previous__", False):
+            print(f"warning: {self.state_path}: the last checkpoint's save was interrupted; resuming from "
+                  f"the one before it (round {int(state['round'])})", file=sys.stderr)
         if problem is None and state.get("config") == self.config_text and state.get("method") is None \
                 and int(state["round"]) != self.training.rounds:
             problem = "a checkpoint without models before the last round"  # cannot be written
@@ -334,7 +338,13 @@ class Run:
             shutil.rmtree(rows_folder(self.state_path), ignore_errors=True)
             return
         if state.get("config") != self.config_text:
-            return  # the spec changed: the old state does not belong to this run
+            # the spec changed (or the thread count, whose sums differ in the last bits): the old
+            # state does not belong to this run
+            changed = config_differences(str(state.get("config")), self.config_text)
+            print(f"warning: {self.state_path}: a checkpoint of another configuration (differs in "
+                  f"{', '.join(changed[:5])}{', …' if len(changed) > 5 else ''}); starting the run afresh",
+                  file=sys.stderr)
+            return
         if state["method"] is not None:  # None: the last round's cut-down checkpoint, no round to play
             self.method.load_state_dict(state["method"])
             self.ctx.clients.load_state_dict(state["clients"])

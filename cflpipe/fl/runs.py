@@ -128,6 +128,26 @@ def same_run(recorded: Path, config: dict) -> bool:
     return isinstance(old, dict) and without_threads(old) == without_threads(config)
 
 
+def config_differences(old_text: str, new_text: str) -> list[str]:
+    """The dotted keys (`training.threads`, `method.mu`) whose values differ between two run
+    configs, as YAML texts; ["config"] when one is not a mapping."""
+    import yaml
+
+    def flat(value: Any, prefix: str = "") -> dict[str, Any]:
+        if isinstance(value, dict) and value:
+            return {k: v for key, item in value.items() for k, v in flat(item, f"{prefix}{key}.").items()}
+        return {prefix.rstrip("."): value}
+
+    try:
+        old, new = yaml.safe_load(old_text), yaml.safe_load(new_text)
+    except yaml.YAMLError:
+        return ["config"]
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return ["config"]
+    a, b = flat(old), flat(new)
+    return sorted(key for key in a.keys() | b.keys() if a.get(key, ...) != b.get(key, ...))
+
+
 def read_json(path: Path) -> dict:
     import json
 
@@ -175,6 +195,8 @@ def _cut_down_state(run_dir: Path, dry_run: bool) -> int | None:
 
     path = run_dir / "state" / "state.pt"
     state, problem = read_state(path)
+    if problem is None:
+        state.pop("__previous__", None)  # rewritten whole below: the previous one becomes the newest
     config_text = (run_dir / "config.yaml").read_text()
     if problem is not None or state.get("method") is None or state.get("config") != config_text:
         return None
