@@ -48,15 +48,24 @@ def _load(args, **kwargs):
     return load_spec(args.config, **kwargs)
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
 def cmd_validate(args) -> int:
+    from cflpipe.data_checks import data_problems
     from cflpipe.spec import spec_warnings
 
     spec = _load(args)
-    for line in spec_warnings(spec):
+    errors, notes = data_problems(spec)
+    if errors:
+        raise SpecError("\n".join(errors))
+    for line in [*spec_warnings(spec), *notes]:
         print(f"warning: {line}", file=sys.stderr)
     runs = len(spec.matrix())
-    print(f"{args.config}: ok ({runs} runs: {len(spec.scenarios)} scenarios, {len(spec.methods)} methods, "
-          f"{len(spec.seeds)} seeds; results in {spec.results_dir}/)")
+    counts = ", ".join(_count(n, what) for n, what in ((len(spec.scenarios), "scenario"),
+                                                        (len(spec.methods), "method"), (len(spec.seeds), "seed")))
+    print(f"{args.config}: ok ({_count(runs, 'run')}: {counts}; results in {spec.results_dir}/)")
     return 0
 
 

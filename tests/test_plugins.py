@@ -106,7 +106,7 @@ def test_the_example_spec_runs_end_to_end_with_a_sweep_and_the_plugin(tmp_path):
 
     done = cli("validate", "--config", "spec.yaml", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    assert "10 runs: 2 scenarios, 5 methods, 1 seeds" in done.stdout
+    assert "10 runs: 2 scenarios, 5 methods, 1 seed" in done.stdout
     for scenario in spec.scenarios:
         done = cli("partition", "--config", "spec.yaml", "--scenario", scenario, cwd=tmp_path)
         assert done.returncode == 0, done.stderr
