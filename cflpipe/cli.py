@@ -48,6 +48,19 @@ def _load(args, **kwargs):
     return load_spec(args.config, **kwargs)
 
 
+def _positive(flag: str):
+    """An argparse type: an int >= 1 (the error line names the flag)."""
+    def convert(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < 1:
+            raise SpecError(f"{flag}: must be a whole number >= 1, got {text!r}")
+        return value
+    return convert
+
+
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" + ("" if n == 1 else "s")
 
@@ -406,8 +419,9 @@ def build_parser() -> argparse.ArgumentParser:
              "  cflpipe bench --part overhead --workload digits --rounds 5 --output bench.json\n")
     p.add_argument("--workload", action="append", choices=["digits", "synthetic"], default=None,
                    help="workload of the overhead part (repeatable; default both)")
-    p.add_argument("--rounds", type=int, default=10, metavar="N", help="rounds per measured run (default 10)")
-    p.add_argument("--repeats", type=int, default=3, metavar="N",
+    p.add_argument("--rounds", type=_positive("--rounds"), default=10, metavar="N",
+                   help="rounds per measured run (default 10)")
+    p.add_argument("--repeats", type=_positive("--repeats"), default=3, metavar="N",
                    help="alternating repeats; the fastest counts (default 3)")
     p.add_argument("--threads", type=int, default=None, metavar="N", help="CPU threads for torch (default: torch's)")
     p.add_argument("--output", default=None, metavar="FILE", help="also write the figures as JSON")

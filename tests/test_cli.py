@@ -79,3 +79,29 @@ def test_every_spec_command_takes_the_default(monkeypatch, tmp_path, capsys, com
     monkeypatch.chdir(tmp_path)
     assert main(command.split()) == 2
     assert capsys.readouterr().err.startswith(f"error: --config: no {DEFAULT_CONFIG} in ")
+
+
+def _spec_file(tmp_path, **method) -> str:
+    import yaml
+
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump({
+        "seeds": [0], "training": {"model": "mlp", "rounds": 2, "clients_per_round": 2},
+        "scenarios": {"s": {"dataset": "digits", "clients": 4, "partition": [{"kind": "iid"}]}},
+        "methods": {"fedavg": method}, "results_dir": str(tmp_path / "results")}))
+    return str(path)
+
+
+@pytest.mark.parametrize("argv, line", [
+    (lambda tmp: ["validate", "--config", str(tmp)],
+     lambda tmp: f"--config: {str(tmp)!r} is a folder; give the spec's YAML file"),
+    (lambda tmp: ["validate", "--config", _spec_file(tmp, scenarios=[])],
+     lambda tmp: "methods.fedavg.scenarios: must not be empty, got []"),
+    (lambda tmp: ["bench", "--rounds", "0"], lambda tmp: "--rounds: must be a whole number >= 1, got '0'"),
+    (lambda tmp: ["bench", "--repeats", "-1"], lambda tmp: "--repeats: must be a whole number >= 1, got '-1'"),
+])
+def test_bad_arguments_are_one_line_naming_the_argument(tmp_path, capsys, argv, line):
+    """#33 item 4: a folder as --config, a method run on no scenario, bench's counts."""
+    assert main(argv(tmp_path)) == 2
+    captured = capsys.readouterr()
+    assert (captured.out, captured.err) == ("", f"error: {line(tmp_path)}\n")

@@ -67,7 +67,9 @@ def _format_error(error: dict, data: Any, prefix: str = "") -> str:
     if kind == "value_error":
         message = str(ctx.get("error", error["msg"]))
         return f"{path}: {message}"
-    if kind in _MESSAGES:
+    if kind == "too_short" and ctx.get("min_length") == 1:
+        message = "must not be empty"
+    elif kind in _MESSAGES:
         try:
             message = _MESSAGES[kind].format(**ctx)
         except (KeyError, IndexError):

@@ -355,7 +355,8 @@ class MethodEntry(BaseModel):
     model_config = ConfigDict(extra="allow", frozen=True)
     method: str | None = None
     training: dict[str, Any] = Field(default_factory=dict)
-    scenarios: list[str] | None = Field(None, description="run only on these scenarios (default: all)")
+    scenarios: list[str] | None = Field(None, min_length=1, description="run only on these scenarios (default: "
+                                        "all; an empty list would run the method nowhere)")
     # A declared field, so never one of the method's hyper-parameters (which reach a run's config).
     label: str | None = label_field("method")
 

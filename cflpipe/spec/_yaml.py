@@ -61,6 +61,8 @@ def read_yaml(path: str | Path) -> Any:
 
 def load_spec(path: str | Path, **kwargs: Any) -> Spec:
     path = Path(path)
+    if path.is_dir():
+        raise SpecError(f"--config: {str(path)!r} is a folder; give the spec's YAML file")
     if not path.is_file():
         raise SpecError(f"--config: file {str(path)!r} does not exist")
     size = path.stat().st_size
