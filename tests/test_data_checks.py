@@ -65,3 +65,12 @@ def test_validate_exits_non_zero_and_notes_data_not_downloaded_yet(tmp_path):
                           capture_output=True, text=True)
     assert (proc.returncode, proc.stdout) == (2, "")
     assert proc.stderr == "error: scenarios.s.clients: 5000 clients need at least 1 sample each, pool has 1797\n"
+
+
+def test_a_synthetic_dataset_too_large_to_generate_is_refused_by_the_spec(tmp_path):
+    from cflpipe.errors import SpecError
+
+    with pytest.raises(SpecError) as info:
+        parse_spec(spec(tmp_path, dataset={"name": "synthetic", "dimension": 10**12}))
+    assert str(info.value) == ("scenarios.s.dataset: 1000000000000 features × 27077 samples = 2.71e+16 values "
+                               "(2.02e+08 GiB to generate), at most 1e+09; lower dimension, devices or max_samples")

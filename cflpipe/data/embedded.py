@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from cflpipe.data.base import Dataset, NoParams, DatasetInfo, register
 from cflpipe.data.cache import load_cache, save_cache
@@ -101,12 +101,31 @@ class SyntheticParams(BaseModel):
     test_fraction: float = Field(0.2, gt=0, lt=1, description="per-device test share")
     seed: int = Field(0, ge=0, description="generator seed (part of the dataset, not the run)")
 
+    @model_validator(mode="after")
+    def _fits_in_memory(self) -> "SyntheticParams":
+        values = int(_device_sizes(self, np.random.default_rng(self.seed)).sum()) * self.dimension
+        if values > MAX_SYNTHETIC_VALUES:
+            raise ValueError(f"{self.dimension} features × {values // self.dimension} samples = {values:.3g} "
+                             f"values ({values * 8 / 2**30:.3g} GiB to generate), at most {MAX_SYNTHETIC_VALUES:.0e}; "
+                             f"lower dimension, devices or max_samples")
+        return self
 
-def generate_synthetic(p: SyntheticParams) -> Dataset:
-    rng = np.random.default_rng(p.seed)
+
+# Values (samples × features) Synthetic may generate: 8 GiB of float64 while it is built.
+MAX_SYNTHETIC_VALUES = 10**9
+
+
+def _device_sizes(p: SyntheticParams, rng: np.random.Generator) -> np.ndarray:
+    """Samples per device: the generator's first draw."""
     sizes = rng.lognormal(4, 2, p.devices).astype(np.int64) + p.min_samples
     if p.max_samples is not None:
         sizes = np.minimum(sizes, max(p.max_samples, p.min_samples))
+    return sizes
+
+
+def generate_synthetic(p: SyntheticParams) -> Dataset:
+    rng = np.random.default_rng(p.seed)
+    sizes = _device_sizes(p, rng)
     # α and β act as standard deviations, as in the reference generator (numpy's `scale`).
     model_mean = rng.normal(0, p.alpha, p.devices)  # u_k; b_k shares it, as in LEAF
     input_mean_center = rng.normal(0, p.beta, p.devices)  # B_k
