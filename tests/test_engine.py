@@ -321,9 +321,9 @@ def test_partition_tables_from_another_scenario_are_refused(tmp_path):
 def test_unexpected_failures_are_one_line_with_exit_code_1(tmp_path):
     config = tmp_path / "spec.yaml"
     config.write_text(yaml.safe_dump(tiny_spec(tmp_path / "results")))
-    state = tmp_path / "results" / "runs" / "swap" / "fedavg" / "seed0" / "state" / "state.pt"
-    state.mkdir(parents=True)  # a folder where the checkpoint should be: not a user error cflpipe names
-    state.with_name("state.sha256").write_text("0" * 64)
+    state = tmp_path / "results" / "runs" / "swap" / "fedavg" / "seed0" / "state"
+    state.parent.mkdir(parents=True)
+    state.write_text("a file where the state folder should be: not a user error cflpipe names")
     proc = subprocess.run(_cli(config, "fedavg"), capture_output=True, text=True)
     assert proc.returncode == 1
     lines = proc.stderr.strip().splitlines()
@@ -473,6 +473,16 @@ def test_a_checkpoint_of_another_configuration_is_discarded_with_a_word(tmp_path
     assert started == [0]
     assert capsys.readouterr().err == (f"warning: {state}: a checkpoint of another configuration (differs in "
                                        f"training.lr); starting the run afresh\n")
+
+
+def test_a_folder_in_place_of_the_checkpoint_is_said_and_cleared(tmp_path, finished_runs, capsys):
+    _, runs = finished_runs
+    spec = parse_spec(tiny_spec(tmp_path))
+    state = spec.run_dir("swap", "fedavg", 0) / "state" / "state.pt"
+    (state / "inside").mkdir(parents=True)
+    result = train_run(spec, "swap", "fedavg", 0, progress=False)
+    assert capsys.readouterr().err == f"warning: {state}: a folder, not a checkpoint; starting the run afresh\n"
+    assert _bytes(result.run_dir) == _bytes(runs["fedavg"].run_dir)
 
 
 def test_a_results_dir_that_cannot_hold_runs_fails_before_training(tmp_path):

@@ -324,6 +324,11 @@ class Run:
     def try_resume(self) -> None:
         if not self.state_path.exists():
             return
+        if self.state_path.is_dir():  # not ours to have made: said, then cleared like a damaged file
+            print(f"warning: {self.state_path}: a folder, not a checkpoint; starting the run afresh", file=sys.stderr)
+            shutil.rmtree(self.state_path)
+            self.hash_path.unlink(missing_ok=True)
+            return
         state, problem = read_state(self.state_path)
         if problem is None and state.pop("__previous__", False):
             print(f"warning: {self.state_path}: the last checkpoint's save was interrupted; resuming from "
