@@ -225,8 +225,12 @@ def cmd_clean(args) -> int:
         else:
             print(f"{run.run_dir}/state: {verb} {_size(run.freed)}")
     freed = [run.freed for run in cleaned if run.freed is not None]
-    print(f"{args.config}: {verb} {_size(sum(freed))} in {len(freed)} finished runs of "
-          f"{len(spec.matrix())} ({spec.results_dir}/runs)")
+    if not freed:
+        print(f"{args.config}: nothing to clean: no finished run of the {_count(len(spec.matrix()), 'run')} "
+              f"holds models in its checkpoint ({spec.results_dir}/runs)")
+    else:
+        print(f"{args.config}: {verb} {_size(sum(freed))} in {_count(len(freed), 'finished run')} of "
+              f"{len(spec.matrix())} ({spec.results_dir}/runs)")
     return 0
 
 
@@ -440,7 +444,11 @@ def _version() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        args = build_parser().parse_args(argv)
+        parser = build_parser()
+        if not (sys.argv[1:] if argv is None else argv):  # a bare `cflpipe`: what it can do, not an error
+            parser.print_help()
+            return 0
+        args = parser.parse_args(argv)
         return args.func(args)
     except CflpipeError as exc:
         for line in str(exc).splitlines():

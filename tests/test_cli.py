@@ -105,3 +105,9 @@ def test_bad_arguments_are_one_line_naming_the_argument(tmp_path, capsys, argv, 
     assert main(argv(tmp_path)) == 2
     captured = capsys.readouterr()
     assert (captured.out, captured.err) == ("", f"error: {line(tmp_path)}\n")
+
+
+def test_a_bare_cflpipe_prints_its_usage(capsys):
+    assert main([]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: cflpipe") and "cflpipe validate" in out

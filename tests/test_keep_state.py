@@ -157,8 +157,8 @@ def test_clean_cuts_down_finished_runs_only(tmp_path, kept, monkeypatch, capsys)
     assert unfinished.read_bytes() == files[unfinished] and read_state(unfinished)[0]["round"] == 2
 
     assert main(["clean", "--config", str(config)]) == 0  # nothing left to free
-    assert capsys.readouterr().out.splitlines() == [f"{config}: freed 0 B in 0 finished runs of 4 "
-                                                     f"({tmp_path / 'results'}/runs)"]
+    assert capsys.readouterr().out.splitlines() == [f"{config}: nothing to clean: no finished run of the 4 runs "
+                                                     f"holds models in its checkpoint ({tmp_path / 'results'}/runs)"]
     # The unfinished run still resumes; the cleaned ones still come back without their outputs.
     assert train_run(spec, "swap", "local", 1, progress=False).summary["rounds"] == 4
     run_dir = spec.run_dir("swap", "local", 0)
