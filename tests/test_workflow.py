@@ -81,6 +81,9 @@ def test_tiny_spec_end_to_end_then_nothing_to_do(tiny_snakemake_run):
         assert yaml.safe_load((run_dir / "config.yaml").read_text())["training"]["rounds"] == 2
     assert (results / "runs/swap/.trained").is_file()
     assert "swap/fedavg/seed0: finished" in (results / "logs/train/swap.log").read_text()
+    # each finished run is one line on the console too (#35 item 1)
+    assert re.search(r"swap/fedavg/seed0: finished: personalized acc [0-9.]+ \(\d+ s; run 1 of \d+ of this job",
+                     first.stdout), first.stdout
     assert (results / "benchmarks/train/swap.tsv").is_file()
     for name in ("clients.parquet", "stats.parquet", "label_hist.png"):
         assert (results / "partitions/swap" / name).is_file()
