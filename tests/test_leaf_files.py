@@ -372,3 +372,20 @@ def test_test_files_alone_are_refused_with_holdout_dataset(tmp_path):
     with pytest.raises(PartitionError, match=r"holdout: with holdout: dataset, no client has a training sample in "
                                              r"femnist's files; use holdout: fraction"):
         build_partition(spec.scenarios["s"], load_dataset("femnist", {}, tmp_path), where="scenarios.s")
+
+
+def test_standardize_scales_features_with_the_train_split_statistics(tmp_path):
+    """#35 item 3: features on unlike scales; the test split is scaled with the train split's
+    mean and std, never fitted on; a constant feature is centred only."""
+    x_train = np.array([[1.0, 1000.0, 5.0], [3.0, 3000.0, 5.0], [5.0, 2000.0, 5.0], [7.0, 4000.0, 5.0]], np.float32)
+    x_test = np.array([[4.0, 2500.0, 6.0], [10.0, 0.0, 5.0]], np.float32)
+    path = _npz(tmp_path / "d.npz", x_train=x_train, x_test=x_test)
+    raw = load_dataset("files", {"path": path}, tmp_path)
+    scaled = load_dataset("files", {"path": path, "standardize": True}, tmp_path)
+    np.testing.assert_array_equal(raw.x_train, x_train)  # used as given by default
+    mean, std = x_train.astype(np.float64).mean(0), x_train.astype(np.float64).std(0)
+    np.testing.assert_allclose(scaled.x_train.mean(0), [0, 0, 0], atol=1e-6)
+    np.testing.assert_allclose(scaled.x_train[:, :2].std(0), [1, 1], rtol=1e-6)
+    np.testing.assert_allclose(scaled.x_test[:, :2], (x_test[:, :2] - mean[:2]) / std[:2], rtol=1e-6)
+    np.testing.assert_allclose(scaled.x_test[:, 2], [1.0, 0.0])
+    assert scaled.x_train.dtype == np.float32 and scaled.x_test.dtype == np.float32

@@ -10,8 +10,10 @@
 
 Everything is checked up front (shapes, dtypes, label range, NaN/inf, unknown columns) and each
 problem is one line naming the file. `path` is relative to the directory cflpipe runs in (the
-repository root for Snakemake and DVC). Inputs are used as given (no scaling): images are
-standardized per channel like every image dataset, feature vectors are not.
+repository root for Snakemake and DVC). Images are standardized per channel like every image
+dataset; feature vectors are used as given unless `standardize: true` (per feature, with the
+train split's statistics): features on very different scales (unscaled wine data: 36 % for
+FedAvg and IFCA alike) want it.
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ class FilesParams(BaseModel):
     image: str | None = Field(None, min_length=1, description="Parquet: a column of flat image arrays")
     shape: list[int] | None = Field(None, min_length=3, max_length=3,
                                      description="Parquet with image: (channels, height, width) of each image")
+    standardize: bool = Field(False, description="feature vectors: scale each feature to mean 0 and std 1 with "
+                                                 "the train split's statistics (images are standardized per "
+                                                 "channel anyway)")
 
 
 def load_files(params: FilesParams, data_dir: Path) -> Dataset:
@@ -49,7 +54,20 @@ def load_files(params: FilesParams, data_dir: Path) -> Dataset:
         arrays = _read_parquet(path, params)
     else:
         raise DataError(f"{path}: dataset files must be .npz or .parquet, got {suffix or 'no suffix'!r}")
-    return _checked(path, arrays, params.classes)
+    dataset = _checked(path, arrays, params.classes)
+    return _standardized(dataset) if params.standardize and not dataset.is_image else dataset
+
+
+def _standardized(dataset: Dataset) -> Dataset:
+    """Each feature to mean 0, std 1 with the train split's statistics (test samples are scaled
+    with them too, never fitted on); a constant feature is centred only."""
+    from dataclasses import replace
+
+    mean = dataset.x_train.mean(axis=0, dtype=np.float64)
+    std = dataset.x_train.std(axis=0, dtype=np.float64)
+    std[std == 0] = 1.0
+    scale = lambda x: ((x - mean) / std).astype(np.float32)  # noqa: E731
+    return replace(dataset, x_train=scale(dataset.x_train), x_test=scale(dataset.x_test))
 
 
 def _read_npz(path: Path) -> dict[str, np.ndarray]:
