@@ -189,17 +189,46 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
+# The listing's families, in its order. The source papers' methods are the five papers cflpipe
+# reproduces (FedAC, AWCFL/MCFL, FCCA, FedTSDP, FeSEM); modifiers are AWCFL's and MCFL's
+# variants of other methods.
+METHOD_FAMILIES = ("source papers' methods", "clustered", "personalized", "baselines",
+                   "modifiers: AWCFL and MCFL on other methods")
+SOURCE_PAPER_METHODS = frozenset({"fedac", "awcfl", "mcfl", "fcca", "fcca_per", "fcca_prox", "fcca_per_prox",
+                                  "fedtsdp", "fesem"})
+
+
+def _family(name: str, info) -> str:
+    if name in SOURCE_PAPER_METHODS:
+        return METHOD_FAMILIES[0]
+    if getattr(info.cls, "name", name) != name and name.endswith(("_awcfl", "_mcfl")):
+        return METHOD_FAMILIES[4]
+    if info.capabilities.clustered and not info.capabilities.needs_groups:  # Oracle is told the groups
+        return METHOD_FAMILIES[1]
+    return METHOD_FAMILIES[2] if info.capabilities.personalized else METHOD_FAMILIES[3]
+
+
 def cmd_methods(args) -> int:
     from cflpipe.methods import all_methods, method_info, plugin_failures, unknown_method
 
     if args.name is None:
-        for name, info in all_methods().items():
-            print(f"{name}: {info.description}")
-            if info.capabilities.summary():
-                print(f"    [{info.capabilities.summary()}]")
-            for field, f in info.params.model_fields.items():
-                doc = f" — {f.description}" if f.description else ""
-                print(f"    {field} = {f.default!r}{doc}")
+        families: dict[str, list[str]] = {family: [] for family in METHOD_FAMILIES}
+        methods = all_methods()
+        for name, info in methods.items():
+            families[_family(name, info)].append(name)
+        for family, names in families.items():
+            if not names:
+                continue
+            print(f"# {family} ({len(names)})")
+            for name in names:
+                info = methods[name]
+                print(f"{name}: {info.description}")
+                if info.capabilities.summary():
+                    print(f"    [{info.capabilities.summary()}]")
+                if info.params.model_fields:
+                    print(f"    hyper-parameters: {', '.join(info.params.model_fields)}")
+            print()
+        print("cflpipe methods NAME describes one method: its hyper-parameters with their defaults, its paper")
         for line in plugin_failures():
             print(f"warning: not listed: {line}", file=sys.stderr)
         return 0
@@ -483,6 +512,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `cflpipe methods | head`: the reader has all it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except Exception as exc:  # a bug or an environment failure (e.g. out of memory): one line
         if os.environ.get("CFLPIPE_DEBUG"):
             raise

@@ -111,3 +111,21 @@ def test_a_bare_cflpipe_prints_its_usage(capsys):
     assert main([]) == 0
     out = capsys.readouterr().out
     assert out.startswith("usage: cflpipe") and "cflpipe validate" in out
+
+
+def test_the_method_listing_is_grouped_by_family(capsys):
+    """#35 item 5: source papers' methods first, then clustered, personalized, baselines, modifiers."""
+    assert main(["methods"]) == 0
+    out = capsys.readouterr().out
+    headers = [line for line in out.splitlines() if line.startswith("# ")]
+    assert [h.split(" (")[0] for h in headers] == ["# source papers' methods", "# clustered", "# personalized",
+                                                   "# baselines", "# modifiers: AWCFL and MCFL on other methods"]
+    family = {}
+    for line in out.splitlines():
+        if line.startswith("# "):
+            current = line
+        elif ": " in line and not line.startswith(" "):
+            family[line.split(":")[0]] = current
+    assert family["fcca_per"].startswith("# source") and family["ifca"].startswith("# clustered")
+    assert family["oracle"].startswith("# baselines") and family["ditto"].startswith("# personalized")
+    assert family["ifca_mcfl"].startswith("# modifiers") and family["mcfl"].startswith("# source")
