@@ -883,3 +883,11 @@ def test_the_report_shows_one_spelling_of_the_spec_path(tmp_path, monkeypatch):
     spellings = ["config/x.yaml", "./config/x.yaml", str(tmp_path / "config" / "x.yaml"), "config/../config/x.yaml"]
     assert {shown_spec_path(p) for p in spellings} == {"config/x.yaml"}
     assert shown_spec_path("/elsewhere/y.yaml") == "/elsewhere/y.yaml" and shown_spec_path(None) == ""
+
+
+def test_bands_are_clipped_to_their_figures_range():
+    """#35 item 4: a cluster count's ± std band no longer dips below 0, accuracy's not above 1."""
+    from cflpipe.report.figures import figure_range
+
+    assert figure_range("n_clusters") == (0.0, float("inf")) and figure_range("acc_macro") == (0.0, 1.0)
+    assert figure_range("ari") == (-1.0, 1.0) and figure_range("flow_nll") == (float("-inf"), float("inf"))

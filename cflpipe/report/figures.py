@@ -35,6 +35,23 @@ METHOD_CURVES: dict[str, tuple[str, str, dict | None]] = {
 }
 
 
+
+# Fractions (accuracies, F1, NMI) lie in [0, 1], ARI in [-1, 1], counts, bytes and losses above 0:
+# a ± std band is clipped to its figure's range (a cluster count's band dipped below 0). A
+# method's own figures (FCCA's flow NLL is negative) are left unclipped.
+_FRACTIONS = ("acc", "f1", "nmi", "ami", "intra_acc", "inter_acc", "global_acc", "best_acc")
+_NON_NEGATIVE = ("n_clusters", "loss", "train_loss", "bytes", "models", "global_models", "sampled", "skipped")
+
+
+def figure_range(figure: str) -> tuple[float, float]:
+    if figure == "ari":
+        return -1.0, 1.0
+    if figure.startswith(_FRACTIONS):
+        return 0.0, 1.0
+    if figure.startswith(_NON_NEGATIVE):
+        return 0.0, math.inf
+    return -math.inf, math.inf
+
 class FigureBuilder:
     """Builds the figures of one report from its view, numbered in the order they are built."""
 
@@ -59,8 +76,10 @@ class FigureBuilder:
             style, name = view.styles[m], view.label(m)
             if band and len(x) > 0 and np.any(np.nan_to_num(std) > 0):
                 spread = np.nan_to_num(std)
+                low, high = figure_range(figure)
                 fig.add_trace(go.Scatter(x=x + x[::-1],
-                                         y=clean(np.concatenate([mean + spread, (mean - spread)[::-1]])),
+                                         y=clean(np.clip(np.concatenate([mean + spread, (mean - spread)[::-1]]),
+                                                         low * scale, high * scale)),
                                          fill="toself", fillcolor=rgba(style.color, 0.15), line=dict(width=0),
                                          mode="lines", hoverinfo="skip", showlegend=False, legendgroup=m,
                                          name=f"{name} ± std"))
