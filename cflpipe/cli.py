@@ -149,7 +149,7 @@ def cmd_train(args) -> int:
     import time
 
     failed: list[tuple[str, CflpipeError]] = []
-    total, done, trained_seconds = len(methods) * len(seeds), 0, 0.0
+    total, done, trained, trained_seconds = len(methods) * len(seeds), 0, 0, 0.0
     for method in methods:
         for seed in seeds:
             started = time.monotonic()
@@ -161,8 +161,9 @@ def cmd_train(args) -> int:
             finally:
                 done += 1
             elapsed = time.monotonic() - started
-            trained_seconds += 0.0 if result.skipped else elapsed
-            print(f"{result.message} ({_run_progress(elapsed, done, total, trained_seconds)})", flush=True)
+            if not result.skipped:
+                trained, trained_seconds = trained + 1, trained_seconds + elapsed
+            print(f"{result.message} ({_run_progress(elapsed, done, total, trained, trained_seconds)})", flush=True)
     if failed:
         _, first = failed[0]
         others = [name for name, _ in failed[1:]]
@@ -171,13 +172,13 @@ def cmd_train(args) -> int:
     return 0
 
 
-def _run_progress(elapsed: float, done: int, total: int, trained_seconds: float) -> str:
-    """`41 s; run 3 of 6 of this job, about 2 min left` (the estimate: the mean of the runs
-    trained so far, skipped ones aside)."""
+def _run_progress(elapsed: float, done: int, total: int, trained: int, trained_seconds: float) -> str:
+    """`41 s; run 3 of 6 of this job, about 2 min left` (the estimate: the mean time of the runs
+    trained so far, skipped and failed ones aside, for each run left)."""
     text = f"{_duration(elapsed)}; run {done} of {total} of this job"
     left = total - done
-    if left and trained_seconds > 0:
-        text += f", about {_duration(trained_seconds / done * left)} left"
+    if left and trained:
+        text += f", about {_duration(trained_seconds / trained * left)} left"
     return text
 
 
@@ -512,9 +513,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:  # `cflpipe methods | head`: the reader has all it wanted
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
+    except BrokenPipeError:  # `cflpipe methods | head`: no traceback, but not a success either
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more to flush at exit
+        return 1
     except Exception as exc:  # a bug or an environment failure (e.g. out of memory): one line
         if os.environ.get("CFLPIPE_DEBUG"):
             raise

@@ -50,7 +50,7 @@ def test_a_results_dir_under_a_file_is_refused(tmp_path):
         f"results_dir: {tmp_path / 'afile' / 'results'} lies under {tmp_path / 'afile'}, which is a file, not a folder"]
 
 
-def test_validate_exits_non_zero_and_notes_data_not_downloaded_yet(tmp_path):
+def test_validate_notes_data_not_downloaded_yet_and_exits_non_zero_on_an_error(tmp_path):
     config = tmp_path / "spec.yaml"
     config.write_text(yaml.safe_dump(spec(tmp_path, dataset="mnist")))
     proc = subprocess.run([sys.executable, "-m", "cflpipe", "validate", "--config", str(config)],
@@ -72,5 +72,29 @@ def test_a_synthetic_dataset_too_large_to_generate_is_refused_by_the_spec(tmp_pa
 
     with pytest.raises(SpecError) as info:
         parse_spec(spec(tmp_path, dataset={"name": "synthetic", "dimension": 10**12}))
-    assert str(info.value) == ("scenarios.s.dataset: 1000000000000 features × 27077 samples = 2.71e+16 values "
-                               "(2.02e+08 GiB to generate), at most 1e+09; lower dimension, devices or max_samples")
+    assert str(info.value) == ("scenarios.s.dataset: 27077 samples of 1000000000000 features and 10 classes need "
+                               "2.71e+16 values (2.02e+08 GiB to generate), at most 1e+09; lower dimension, classes, "
+                               "devices or max_samples")
+    with pytest.raises(SpecError) as info:
+        parse_spec(spec(tmp_path, dataset={"name": "synthetic", "classes": 10**6}))
+    assert "and 1000000 classes need" in str(info.value)
+
+
+def test_hand_placed_files_are_checked_not_noted_as_missing(tmp_path):
+    """Files placed by hand (`cflpipe download NAME --list`) carry no download marker: validate
+    reads them like training does, so a bad partition of them is an error, not a note."""
+    import gzip
+    import struct
+
+    import numpy as np
+
+    folder = tmp_path / "data" / "mnist"
+    folder.mkdir(parents=True)
+    for split, n in (("train", 30), ("t10k", 12)):
+        images = np.zeros((n, 28, 28), np.uint8)
+        with gzip.open(folder / f"{split}-images-idx3-ubyte.gz", "wb") as f:
+            f.write(struct.pack(">IIII", 2051, n, 28, 28) + images.tobytes())
+        with gzip.open(folder / f"{split}-labels-idx1-ubyte.gz", "wb") as f:
+            f.write(struct.pack(">II", 2049, n) + (np.arange(n) % 10).astype(np.uint8).tobytes())
+    assert data_problems(parse_spec(spec(tmp_path, dataset="mnist", clients=100))) == (
+        ["scenarios.s.clients: 100 clients need at least 1 sample each, pool has 42"], [])

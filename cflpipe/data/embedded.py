@@ -103,11 +103,13 @@ class SyntheticParams(BaseModel):
 
     @model_validator(mode="after")
     def _fits_in_memory(self) -> "SyntheticParams":
-        values = int(_device_sizes(self, np.random.default_rng(self.seed)).sum()) * self.dimension
+        samples = int(_device_sizes(self, np.random.default_rng(self.seed)).sum())
+        # inputs (samples × features), logits (samples × classes), each device's weights (features × classes)
+        values = samples * (self.dimension + self.classes) + self.dimension * self.classes
         if values > MAX_SYNTHETIC_VALUES:
-            raise ValueError(f"{self.dimension} features × {values // self.dimension} samples = {values:.3g} "
-                             f"values ({values * 8 / 2**30:.3g} GiB to generate), at most {MAX_SYNTHETIC_VALUES:.0e}; "
-                             f"lower dimension, devices or max_samples")
+            raise ValueError(f"{samples} samples of {self.dimension} features and {self.classes} classes need "
+                             f"{values:.3g} values ({values * 8 / 2**30:.3g} GiB to generate), at most "
+                             f"{MAX_SYNTHETIC_VALUES:.0e}; lower dimension, classes, devices or max_samples")
         return self
 
 

@@ -53,7 +53,10 @@ def write_state(path: Path, state: dict[str, Any]) -> None:
     folder = rows_folder(path)
     named: set[str] = set()
     manifest = _externalize(state, folder, named)
-    previous = [store.sha256_of(path)] if path.exists() else []
+    # The state on disk becomes the fallback only if it is the verified newest one: never a file
+    # no digest vouches for (a damaged one a --force run trains over).
+    digests = _digests(path)
+    previous = digests[:1] if path.is_file() and digests and digests[0] == store.sha256_of(path) else []
     with store.atomic_path(path) as tmp:
         torch.save(manifest, tmp)
         # The digest is written before the state is renamed into place, with the previous

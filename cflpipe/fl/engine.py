@@ -183,6 +183,8 @@ class Run:
         self.setup()
         if resume:
             self.try_resume()
+        elif self.state_path.is_dir():  # --force trains afresh; its first checkpoint needs the path
+            shutil.rmtree(self.state_path)
         rounds = self.training.rounds
         from tqdm import tqdm
 
@@ -330,9 +332,7 @@ class Run:
             self.hash_path.unlink(missing_ok=True)
             return
         state, problem = read_state(self.state_path)
-        if problem is None and state.pop("__previous__", False):
-            print(f"warning: {self.state_path}: the last checkpoint's save was interrupted; resuming from "
-                  f"the one before it (round {int(state['round'])})", file=sys.stderr)
+        previous = problem is None and state.pop("__previous__", False)
         if problem is None and state.get("config") == self.config_text and state.get("method") is None \
                 and int(state["round"]) != self.training.rounds:
             problem = "a checkpoint without models before the last round"  # cannot be written
@@ -350,6 +350,9 @@ class Run:
                   f"{', '.join(changed[:5])}{', …' if len(changed) > 5 else ''}); starting the run afresh",
                   file=sys.stderr)
             return
+        if previous:
+            print(f"warning: {self.state_path}: the last checkpoint's save was interrupted; resuming from "
+                  f"the one before it (round {int(state['round'])})", file=sys.stderr)
         if state["method"] is not None:  # None: the last round's cut-down checkpoint, no round to play
             self.method.load_state_dict(state["method"])
             self.ctx.clients.load_state_dict(state["clients"])

@@ -122,10 +122,11 @@ def run_files(*names):
 # One process per job: every run of its methods × seeds (a finished run is skipped).
 def train_command(methods):
     # Everything goes to the job's log; tee also puts each finished run's line (accuracy, time,
-    # runs left) on the console, where snakemake otherwise says only "N of M steps". Snakemake's
-    # shell runs with pipefail: the job still fails when cflpipe does.
-    return (f"cflpipe train --config {{input.spec:q}} --scenario {{wildcards.scenario}} --method {methods}"
-            " --seed {params.seeds} --threads {threads} --quiet 2>&1 | tee {log}")
+    # runs left) on the console (a cluster job's own output file under SLURM), where snakemake
+    # otherwise says only "N of M steps". pipefail, said here whatever shell runs it: the job
+    # still fails when cflpipe does.
+    return (f"set -o pipefail; cflpipe train --config {{input.spec:q}} --scenario {{wildcards.scenario}} "
+            f"--method {methods} --seed {{params.seeds}} --threads {{threads}} --quiet 2>&1 | tee {{log}}")
 
 
 def scenario_methods(scenario):
