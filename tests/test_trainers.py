@@ -537,3 +537,30 @@ def test_apply_inverts_every_cinn_at_once_as_one_by_one():
     expected = SequentialTrainer().apply(ctx, "flow", vectors, (noise, context), "inverse", None)
     torch.testing.assert_close(BatchedTrainer.apply_batched(ctx, "flow", vectors, (noise, context), "inverse", None),
                                expected)
+
+
+def test_per_tensor_gradients_equal_the_gradient_with_respect_to_the_flat_vector():
+    """#32 item 1: the batched trainer takes each client's gradient with respect to per-parameter
+    views of its row and cats them; the reference takes it with respect to the whole row (the
+    slices' backward). Same maths, so equal to float rounding on a CNN with conv, norm and linear
+    parameters."""
+    from torch.func import functional_call, grad, vmap
+
+    from cflpipe.models import build_model
+
+    torch.manual_seed(0)
+    space = ParamSpace(build_model("cnn", (1, 12, 12), 10))
+    clients = 3
+    w = space.flat[None].repeat(clients, 1) + 0.01 * torch.randn(clients, space.size)
+    x, y = torch.randn(clients, 8, 1, 12, 12), torch.randint(0, 10, (clients, 8))
+
+    def flat_loss(row, xb, yb):
+        params = {s.name: row[s.offset:s.offset + s.numel].view(s.shape) for s in space.slots}
+        return F.cross_entropy(functional_call(space.model, params, (xb,)), yb)
+
+    reference = vmap(grad(flat_loss))(w, x, y)
+    trainer = BatchedTrainer()
+    item_grad = trainer.gradient_function(space, lambda forward, xb, yb: F.cross_entropy(forward(xb), yb), False)
+    ours = item_grad(w, x, y)[1]
+    assert ours.shape == reference.shape == (clients, space.size)
+    torch.testing.assert_close(ours, reference, rtol=1e-6, atol=1e-7)

@@ -205,9 +205,32 @@ class BatchedTrainer(Trainer):
         out = torch.cat(pieces, dim=1)
         return out if shared else [out[j, :n] for j, n in enumerate(lengths)]
 
-    def group(self, spaces: dict[str, ParamSpace], items: list[WorkItem]) -> list[Trained]:
+    @staticmethod
+    def gradient_function(space: ParamSpace, loss, dropout: bool):
+        """(C × P) rows, (C × B …) inputs and labels -> (each row's loss, its (C × P) gradient),
+        one vmap over the rows. The gradient is taken with respect to each parameter tensor (a
+        (C × …) view of the rows' columns) and written into the (C × P) matrix by one cat: taken
+        with respect to the rows themselves, the backward of every slice would add into a zero
+        (C × P) tensor of its own, one per parameter tensor per step (3.4× slower a step on a
+        582k-parameter CNN, #32)."""
         from torch.func import functional_call, grad_and_value, vmap
 
+        model, slots = space.model, space.slots
+
+        def tensor_loss(params: dict[str, torch.Tensor], xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
+            return loss(lambda *args: functional_call(model, params, args), xb, yb)
+
+        batched = vmap(grad_and_value(tensor_loss), randomness="different" if dropout else "error")
+
+        def gradient(w: torch.Tensor, xb: torch.Tensor, yb: torch.Tensor):
+            clients = len(w)
+            views = {s.name: w[:, s.offset:s.offset + s.numel].view(clients, *s.shape) for s in slots}
+            grads, values = batched(views, xb, yb)
+            return values.detach(), torch.cat([grads[s.name].reshape(clients, -1) for s in slots], dim=1)
+
+        return gradient
+
+    def group(self, spaces: dict[str, ParamSpace], items: list[WorkItem]) -> list[Trained]:
         first = items[0]
         space = spaces[first.network]
         model = space.model
@@ -232,20 +255,7 @@ class BatchedTrainer(Trainer):
         anchors = [type(a)(torch.stack([item.anchors[j].vector for item in items]), a.strength, a.mask)
                    for j, a in enumerate(first.anchors)]
         config = step_config(weights, first.lr, first.momentum, first.weight_decay, anchors, first.trainable)
-        slots = space.slots
-        loss = first.loss
-
-        def flat_loss(w: torch.Tensor, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
-            params = {s.name: w[s.offset:s.offset + s.numel].view(s.shape) for s in slots}
-            return loss(lambda *args: functional_call(model, params, args), xb, yb)
-
-        randomness = "different" if first.dropout_seed is not None else "error"
-        batched = vmap(grad_and_value(flat_loss), randomness=randomness)
-
-        def gradient(w: torch.Tensor, xb: torch.Tensor, yb: torch.Tensor):
-            grads, values = batched(w, xb, yb)
-            return values.detach(), grads
-
+        gradient = self.gradient_function(space, first.loss, first.dropout_seed is not None)
         total = torch.zeros(len(items), dtype=weights.dtype, device=weights.device)
         model.train()
         run_loop(weights, rows, lambda b: (x_all[b], y_all[b]), gradient, first.rule, config, companions, total)
