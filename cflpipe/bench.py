@@ -118,7 +118,11 @@ def bench_workload(name: str, clients: int, rounds: int, repeats: int = 3) -> di
 
 
 def _digits_fedavg(results: Path, model: str, sampled: int, rounds: int, **training):
-    return parse_spec({
+    return parse_spec(_fedavg_spec(results, model, sampled, rounds, **training))
+
+
+def _fedavg_spec(results: Path, model: str, sampled: int, rounds: int, **training) -> dict:
+    return {
         "seeds": [0],
         "training": {"model": model, "rounds": rounds, "clients_per_round": sampled, "local_steps": 5,
                      "batch_size": 8, "lr": 0.05, "eval_every": rounds + 1, "checkpoint_every": rounds + 1,
@@ -126,7 +130,7 @@ def _digits_fedavg(results: Path, model: str, sampled: int, rounds: int, **train
         "scenarios": {"bench": {"dataset": "digits", "clients": 100, "partition": [{"kind": "iid"}]}},
         "methods": {"fedavg": {}},
         "results_dir": str(results),
-    })
+    }
 
 
 def _median_timing(spec, column: str, drop_last: bool) -> float:
@@ -137,23 +141,54 @@ def _median_timing(spec, column: str, drop_last: bool) -> float:
     return float(np.median(timing[column]))
 
 
-def bench_trainers(models=("mlp", "cnn"), sampled=(10, 25, 100), rounds: int = 6, repeats: int = 3) -> list[dict]:
-    """Median training seconds per round, sequential vs batched trainer; fastest of `repeats`
-    alternating runs on each side."""
+# The trainers' workloads: each built-in image model at the input shapes it meets (digits' 8×8;
+# MNIST's 28×28 and CIFAR's 32×32 as random images of those shapes: timing needs no real data),
+# with the sampled-client counts measured.
+TRAINER_WORKLOADS = (
+    ("mlp", None, (10, 25, 100)),
+    ("cnn", None, (10, 25, 100)),
+    ("cnn", (1, 28, 28), (10, 25)),
+    ("resnet18", (3, 32, 32), (10,)),
+)
+
+
+def _images_fedavg(results: Path, model: str, shape: tuple[int, ...], sampled: int, rounds: int, **training):
+    """FedAvg over 100 clients of random images of `shape` (10 classes), from a .npz beside the results."""
+    path = results.parent / f"images-{'x'.join(map(str, shape))}.npz"
+    if not path.exists():
+        rng = np.random.default_rng(0)
+        np.savez(path, x_train=rng.standard_normal((2000, *shape), dtype=np.float32),
+                 y_train=rng.integers(0, 10, 2000), x_test=rng.standard_normal((200, *shape), dtype=np.float32),
+                 y_test=rng.integers(0, 10, 200))
+    spec = _fedavg_spec(results, model, sampled, rounds, **training)
+    spec["scenarios"]["bench"]["dataset"] = {"name": "files", "path": str(path), "classes": 10}
+    return parse_spec(spec)
+
+
+def bench_trainers(workloads=TRAINER_WORKLOADS, rounds: int = 6, repeats: int = 3) -> list[dict]:
+    """Median training seconds per round, sequential vs batched trainer, and what `trainer: auto`
+    picks; fastest of `repeats` alternating runs on each side."""
+    from cflpipe.fl.trainers import build_trainer
+
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for model in models:
+        for model, shape, sampled in workloads:
+            where = "digits 8x8" if shape is None else "x".join(map(str, shape))
             for k in sampled:
                 seconds = {"sequential": [], "batched": []}
                 for _ in range(repeats):
                     for trainer in seconds:
-                        spec = _digits_fedavg(Path(tmp) / trainer, model, k, rounds, trainer=trainer)
+                        results = Path(tmp) / trainer
+                        spec = (_digits_fedavg(results, model, k, rounds, trainer=trainer) if shape is None else
+                                _images_fedavg(results, model, shape, k, rounds, trainer=trainer))
                         seconds[trainer].append(_median_timing(spec, "train_seconds", drop_last=True))
                 seq, bat = min(seconds["sequential"]), min(seconds["batched"])
-                rows.append({"model": model, "clients_per_round": k, "sequential_ms_per_round": seq * 1000,
-                             "batched_ms_per_round": bat * 1000, "speedup": seq / bat})
-                print(f"trainer   {model:4s} sampled={k:4d}  sequential {seq * 1000:8.1f} ms/round  "
-                      f"batched {bat * 1000:8.1f} ms/round  speed-up ×{seq / bat:.2f}", flush=True)
+                auto = type(build_trainer("auto", torch.device("cpu"), model)).__name__.removesuffix("Trainer").lower()
+                rows.append({"model": model, "input": where, "clients_per_round": k,
+                             "sequential_ms_per_round": seq * 1000, "batched_ms_per_round": bat * 1000,
+                             "speedup": seq / bat, "auto": auto})
+                print(f"trainer   {model:8s} {where:10s} sampled={k:4d}  sequential {seq * 1000:8.1f} ms/round  "
+                      f"batched {bat * 1000:8.1f} ms/round  speed-up ×{seq / bat:.2f}  auto: {auto}", flush=True)
     return rows
 
 

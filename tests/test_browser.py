@@ -301,7 +301,21 @@ CD_PROBE = """JSON.stringify((() => {
           bars: d._fullLayout.shapes.filter(s => s.line.width === 4).map(s => [s.x0, s.x1]),
           labels: labels};
 })())"""
-PROBES = {"styles": STYLES_PROBE, "legends": LEGENDS_PROBE, "setup": SETUP_PROBE, "views": VIEWS_PROBE}
+# The all-final-figures tables at 1400 px: the headline figure (the first after method and
+# seeds) starts inside the window, and the method's name stays in view when the table scrolls.
+WIDE_TABLE_PROBE = """JSON.stringify([...document.querySelectorAll('table.details')].map(t => {
+  const head = t.querySelectorAll('thead th');
+  const box = t.closest('.wide');
+  const name = t.querySelector('tbody th[scope=row]');
+  const before = name.getBoundingClientRect().left;
+  box.scrollLeft = box.scrollWidth;
+  const after = name.getBoundingClientRect().left;
+  box.scrollLeft = 0;
+  return {first: head[2].textContent, right: head[2].getBoundingClientRect().right,
+          width: window.innerWidth, scrolls: box.scrollWidth > box.clientWidth, kept: after === before};
+}))"""
+PROBES = {"styles": STYLES_PROBE, "legends": LEGENDS_PROBE, "setup": SETUP_PROBE, "views": VIEWS_PROBE,
+          "wide": WIDE_TABLE_PROBE}
 
 
 def require_chromium() -> str:
@@ -552,6 +566,9 @@ def test_many_methods_each_drawn_in_their_own_style(many_methods_page, tmp_path)
     assert len(labels) == 20 and seen["setup"]["key_traces"] == 20
     check_styles(seen["styles"], labels)
     check_legends(seen["legends"])
+    # #35 item 4: with 20 methods the headline column is in view; the rest scrolls under the name
+    assert seen["wide"] and all(t["first"] == "acc macro %" and t["right"] <= t["width"] for t in seen["wide"])
+    assert all(t["kept"] for t in seen["wide"] if t["scrolls"]), seen["wide"]
     # More baselines than the family has colours: the colour repeats, with another dash.
     lines = {name: next(s for s in found if s[1] is not None)
              for name, found in method_styles(seen["styles"], labels).items()}
