@@ -879,8 +879,8 @@ def test_the_summary_names_the_run(tmp_path):
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", timing["finished_utc"])
     assert timing["seconds_total"] == pytest.approx(seconds["seconds"].sum())
     assert timing["server_seconds_per_round"] == pytest.approx(seconds["server_seconds"].mean())
-    assert (timing["device"], timing["trainer"], timing["plans_trained"]) == ("cpu", "sequential",
-                                                                             {"sequential": 24, "batched": 0})
+    assert (timing["device"], timing["trainer"], timing["plans_trained"]) == ("cpu", "batched",
+                                                                             {"sequential": 0, "batched": 24})
     plots = pd.read_csv(run_dir / "plots.csv")
     assert list(plots.columns[:3]) == ["round", "acc_macro", "acc_micro"] and plots["round"].tolist() == [2, 4, 6]
     assert plots["acc_macro"].tolist() == [float(f"{v:.6g}") for v in rounds.dropna(subset=["acc_macro"])["acc_macro"]]

@@ -262,10 +262,10 @@ def test_dropout_masks_follow_seed_round_client_and_stream(tmp_path):
     assert torch.initial_seed() != batch_seed
 
 
-def test_the_auto_trainer_batches_on_a_gpu_and_for_the_cnn_on_a_cpu():
+def test_the_auto_trainer_batches_on_a_gpu_and_for_the_measured_models_on_a_cpu():
     cpu, gpu = torch.device("cpu"), torch.device("cuda")  # a device name: no GPU needed
-    assert build_trainer("auto", cpu, "mlp").name == "sequential"  # measured slower batched on a CPU
-    assert build_trainer("auto", cpu, "cnn").name == "batched"
+    assert build_trainer("auto", cpu, "resnet18").name == "sequential"  # measured slower batched on a CPU
+    assert build_trainer("auto", cpu, "cnn").name == "batched" and build_trainer("auto", cpu, "mlp").name == "batched"
     assert build_trainer("auto", gpu, "mlp").name == "batched"
     assert build_trainer("sequential", gpu, "cnn").name == "sequential"  # a named trainer is kept
 

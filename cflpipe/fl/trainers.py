@@ -267,9 +267,11 @@ class BatchedTrainer(Trainer):
                 for i, (item, result) in enumerate(zip(items, results))]
 
 
-# Models the batched trainer is measured faster for on a CPU (cflpipe bench, docs/performance.md:
-# the cnn 2.0–2.8× at 10–100 sampled clients; the mlp 0.7–1.0×, so it stays sequential).
-CPU_BATCHED_MODELS = ("cnn",)
+# Models the batched trainer is measured faster for on a CPU (cflpipe bench --part trainers,
+# docs/performance.md, per-tensor gradients): the cnn 2.0–3.4× on digits and 1.1–1.3× at 28×28,
+# the mlp 1.0–1.5×, at 10–100 sampled clients; resnet18 0.6× at 32×32, so it stays sequential, as
+# do the models not measured.
+CPU_BATCHED_MODELS = ("cnn", "mlp")
 
 
 def build_trainer(name: str, device: torch.device, model: str | None = None, where: str = "training.trainer"
