@@ -659,7 +659,7 @@ def test_report_states_the_setup_and_uses_labels(built):
     assert "FedProx (μ = 0.01)" in names and "prox-lo" not in names
     bars = {x for f in figures for t in f["data"] if t.get("type") == "bar" for x in t.get("x", [])}
     assert "FedProx (μ = 0.01)" in bars and "prox-lo" not in bars
-    titles = " ".join(str(f["layout"].get("title", {}).get("text", "")) for f in figures)
+    titles = " ".join(str(f["layout"].get("title", {}).get("text", "")).replace("<br>", " ") for f in figures)
     assert "Label swap <2>: personalized accuracy" in titles and "swap: " not in titles.replace("Label swap", "")
     for section in ("overview", "accuracy", "clients", "clustering", "communication", "intra-inter"):
         assert f'<h3 id="{section}-swap">Label swap &lt;2&gt;</h3>' in page
@@ -744,7 +744,8 @@ def page_figures(html: str) -> dict[str, dict]:
 
 
 def figure_titled(figures: dict[str, dict], title: str) -> dict:
-    found = [f for f in figures.values() if f["layout"].get("title", {}).get("text", "") == title]
+    # long titles are wrapped with <br> (plotting.wrap_title)
+    found = [f for f in figures.values() if f["layout"].get("title", {}).get("text", "").replace("<br>", " ") == title]
     assert len(found) == 1, (title, [f["layout"].get("title", {}).get("text") for f in figures.values()])
     return found[0]
 
@@ -811,7 +812,7 @@ def test_training_loss_and_accuracy_vs_bytes(built):
     curves = pd.read_parquet(built["aggregate"] / "curves.parquet")
     for scenario in SCENARIOS:
         rows = curves[curves["scenario"] == scenario]
-        loss = [f for f in figures.values() if f["layout"]["title"]["text"].startswith(f"{scenario}: training loss")]
+        loss = [f for f in figures.values() if f["layout"]["title"]["text"].replace("<br>", " ").startswith(f"{scenario}: training loss")]
         assert len(loss) == 1
         traces = {t["name"]: t for t in loss[0]["data"] if t.get("mode") == "lines+markers"}
         values = rows["train_loss_mean"].to_numpy(dtype=float)
@@ -838,7 +839,7 @@ def test_training_loss_and_accuracy_vs_bytes(built):
         assert largest >= 1e3
         for direction in ("down", "up"):
             per_round = [f for f in figures.values()
-                         if f["layout"]["title"]["text"].startswith(f"{scenario}: bytes {direction} per round")][0]
+                         if f["layout"]["title"]["text"].replace("<br>", " ").startswith(f"{scenario}: bytes {direction} per round")][0]
             assert per_round["layout"]["yaxis"]["rangemode"] == "tozero"
             assert per_round["layout"]["yaxis"]["title"]["text"] == unit
             for t in per_round["data"]:
@@ -891,3 +892,23 @@ def test_bands_are_clipped_to_their_figures_range():
 
     assert figure_range("n_clusters") == (0.0, float("inf")) and figure_range("acc_macro") == (0.0, 1.0)
     assert figure_range("ari") == (-1.0, 1.0) and figure_range("flow_nll") == (float("-inf"), float("inf"))
+
+
+def test_long_titles_wrap_before_the_upright_toolbar():
+    """#35 item 4: plotly's toolbar covered long titles; it stands upright in a right margin of
+    its own and a long title wraps into lines that fit the narrowest plot area."""
+    import json
+
+    import plotly.graph_objects as go
+
+    from cflpipe.report.plotting import LEGEND_WIDTH_PX, MODEBAR_PX, TITLE_FONT_PX, Figures, wrap_title
+
+    title = "digits, 4 permuted groups: personalized accuracy (mean over clients) per round"
+    lines = wrap_title(title)
+    assert " ".join(lines) == title and len(lines) == 2
+    assert all(len(line) * TITLE_FONT_PX <= LEGEND_WIDTH_PX for line in lines)
+    figure = Figures().add(go.Figure(go.Scatter(x=[0, 1], y=[0, 1]), layout=dict(title=title)), "t")
+    layout = json.loads(figure.json.replace("\\u003c", "<").replace("\\u003e", ">").replace("\\u0026", "&"))["layout"]
+    assert layout["title"]["text"] == "<br>".join(lines) and figure.title == title
+    assert layout["modebar"]["orientation"] == "v" and layout["margin"]["r"] >= MODEBAR_PX
+    assert wrap_title("short") == ["short"] and wrap_title("") == []

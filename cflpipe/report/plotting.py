@@ -45,7 +45,16 @@ class Figures:
         self.count += 1
         slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
         margin = {"l": 60, "r": 20, "t": 50, "b": 50, **(margin or {})}
-        fig.update_layout(template=_TEMPLATE, margin=margin)
+        # Plotly's toolbar sits in the top-right corner: upright, in a right margin of its own,
+        # and a long title wraps so that its lines end before it.
+        title = fig.layout.title.text or ""
+        lines = wrap_title(title)
+        if len(lines) > 1:
+            fig.update_layout(title_text="<br>".join(lines))
+            margin["t"] += TITLE_LINE_PX * (len(lines) - 1)
+            height += TITLE_LINE_PX * (len(lines) - 1)
+        margin["r"] = max(margin["r"], MODEBAR_PX)
+        fig.update_layout(template=_TEMPLATE, margin=margin, modebar=dict(orientation="v"))
         entries = [t.name or "" for t in fig.data if t.showlegend is not False and t.type not in ("heatmap",)]
         if entries and fig.layout.showlegend is not False:
             legend, extra = legend_below(entries)
@@ -55,7 +64,6 @@ class Figures:
         text = pio.to_json(fig, validate=False, pretty=False, remove_uids=True)
         # Inside <script type="application/json">: never let the text close the element.
         text = text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
-        title = fig.layout.title.text or ""
         return Figure(f"fig-{self.count:03d}-{slug}", text, height, title)
 
 
@@ -67,6 +75,27 @@ LEGEND_SYMBOL_PX = 46  # the line-and-marker sample and its gap
 LEGEND_ROW_PX = 21
 # The narrowest plot area of a figure in the page's grid (520 px column less the margins).
 LEGEND_WIDTH_PX = 430
+
+
+# A 14 px title's mean character advance, the lines' spacing, the upright toolbar's width.
+TITLE_FONT_PX = 7.7
+TITLE_LINE_PX = 18
+MODEBAR_PX = 36
+
+
+def wrap_title(title: str) -> list[str]:
+    """`title` in lines (at spaces) that fit the narrowest plot area; markup such as <br> is
+    left alone (a title that has it is taken as already laid out)."""
+    if not title or "<br" in title:
+        return [title] if title else []
+    width = int(LEGEND_WIDTH_PX / TITLE_FONT_PX)
+    lines: list[str] = []
+    for word in title.split(" "):
+        if lines and len(lines[-1]) + 1 + len(word) <= width:
+            lines[-1] += " " + word
+        else:
+            lines.append(word)
+    return lines
 
 
 def legend_below(names: list[str]) -> tuple[dict[str, Any], int]:
