@@ -569,6 +569,9 @@ def test_many_methods_each_drawn_in_their_own_style(many_methods_page, tmp_path)
     # #35 item 4: with 20 methods the headline column is in view; the rest scrolls under the name
     assert seen["wide"] and all(t["first"] == "acc macro %" and t["right"] <= t["width"] for t in seen["wide"])
     assert all(t["kept"] for t in seen["wide"] if t["scrolls"]), seen["wide"]
+    # ... and its accuracy curves are one figure per method family, not 20 curves in one
+    facets = re.findall(r"personalized accuracy: ([a-z ()]+?) \(mean", page.read_text())
+    assert len(set(facets)) >= 3 and "reference and baselines" in facets, facets
     # More baselines than the family has colours: the colour repeats, with another dash.
     lines = {name: next(s for s in found if s[1] is not None)
              for name, found in method_styles(seen["styles"], labels).items()}

@@ -22,6 +22,10 @@ from cflpipe.spec import TRAINING_KEYS, Training, spec_sha256
 
 # Columns of the per-scenario detail tables: (figure, header, scale, digits, direction) where
 # direction +1 marks the highest mean best, -1 the lowest, 0 marks nothing.
+# Above this many methods on a scenario, its accuracy curves are drawn one figure per method
+# family (20 curves in one figure were an unreadable tangle).
+FACET_METHODS = 10
+
 DETAIL_COLUMNS = (
     ("acc_macro", "acc macro %", 100, 1, 1), ("acc_micro", "acc micro %", 100, 1, 1),
     ("acc_worst10", "worst-10% acc %", 100, 1, 1), ("global_acc_mean", "global acc %", 100, 1, 1),
@@ -132,13 +136,32 @@ class Sections:
         view = self.view
         out = []
         for s in view.spec.scenarios:
-            figs = [self.figures.curve_figure(s, "acc_macro", f"{view.scenario_labels[s]}: personalized accuracy (mean ± std over seeds)",
-                                              "accuracy %", 100),
-                    self.figures.curve_figure(s, "global_acc_mean", f"{view.scenario_labels[s]}: global accuracy (mean ± std over seeds)",
+            label = view.scenario_labels[s]
+            figs = [*self.family_curves(s, "acc_macro", f"{label}: personalized accuracy"),
+                    self.figures.curve_figure(s, "global_acc_mean", f"{label}: global accuracy (mean ± std over seeds)",
                                               "accuracy %", 100),
                     self.figures.loss_figure(s)]
-            out.append({"scenario": s, "label": view.scenario_labels[s], "figures": [f for f in figs if f is not None]})
+            out.append({"scenario": s, "label": label, "figures": [f for f in figs if f is not None]})
         return out
+
+    def family_curves(self, scenario: str, figure: str, title: str) -> list:
+        """One curve figure of all methods; with more than FACET_METHODS methods (a tangle), one
+        per method family instead, each with the references and the first baseline to read the
+        family against."""
+        view = self.view
+        methods = view.plot_order(view.methods_on(scenario))
+        families = list(dict.fromkeys(view.styles[m].family for m in methods))
+        if len(methods) <= FACET_METHODS or len(families) < 2:
+            return [self.figures.curve_figure(scenario, figure, f"{title} (mean ± std over seeds)", "accuracy %", 100)]
+        anchors = [m for m in methods if view.styles[m].family == "reference"]
+        anchors += [m for m in methods if view.styles[m].family == "baseline"][:1]
+        return [self.figures.curve_figure(
+                    scenario, figure, f"{title}: {FAMILY_TITLES[family]} (mean ± std over seeds)", "accuracy %", 100,
+                    methods=list(dict.fromkeys([*anchors, *(m for m in methods if view.styles[m].family == family)])))
+                for family in families if family not in ("reference", "baseline")] + \
+            [self.figures.curve_figure(scenario, figure, f"{title}: reference and baselines (mean ± std over seeds)",
+                                       "accuracy %", 100,
+                                       methods=[m for m in methods if view.styles[m].family in ("reference", "baseline")])]
 
     def comparison(self) -> tuple[list[PaperTable], list[dict[str, Any]]]:
         view = self.view
