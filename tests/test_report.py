@@ -912,3 +912,13 @@ def test_long_titles_wrap_before_the_upright_toolbar():
     assert layout["title"]["text"] == "<br>".join(lines) and figure.title == title
     assert layout["modebar"]["orientation"] == "v" and layout["margin"]["r"] >= MODEBAR_PX
     assert wrap_title("short") == ["short"] and wrap_title("") == []
+
+
+def test_scatter_labels_are_kept_apart():
+    """#35 item 4: labels of close points in the intra/inter scatter overlapped; only points far
+    enough from every labelled one are labelled (the legend names the rest)."""
+    from cflpipe.report.figures import label_apart
+
+    points = {"a": (50.0, 90.0), "b": (50.5, 89.8), "c": (70.0, 60.0), "d": (30.0, 89.9)}
+    assert label_apart(points, 3.0) == {"a", "c", "d"}
+    assert label_apart(points, 0.1) == set(points)

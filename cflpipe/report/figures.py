@@ -52,6 +52,22 @@ def figure_range(figure: str) -> tuple[float, float]:
         return 0.0, math.inf
     return -math.inf, math.inf
 
+
+# A point of a scatter is labelled only this far (a fraction of the axis range) from every point
+# labelled before it; the others are told apart by the legend (labels of close points overlapped).
+LABEL_APART = 0.06
+
+
+def label_apart(points: dict[str, tuple[float, float]], distance: float) -> set[str]:
+    """The points to label, greedily from the highest: each at least `distance` from those kept."""
+    kept: list[tuple[float, float]] = []
+    out = set()
+    for name, (x, y) in sorted(points.items(), key=lambda item: -item[1][1]):
+        if all(math.hypot(x - a, y - b) >= distance for a, b in kept):
+            kept.append((x, y))
+            out.add(name)
+    return out
+
 class FigureBuilder:
     """Builds the figures of one report from its view, numbered in the order they are built."""
 
@@ -249,16 +265,20 @@ class FigureBuilder:
 
         view = self.view
         fig = go.Figure()
-        lo, hi = 100.0, 0.0
+        points = {}
         for m in view.plot_order(view.methods_on(scenario)):
             r = view.summary_row(scenario, m)
             x, y = r["inter_acc_mean"] * 100, r["intra_acc_mean"] * 100
-            if not (math.isfinite(x) and math.isfinite(y)):
-                continue
-            lo, hi = min(lo, x, y), max(hi, x, y)
+            if math.isfinite(x) and math.isfinite(y):
+                points[m] = (x, y, r)
+        lo = min([100.0, *(min(x, y) for x, y, _ in points.values())])
+        hi = max([0.0, *(max(x, y) for x, y, _ in points.values())])
+        labelled = label_apart({m: (x, y) for m, (x, y, _) in points.items()}, max(hi - lo, 1.0) * LABEL_APART)
+        for m, (x, y, r) in points.items():
             style, name = view.styles[m], view.label(m)
             fig.add_trace(go.Scatter(
-                x=[x], y=[y], mode="markers+text", text=[name], textposition="top center", name=name,
+                x=[x], y=[y], mode="markers+text" if m in labelled else "markers", text=[name],
+                textposition="top center", name=name,
                 marker=dict(size=11, color=style.color, symbol=style.marker),
                 error_x=dict(type="data", array=clean([r["inter_acc_std"] * 100]), color=style.color),
                 error_y=dict(type="data", array=clean([r["intra_acc_std"] * 100]), color=style.color),
