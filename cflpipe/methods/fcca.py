@@ -51,7 +51,8 @@ Our readings where the paper is open (METHODS.md, FCCA):
   evaluation round (same-group/other-group ratios of D 1.12, 1.11, 1.13). On four groups (20
   clients, seed 0, 60 rounds) `sample` never did (ARI ≤ 0.23 in every evaluation, although D's
   ratio rose to 1.20: per-sample cosines of 32 noisy reconstructions leave D too noisy for the
-  k-means), while `mean` had ARI 1.0 at rounds 30, 40 and 60 (0.61 at 20 and 50).
+  k-means), while `mean` had ARI 1.0 at rounds 30, 40 and 60 (0.61 at 20 and 50); both measured
+  with `rows: raw`, before the reading below.
 - What the k-means clusters (`rows`). The paper applies "K-Means … based on the distance matrix
   D" without saying how a matrix becomes points; we take each client's row of D as its point.
   P = max(|B_ii|, |B_jj|) multiplies a client's whole row by its own confidence, so raw rows
