@@ -4,6 +4,7 @@ done by the modules each subcommand calls."""
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import sys
@@ -516,13 +517,26 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `cflpipe methods | head`: no traceback, but not a success either
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more to flush at exit
         return 1
+    except OSError as exc:
+        if os.environ.get("CFLPIPE_DEBUG"):
+            raise
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):  # writes are atomic: nothing half-written is left
+            where = f" writing {exc.filename}" if exc.filename else ""
+            print(f"error: no space left on the device{where}; free some and run the same command again "
+                  f"(finished runs and checkpoints are kept)", file=sys.stderr)
+            return 1
+        return _unexpected(exc)
     except Exception as exc:  # a bug or an environment failure (e.g. out of memory): one line
         if os.environ.get("CFLPIPE_DEBUG"):
             raise
-        first = (str(exc).strip().splitlines() or [""])[0]
-        print(f"error: {type(exc).__name__}: {first} (set CFLPIPE_DEBUG=1 for the traceback)",
-              file=sys.stderr)
-        return 1
+        return _unexpected(exc)
+
+
+def _unexpected(exc: Exception) -> int:
+    """A bug or an environment failure (e.g. out of memory): one line."""
+    first = (str(exc).strip().splitlines() or [""])[0]
+    print(f"error: {type(exc).__name__}: {first} (set CFLPIPE_DEBUG=1 for the traceback)", file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":

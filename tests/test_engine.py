@@ -1227,3 +1227,37 @@ def test_the_learning_rate_decays_by_lr_decay_every_round(tmp_path):
     run = prepare_run(parse_spec(tiny_spec(tmp_path, lr=0.08, lr_decay=0.5)), "swap", "fedavg", 0)
     run.ctx.round = 3
     assert run.ctx.lr() == pytest.approx(0.08 * 0.5 ** 3)
+
+
+@pytest.mark.parametrize("how", ["torch", "os"])
+def test_a_full_disk_is_one_line_naming_the_file(tmp_path, monkeypatch, capsys, how):
+    """#33 item 4: a full disk ended in torch's `unexpected pos …` or `OSError: [Errno 28]`."""
+    import errno
+    from collections import namedtuple
+
+    from cflpipe import store
+    from cflpipe.cli import main
+    from cflpipe.fl import checkpoint
+
+    config = tmp_path / "spec.yaml"
+    config.write_text(yaml.safe_dump(tiny_spec(tmp_path / "results", rounds=2)))
+    state = tmp_path / "results" / "runs" / "swap" / "fedavg" / "seed0" / "state" / "state.pt"
+    if how == "torch":
+        def full(*args, **kwargs):
+            raise RuntimeError("[enforce fail at inline_container.cc:778] . PytorchStreamWriter failed writing "
+                               "file data/0: file write failed; unexpected pos 2496 vs 2390")
+        monkeypatch.setattr(checkpoint.torch, "save", full)
+        usage = namedtuple("usage", "total used free")
+        monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda path: usage(10**9, 10**9, 0))
+    else:
+        def full(path, *args, **kwargs):
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        monkeypatch.setattr(store, "write_text", full)
+    code = main(["train", "--config", str(config), "--scenario", "swap", "--method", "fedavg", "--seed", "0",
+                 "--quiet"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and len(err) == 1, err
+    assert err[0].startswith("error: no space left on the device writing ") and err[0].endswith(
+        "; free some and run the same command again (finished runs and checkpoints are kept)")
+    if how == "torch":
+        assert str(state) in err[0]

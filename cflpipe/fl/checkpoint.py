@@ -23,8 +23,10 @@ separate tensors, every one contiguous: no method's state relies on either.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +42,8 @@ MIN_ROWS_BYTES = 1 << 20
 # Rows are grouped into blocks of about this size: one row per block from 64 KiB rows on (a
 # 16k-parameter model), so a checkpoint rewrites little more than the rows that changed.
 BLOCK_BYTES = 1 << 16
+# Below this much free space a failed torch.save is taken for a full disk.
+MIN_FREE_BYTES = 1 << 20
 _ROWS_KEY = "__rows__"
 _BLOCK_NAME = re.compile(r"[0-9a-f]{64}")
 
@@ -58,7 +62,12 @@ def write_state(path: Path, state: dict[str, Any]) -> None:
     digests = _digests(path)
     previous = digests[:1] if path.is_file() and digests and digests[0] == store.sha256_of(path) else []
     with store.atomic_path(path) as tmp:
-        torch.save(manifest, tmp)
+        try:
+            torch.save(manifest, tmp)
+        except RuntimeError as exc:  # torch's writer says "unexpected pos …" where the OS says ENOSPC
+            if shutil.disk_usage(tmp.parent).free < MIN_FREE_BYTES:
+                raise OSError(errno.ENOSPC, "No space left on device", str(path)) from exc
+            raise RuntimeError(f"{path}: torch.save failed ({' '.join(str(exc).split())[:160]})") from exc
         # The digest is written before the state is renamed into place, with the previous
         # state's: a crash in between leaves the previous checkpoint, verified by the second line.
         store.write_text(path.with_name(STATE_HASH_FILE), "".join(f"{d}\n" for d in [store.sha256_of(tmp), *previous]))
