@@ -108,7 +108,7 @@ def cmd_download(args) -> int:
 
 
 def cmd_partition(args) -> int:
-    from cflpipe.fl.data import partition_scenario
+    from cflpipe.partition_files import partition_scenario
 
     from cflpipe.partition import small_test_sets
     from cflpipe.store import read_parquet

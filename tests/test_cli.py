@@ -129,3 +129,16 @@ def test_the_method_listing_is_grouped_by_family(capsys):
     assert family["fcca_per"].startswith("# source") and family["ifca"].startswith("# clustered")
     assert family["oracle"].startswith("# baselines") and family["ditto"].startswith("# personalized")
     assert family["ifca_mcfl"].startswith("# modifiers") and family["mcfl"].startswith("# source")
+
+
+def test_cflpipe_partition_does_not_import_torch(tmp_path):
+    """#32: each partition job paid torch's import (about 2.3 s of CPU) through cflpipe.fl.data."""
+    import subprocess
+    import sys
+
+    config = _spec_file(tmp_path)
+    code = ("import sys; from cflpipe.cli import main; "
+            f"code = main(['partition', '--config', {config!r}, '--scenario', 's']); "
+            "print(code, 'torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    assert done.stdout.strip().splitlines()[-1] == "0 False", done.stdout + done.stderr
