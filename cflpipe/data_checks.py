@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from cflpipe.errors import CflpipeError
+from cflpipe.errors import CflpipeError, DataError
 from cflpipe.spec import Spec
 
 
@@ -22,7 +22,6 @@ def data_problems(spec: Spec) -> tuple[list[str], list[str]]:
     """(errors, notes): one line per problem of the spec's scenarios and results_dir; notes name
     datasets whose partitions wait for a download."""
     from cflpipe.data.base import dataset_info, load_dataset
-    from cflpipe.errors import DataError
     from cflpipe.partition import build_partition
 
     errors: list[str] = _results_dir_problems(spec)

@@ -459,6 +459,7 @@ def test_a_save_killed_before_its_rename_falls_back_to_the_previous_checkpoint(
     if method == "local":
         assert any(state.with_name("rows").glob("*.bin"))
     assert len(state.with_name("state.sha256").read_text().split()) == 2  # round 6's digest, then round 4's
+    round4 = store.sha256_of(state)
     capsys.readouterr()
     started = record_start_rounds()
     result = train_run(spec, "swap", method, 0, progress=False)
@@ -466,6 +467,8 @@ def test_a_save_killed_before_its_rename_falls_back_to_the_previous_checkpoint(
     assert capsys.readouterr().err == (f"warning: {state}: the last checkpoint's save was interrupted; "
                                        f"resuming from the one before it (round 4)\n")
     assert _bytes(result.run_dir) == _bytes(runs[method].run_dir)
+    # the resumed-from state (round 4's) is the next checkpoint's fallback, not the save that never landed
+    assert state.with_name("state.sha256").read_text().split() == [store.sha256_of(state), round4]
 
 
 def test_a_checkpoint_of_another_configuration_is_discarded_with_a_word(tmp_path, monkeypatch, capsys,

@@ -57,10 +57,10 @@ def write_state(path: Path, state: dict[str, Any]) -> None:
     folder = rows_folder(path)
     named: set[str] = set()
     manifest = _externalize(state, folder, named)
-    # The state on disk becomes the fallback only if it is the verified newest one: never a file
-    # no digest vouches for (a damaged one a --force run trains over).
-    digests = _digests(path)
-    previous = digests[:1] if path.is_file() and digests and digests[0] == store.sha256_of(path) else []
+    # The state on disk is the fallback: the engine discards a checkpoint it does not resume from
+    # (damaged, or under --force), so the one left is the one the first digest names, and it is not
+    # read again here (a whole model per checkpoint where it has no row blocks).
+    previous = _digests(path)[:1] if path.is_file() else []
     with store.atomic_path(path) as tmp:
         try:
             torch.save(manifest, tmp)
@@ -88,6 +88,14 @@ def _digests(path: Path) -> list[str]:
         return path.with_name(STATE_HASH_FILE).read_text().split()[:2]
     except (OSError, UnicodeDecodeError):
         return []
+
+
+def adopt_previous(path: Path) -> None:
+    """After a fallback to the previous checkpoint: its digest becomes the newest, so the next
+    checkpoint names the state actually on disk as its own fallback."""
+    digests = _digests(Path(path))
+    if len(digests) == 2:
+        store.write_text(Path(path).with_name(STATE_HASH_FILE), f"{digests[1]}\n")
 
 
 def read_state(path: Path) -> tuple[dict[str, Any] | None, str | None]:

@@ -18,7 +18,7 @@ import pandas as pd
 import torch
 
 from cflpipe.errors import DivergenceError, SpecError
-from cflpipe.fl.checkpoint import STATE_HASH_FILE, read_state, rows_folder, write_state
+from cflpipe.fl.checkpoint import STATE_HASH_FILE, adopt_previous, read_state, rows_folder, write_state
 from cflpipe.fl.data import FederatedData
 from cflpipe.fl.evaluation import evaluate
 from cflpipe.fl.method import Context, Method, Payload, Update, divergence_error
@@ -183,8 +183,8 @@ class Run:
         self.setup()
         if resume:
             self.try_resume()
-        elif self.state_path.is_dir():  # --force trains afresh; its first checkpoint needs the path
-            shutil.rmtree(self.state_path)
+        else:  # --force trains afresh: nothing of an earlier checkpoint may serve as its fallback
+            self.discard_state()
         rounds = self.training.rounds
         from tqdm import tqdm
 
@@ -323,13 +323,22 @@ class Run:
     def hash_path(self) -> Path:
         return self.state_path.with_name(STATE_HASH_FILE)
 
+    def discard_state(self) -> None:
+        """Remove the checkpoint (state.pt, a folder in its place included), its digests and row
+        blocks: what remains of a checkpoint is then always the one its digests vouch for."""
+        if self.state_path.is_dir():
+            shutil.rmtree(self.state_path)
+        else:
+            self.state_path.unlink(missing_ok=True)
+        self.hash_path.unlink(missing_ok=True)
+        shutil.rmtree(rows_folder(self.state_path), ignore_errors=True)
+
     def try_resume(self) -> None:
         if not self.state_path.exists():
             return
         if self.state_path.is_dir():  # not ours to have made: said, then cleared like a damaged file
             print(f"warning: {self.state_path}: a folder, not a checkpoint; starting the run afresh", file=sys.stderr)
-            shutil.rmtree(self.state_path)
-            self.hash_path.unlink(missing_ok=True)
+            self.discard_state()
             return
         state, problem = read_state(self.state_path)
         previous = problem is None and state.pop("__previous__", False)
@@ -338,9 +347,7 @@ class Run:
             problem = "a checkpoint without models before the last round"  # cannot be written
         if problem is not None:
             print(f"warning: {self.state_path}: {problem}; starting the run afresh", file=sys.stderr)
-            self.state_path.unlink()
-            self.hash_path.unlink(missing_ok=True)
-            shutil.rmtree(rows_folder(self.state_path), ignore_errors=True)
+            self.discard_state()
             return
         if state.get("config") != self.config_text:
             # the spec changed (or the thread count, whose sums differ in the last bits): the old
@@ -351,6 +358,7 @@ class Run:
                   file=sys.stderr)
             return
         if previous:
+            adopt_previous(self.state_path)
             print(f"warning: {self.state_path}: the last checkpoint's save was interrupted; resuming from "
                   f"the one before it (round {int(state['round'])})", file=sys.stderr)
         if state["method"] is not None:  # None: the last round's cut-down checkpoint, no round to play
