@@ -126,7 +126,7 @@ def _fedavg_spec(results: Path, model: str, sampled: int, rounds: int, **trainin
         "seeds": [0],
         "training": {"model": model, "rounds": rounds, "clients_per_round": sampled, "local_steps": 5,
                      "batch_size": 8, "lr": 0.05, "eval_every": rounds + 1, "checkpoint_every": rounds + 1,
-                     "device": "cpu", **training},
+                     "device": "cpu", **training},  # a `device` in `training` replaces the default
         "scenarios": {"bench": {"dataset": "digits", "clients": 100, "partition": [{"kind": "iid"}]}},
         "methods": {"fedavg": {}},
         "results_dir": str(results),
@@ -165,9 +165,9 @@ def _images_fedavg(results: Path, model: str, shape: tuple[int, ...], sampled: i
     return parse_spec(spec)
 
 
-def bench_trainers(workloads=TRAINER_WORKLOADS, rounds: int = 6, repeats: int = 3) -> list[dict]:
+def bench_trainers(workloads=TRAINER_WORKLOADS, rounds: int = 6, repeats: int = 3, device: str = "cpu") -> list[dict]:
     """Median training seconds per round, sequential vs batched trainer, and what `trainer: auto`
-    picks; fastest of `repeats` alternating runs on each side."""
+    picks on `device`; fastest of `repeats` alternating runs on each side."""
     from cflpipe.fl.trainers import build_trainer
 
     rows = []
@@ -179,12 +179,13 @@ def bench_trainers(workloads=TRAINER_WORKLOADS, rounds: int = 6, repeats: int = 
                 for _ in range(repeats):
                     for trainer in seconds:
                         results = Path(tmp) / trainer
-                        spec = (_digits_fedavg(results, model, k, rounds, trainer=trainer) if shape is None else
-                                _images_fedavg(results, model, shape, k, rounds, trainer=trainer))
+                        spec = (_digits_fedavg(results, model, k, rounds, trainer=trainer, device=device)
+                                if shape is None else
+                                _images_fedavg(results, model, shape, k, rounds, trainer=trainer, device=device))
                         seconds[trainer].append(_median_timing(spec, "train_seconds", drop_last=True))
                 seq, bat = min(seconds["sequential"]), min(seconds["batched"])
-                auto = type(build_trainer("auto", torch.device("cpu"), model)).__name__.removesuffix("Trainer").lower()
-                rows.append({"model": model, "input": where, "clients_per_round": k,
+                auto = type(build_trainer("auto", torch.device(device), model)).__name__.removesuffix("Trainer").lower()
+                rows.append({"model": model, "input": where, "clients_per_round": k, "device": device,
                              "sequential_ms_per_round": seq * 1000, "batched_ms_per_round": bat * 1000,
                              "speedup": seq / bat, "auto": auto})
                 print(f"trainer   {model:8s} {where:10s} sampled={k:4d}  sequential {seq * 1000:8.1f} ms/round  "
@@ -231,7 +232,7 @@ def bench_eval(rounds: int = 6, repeats: int = 3) -> list[dict]:
     return rows
 
 
-def bench_apply(repeats: int = 3, clients: int = 100) -> list[dict]:
+def bench_apply(repeats: int = 3, clients: int = 100, device: str = "cpu") -> list[dict]:
     """One evaluation round of a K = 4 cluster method (IFCA: 4 cluster models on the pooled test
     data, and its cluster choice by loss on the pooled training data) and of Ditto (a personal
     model per client on its own rows), at `clients` digits clients, with the models applied one by
@@ -248,7 +249,7 @@ def bench_apply(repeats: int = 3, clients: int = 100) -> list[dict]:
                     for trainer in seconds:
                         spec = parse_spec({
                             "seeds": [0],
-                            "training": {"model": model, "rounds": 1, "clients_per_round": 10, "device": "cpu",
+                            "training": {"model": model, "rounds": 1, "clients_per_round": 10, "device": device,
                                          "trainer": trainer},
                             "scenarios": {"bench": {"dataset": "digits", "clients": clients,
                                                     "partition": [{"kind": "iid"},
@@ -258,27 +259,151 @@ def bench_apply(repeats: int = 3, clients: int = 100) -> list[dict]:
                         run = prepare_run(spec, "bench", method, 0)
                         t0 = time.perf_counter()
                         run.evaluate(1)
+                        _synchronize(device)
                         seconds[trainer].append(time.perf_counter() - t0)
                 one, together = min(seconds["sequential"]), min(seconds["batched"])
-                rows.append({"model": model, "method": method, "clients": clients,
+                rows.append({"model": model, "method": method, "clients": clients, "device": device,
                              "one_by_one_ms": one * 1000, "batched_ms": together * 1000, "speedup": one / together})
                 print(f"apply     {model:4s} {method:6s} clients={clients:4d}  one by one {one * 1000:8.1f} ms  "
                       f"batched {together * 1000:8.1f} ms  speed-up ×{one / together:.2f}", flush=True)
     return rows
 
 
+def _synchronize(device: str) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+# pfl-research's CIFAR-10 benchmark (Granlund et al. 2024, benchmarks/image_classification):
+# 1,000 users of 50 images, 50 users per round, one local epoch of batch 10 (5 steps), its
+# 1.63 M-parameter simple CNN. Published, so cflpipe's per-round cost can be set beside it.
+YARDSTICK = {"users": 1000, "images_per_user": 50, "users_per_round": 50, "batch_size": 10,
+             "local_epochs": 1, "model": "cnn_pfl", "shape": (3, 32, 32), "classes": 10}
+
+
+class _GpuSampler:
+    """Samples GPU utilisation (%) every 0.1 s in a thread while the yardstick trains (NVML,
+    through torch.cuda.utilization); none on a CPU or where NVML is missing."""
+
+    def __init__(self, device: torch.device):
+        import threading
+
+        self.samples: list[int] = []
+        self._stop = threading.Event()
+        self._thread = None
+        if device.type == "cuda":
+            try:
+                torch.cuda.utilization(device)
+            except Exception:  # no NVML: report no utilisation rather than fail the benchmark
+                return
+            self._thread = threading.Thread(target=self._sample, args=(device,), daemon=True)
+
+    def _sample(self, device: torch.device) -> None:
+        while not self._stop.wait(0.1):
+            self.samples.append(torch.cuda.utilization(device))
+
+    def __enter__(self):
+        if self._thread is not None:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def mean(self) -> float | None:
+        return float(np.mean(self.samples)) if self.samples else None
+
+
+def _yardstick_dataset(folder: Path, data_dir: str, users: int) -> dict:
+    """CIFAR-10 when it is downloaded under `data_dir`, else random images of its shape and size
+    (timing needs no real pixels; accuracy is then chance)."""
+    from cflpipe.data.download import is_complete
+
+    if is_complete("cifar10", data_dir) and users * YARDSTICK["images_per_user"] <= 50_000:
+        return {"name": "cifar10"}
+    path = folder / f"cifar-shaped-{users}.npz"
+    if not path.exists():
+        rng = np.random.default_rng(0)
+        train, test = users * YARDSTICK["images_per_user"], users * 10
+        np.savez(path, x_train=rng.standard_normal((train, *YARDSTICK["shape"]), dtype=np.float32),
+                 y_train=rng.integers(0, YARDSTICK["classes"], train),
+                 x_test=rng.standard_normal((test, *YARDSTICK["shape"]), dtype=np.float32),
+                 y_test=rng.integers(0, YARDSTICK["classes"], test))
+    return {"name": "files", "path": str(path), "classes": YARDSTICK["classes"]}
+
+
+def bench_yardstick(rounds: int = 10, device: str = "cpu", trainers=("sequential", "batched"),
+                    users: int = YARDSTICK["users"], data_dir: str = "resources/datasets") -> list[dict]:
+    """FedAvg on pfl-research's CIFAR-10 benchmark shape (YARDSTICK) with each trainer: rounds/s,
+    client-steps/s and samples/s from the median round (the first, warming up, and the last, which
+    evaluates every client, left out), the final evaluation's time, and on CUDA the mean GPU
+    utilisation and peak GPU memory; peak RSS is the process's so far (it includes the runs
+    before)."""
+    users_per_round = min(YARDSTICK["users_per_round"], users)
+    steps_per_client = YARDSTICK["images_per_user"] // YARDSTICK["batch_size"]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        dataset = _yardstick_dataset(Path(tmp), data_dir, users)
+        for trainer in trainers:
+            spec = parse_spec({
+                "seeds": [0],
+                "training": {"model": YARDSTICK["model"], "rounds": rounds, "clients_per_round": users_per_round,
+                             "local_epochs": YARDSTICK["local_epochs"], "batch_size": YARDSTICK["batch_size"],
+                             "lr": 0.05, "eval_every": rounds + 1, "checkpoint_every": rounds + 1,
+                             "device": device, "trainer": trainer},
+                "scenarios": {"yardstick": {"dataset": dataset, "clients": users, "partition": [{"kind": "iid"}]}},
+                "methods": {"fedavg": {}}, "results_dir": str(Path(tmp) / trainer), "data_dir": data_dir})
+            on = torch.device(device if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
+            if on.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(on)
+            t0 = time.perf_counter()
+            with _GpuSampler(on) as gpu:
+                result = train_run(spec, "yardstick", "fedavg", 0, force=True, progress=False)
+            wall = time.perf_counter() - t0
+            timing = pd.read_parquet(result.run_dir / "timing.parquet")
+            middle = timing.iloc[1:-1] if len(timing) > 2 else timing
+            per_round = float(np.median(middle["seconds"]))
+            row = {"trainer": trainer, "device": str(on), "data": dataset["name"], "users": users,
+                   "users_per_round": users_per_round, "rounds": rounds,
+                   "seconds_per_round": per_round, "rounds_per_second": 1 / per_round,
+                   "client_steps_per_second": users_per_round * steps_per_client / per_round,
+                   "samples_per_second": users_per_round * YARDSTICK["images_per_user"] / per_round,
+                   "final_eval_seconds": float(timing["eval_seconds"].iloc[-1]), "wall_seconds": wall,
+                   "final_accuracy": result.summary.get("final", {}).get("acc_macro"),
+                   "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                   "gpu_utilisation_percent": gpu.mean(),
+                   "gpu_peak_memory_mib": torch.cuda.max_memory_allocated(on) / 2**20 if on.type == "cuda" else None}
+            rows.append(row)
+            extra = (f"  GPU {row['gpu_utilisation_percent'] or float('nan'):.0f}% busy, "
+                     f"{row['gpu_peak_memory_mib']:.0f} MiB peak" if on.type == "cuda" else "")
+            print(f"yardstick {trainer:10s} {row['device']:6s} {dataset['name']:7s} {per_round * 1000:9.1f} ms/round  "
+                  f"{row['rounds_per_second']:7.2f} rounds/s  {row['client_steps_per_second']:8.0f} client-steps/s  "
+                  f"{row['samples_per_second']:9.0f} samples/s  final evaluation {row['final_eval_seconds']:.1f} s  "
+                  f"peak RSS {row['peak_rss_mib']:.0f} MiB{extra}", flush=True)
+    return rows
+
+
 def run_bench(workloads: list[str] | None = None, rounds: int = 10, output: str | None = None,
-              repeats: int = 3, parts: list[str] | None = None) -> dict:
+              repeats: int = 3, parts: list[str] | None = None, device: str = "cpu",
+              trainers: list[str] | None = None, users: int = YARDSTICK["users"],
+              data_dir: str = "resources/datasets") -> dict:
+    # The yardstick trains minutes per run on a CPU: it runs only when asked for.
     parts = parts or ["overhead", "trainers", "eval", "apply"]
-    figures: dict = {"torch_threads": torch.get_num_threads()}
+    figures: dict = {"torch_threads": torch.get_num_threads(), "torch": torch.__version__}
+    if torch.device(device).type == "cuda":
+        figures["gpu"] = torch.cuda.get_device_name()
     if "overhead" in parts:
         figures["results"] = bench_overhead(workloads, rounds, repeats)
     if "trainers" in parts:
-        figures["trainers"] = bench_trainers(repeats=repeats)
+        figures["trainers"] = bench_trainers(repeats=repeats, device=device)
     if "eval" in parts:
         figures["eval"] = bench_eval(repeats=repeats)
     if "apply" in parts:
-        figures["apply"] = bench_apply(repeats=repeats)
+        figures["apply"] = bench_apply(repeats=repeats, device=device)
+    if "yardstick" in parts:
+        figures["yardstick"] = bench_yardstick(rounds, device, trainers or ["sequential", "batched"], users, data_dir)
     if output:
         from cflpipe.store import write_text
 

@@ -151,6 +151,40 @@ class CNNTSDP(LayeredModel):
         return self.drop2(torch.relu(self.fc1(x)))
 
 
+# --------------------------------------------------------------------------- cnn_pfl (pfl-research)
+
+
+class CNNPfl(LayeredModel):
+    """pfl-research's CIFAR-10 benchmark CNN (Granlund et al. 2024, `simple_cnn`): two unpadded
+    3x3 convs (32, 64), one max-pool, dropout 0.25, a 128-unit hidden layer, dropout 0.5. At
+    3x32x32 it has 1,626,442 parameters. `cflpipe bench --part yardstick` times this shape against
+    pfl's published one."""
+
+    name = "cnn_pfl"
+
+    def __init__(self, input_shape: tuple[int, ...], num_classes: int):
+        super().__init__(input_shape, num_classes)
+        channels, height, width = _image_shape(input_shape, self.name)
+        h, w = _conv_out(_conv_out(height, 3, 0), 3, 0) // 2, _conv_out(_conv_out(width, 3, 0), 3, 0) // 2
+        if h < 1 or w < 1:
+            raise ModelError(f"model: 'cnn_pfl' cannot take inputs of {height}x{width} pixels; "
+                             f"it needs at least 6x6")
+        self.conv1 = nn.Conv2d(channels, 32, 3)
+        self.conv2 = nn.Conv2d(32, 64, 3)
+        self.drop1 = nn.Dropout(0.25)
+        self.fc1 = nn.Linear(64 * h * w, 128)
+        self.drop2 = nn.Dropout(0.5)
+        self.fc2 = nn.Linear(128, num_classes)
+        self.layers = ["conv1", "conv2", "fc1", "fc2"]
+
+    def features(self, x: Tensor) -> Tensor:
+        x = torch.relu(self.conv1(x))
+        x = torch.relu(self.conv2(x))
+        x = self.drop1(nn.functional.max_pool2d(x, 2))
+        x = torch.flatten(x, 1)
+        return self.drop2(torch.relu(self.fc1(x)))
+
+
 # --------------------------------------------------------------------------- resnet18
 
 # BatchNorm keeps running mean/variance buffers that FedAvg cannot average meaningfully and that
@@ -222,6 +256,7 @@ MODELS: dict[str, ModelFactory] = {
     "mlp": MLP,
     "cnn": CNN,
     "cnn_tsdp": CNNTSDP,
+    "cnn_pfl": CNNPfl,
     "resnet18": ResNet18,
 }
 BUILTIN_MODELS = tuple(MODELS)

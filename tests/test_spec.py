@@ -158,12 +158,12 @@ def test_model_names_are_checked_by_validate_and_match_the_registry():
     assert MODEL_NAMES == BUILTIN_MODELS
     plugins = "".join(f", {name!r}" for name in entry_point_names(MODELS_GROUP))  # installed plugins' models
     message = error_of(with_change("training.model", "vgg"))
-    assert message == (f"training.model: must be one of 'mlp', 'cnn', 'cnn_tsdp', 'resnet18'{plugins}, mlp<d> (an "
+    assert message == (f"training.model: must be one of 'mlp', 'cnn', 'cnn_tsdp', 'cnn_pfl', 'resnet18'{plugins}, mlp<d> (an "
                        f"MLP of d = 2…64 linear layers, e.g. mlp11) or a module:Class reference, got 'vgg'")
     # an override of a scenario or a method entry: one line for the one mistake
     for path in ("scenarios.digits-swap4.training", "methods.prox.training"):
         message = error_of(with_change(path, {"model": "nope"}))
-        assert message == (f"{path}.model: must be one of 'mlp', 'cnn', 'cnn_tsdp', 'resnet18'{plugins}, mlp<d> (an "
+        assert message == (f"{path}.model: must be one of 'mlp', 'cnn', 'cnn_tsdp', 'cnn_pfl', 'resnet18'{plugins}, mlp<d> (an "
                            f"MLP of d = 2…64 linear layers, e.g. mlp11) or a module:Class reference, got 'nope'")
 
 

@@ -193,7 +193,7 @@ def _check_training(spec: Spec, data: dict, scenario: str, method: str | None) -
                 where = next((w for w, layer in reversed(layers) if key in layer), layers[0][0])
             lines.append(_format_error(err, merged, where))
         return lines
-    image_models = ("cnn", "cnn_tsdp", "resnet18")
+    image_models = ("cnn", "cnn_tsdp", "cnn_pfl", "resnet18")
     if training.model in image_models:
         from cflpipe.data.base import dataset_info
 

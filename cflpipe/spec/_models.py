@@ -25,7 +25,7 @@ class Strict(BaseModel):
 # --------------------------------------------------------------------------- training
 
 # cflpipe.models' built-in networks (that module imports torch, this one must not).
-MODEL_NAMES = ("mlp", "cnn", "cnn_tsdp", "resnet18")
+MODEL_NAMES = ("mlp", "cnn", "cnn_tsdp", "cnn_pfl", "resnet18")
 BUILTIN_TRAINERS = ("auto", "sequential", "batched")
 MAX_MLP_DEPTH = 64
 
