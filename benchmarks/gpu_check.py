@@ -32,10 +32,21 @@ from cflpipe.spec import parse_spec
 from cflpipe.testing import COMPARED, spec_dict
 
 
+# With --config, a spec's scenario and seed replace the tiny run: (spec dict, scenario, seed).
+SPEC: tuple[dict, str, int] | None = None
+
+
 def _run(folder: Path, name: str, rounds: int, **training) -> tuple[Path, dict, float]:
-    spec = parse_spec(spec_dict(folder, name, rounds=rounds, eval_every=rounds, checkpoint_every=rounds, **training))
+    if SPEC is None:
+        data, scenario, seed = spec_dict(folder, name, rounds=rounds, eval_every=rounds, checkpoint_every=rounds,
+                                         **training), "s", 0
+    else:
+        data, scenario, seed = dict(SPEC[0]), SPEC[1], SPEC[2]
+        data["training"] = {**data.get("training", {}), **training}
+        data["results_dir"] = str(folder)
+    spec = parse_spec(data)
     t0 = time.perf_counter()
-    result = train_run(spec, "s", name, 0, force=True, progress=False)
+    result = train_run(spec, scenario, name, seed, force=True, progress=False)
     return result.run_dir, result.summary["final"], time.perf_counter() - t0
 
 
@@ -46,15 +57,19 @@ def _differing_files(a: Path, b: Path) -> list[str]:
             or (a / f).read_bytes() != (b / f).read_bytes()]
 
 
-def check(name: str, workdir: Path, device: str, rounds: int) -> dict:
+def check(name: str, workdir: Path, device: str, rounds: int, skip: tuple[str, ...] = ()) -> dict:
     first, fig, seconds = _run(workdir / "first", name, rounds, device=device)
     again, _, _ = _run(workdir / "again", name, rounds, device=device)
-    _, seq, seq_seconds = _run(workdir / "sequential", name, rounds, device=device, trainer="sequential")
-    _, cpu, cpu_seconds = _run(workdir / "cpu", name, rounds, device="cpu")
+    nan = {"acc_macro": float("nan"), "ari": float("nan"), "n_clusters": None}
+    _, seq, seq_seconds = (_run(workdir / "sequential", name, rounds, device=device, trainer="sequential")
+                           if "sequential" not in skip else (None, nan, float("nan")))
+    _, cpu, cpu_seconds = (_run(workdir / "cpu", name, rounds, device="cpu") if "cpu" not in skip
+                           else (None, nan, float("nan")))
     return {"method": name, "identical_rerun": not _differing_files(first, again),
             "differing_files": _differing_files(first, again),
             "acc": fig["acc_macro"], "acc_sequential": seq["acc_macro"], "acc_cpu": cpu["acc_macro"],
             "ari": fig["ari"], "ari_sequential": seq["ari"], "ari_cpu": cpu["ari"],
+            "clusters": fig["n_clusters"], "clusters_sequential": seq["n_clusters"], "clusters_cpu": cpu["n_clusters"],
             "seconds": seconds, "seconds_sequential": seq_seconds, "seconds_cpu": cpu_seconds}
 
 
@@ -64,14 +79,25 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--method", action="append", default=None, help="default: every registered method")
     parser.add_argument("--output", default="gpu_check.json")
+    parser.add_argument("--config", default=None, help="a spec whose --scenario and --seed replace the tiny run "
+                                                       "(--method then names its method entries)")
+    parser.add_argument("--scenario", default=None)
+    parser.add_argument("--skip", action="append", choices=["sequential", "cpu"], default=[],
+                        help="leave out the sequential-trainer or the CPU run")
+    parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    if args.config:
+        import yaml
+
+        global SPEC
+        SPEC = (yaml.safe_load(Path(args.config).read_text()), args.scenario, args.seed)
     torch.set_num_threads(1)
     rows, failures = [], {}
-    names = args.method or sorted(all_methods())
+    names = args.method or (sorted(SPEC[0]["methods"]) if SPEC else sorted(all_methods()))
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
             try:
-                row = check(name, Path(tmp) / name, args.device, args.rounds)
+                row = check(name, Path(tmp) / name, args.device, args.rounds, tuple(args.skip))
             except Exception as exc:  # one method's failure must not hide the others'
                 failures[name] = traceback.format_exc()
                 row = {"method": name, "error": f"{type(exc).__name__}: {exc}".splitlines()[0][:300]}
@@ -82,6 +108,7 @@ def main() -> int:
                 print(f"{name:22s} rerun {'identical' if row['identical_rerun'] else 'DIFFERS ' + ','.join(row['differing_files'])}"
                       f"  acc {row['acc']:.4f} (sequential {row['acc_sequential']:.4f}, cpu {row['acc_cpu']:.4f})"
                       f"  ari {row['ari']:.3f}/{row['ari_sequential']:.3f}/{row['ari_cpu']:.3f}"
+                      f"  clusters {row['clusters']}/{row['clusters_sequential']}/{row['clusters_cpu']}"
                       f"  {row['seconds']:.1f}s/{row['seconds_sequential']:.1f}s/{row['seconds_cpu']:.1f}s", flush=True)
             Path(args.output).write_text(json.dumps({"device": args.device, "rows": rows, "failures": failures,
                                                      "torch": torch.__version__,
