@@ -101,6 +101,8 @@ SETTING = {
     # EARLY's K decides PACFL's cut; the fixture's proximities lie between 5.5° and 9.1°, so
     # a threshold of 7° cuts differently under the default linkage and the changed one
     ("PACFL", "threshold"): {"clusters": None},
+    # σ replaces a share of 0, which the fixture's clients reach with 3 clusters, not with 2
+    ("FedSoft", "smoother"): {"clusters": 3},
     ("PACFL", "linkage"): {"clusters": None, "threshold": 7.0},
     # α weighs the UNKNOWN samples, which exist only with unknown: extra
     ("FCCA", "alpha"): {"unknown": "extra"},

@@ -64,6 +64,8 @@ class Capabilities:
     k_param:        the hyper-parameter holding its number of clusters K; K must be <= clients
     batchable:      its plans may go to the batched trainer (False: always sequential)
     needs_public:   it uses the scenario's server-held unlabeled data (`public:`, FedTSDP)
+    soft:           its clients belong to every cluster in shares (FedSoft): clusters.parquet and
+                    ARI/NMI use each client's largest share, its `mixture.parquet` the shares
     """
 
     needs_groups: bool = False
@@ -72,10 +74,13 @@ class Capabilities:
     k_param: str | None = None
     batchable: bool = True
     needs_public: bool = False
+    soft: bool = False
 
     def summary(self) -> str:
         flags = [name for name in ("needs_groups", "needs_public", "clustered", "personalized")
                  if getattr(self, name)]
+        if self.soft:
+            flags.append("soft assignment (ARI of the largest share)")
         if self.k_param:
             flags.append(f"K={self.k_param}")
         if not self.batchable:

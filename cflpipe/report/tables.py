@@ -51,6 +51,14 @@ def is_reference(method_type: str) -> bool:
     return bool(info and info.capabilities.needs_groups)
 
 
+def is_soft(method_type: str) -> bool:
+    """A method whose clients belong to every cluster in shares (capability soft, FedSoft)."""
+    from cflpipe.methods import METHODS, all_methods
+
+    info = METHODS.get(method_type) or all_methods().get(method_type)
+    return bool(info and info.capabilities.soft)
+
+
 def is_clustered(method_type: str) -> bool:
     """A method that declares it clusters clients (capability clustered), whether or not it did."""
     from cflpipe.methods import METHODS, all_methods
@@ -66,6 +74,9 @@ TEST_NOTE = (f"Bold: the best mean, separated from every other method by a two-s
              f"seeds (p < {ALPHA:g}); {TIE_MARK}: tied, the best and the methods it is not separated from "
              f"(p ≥ {ALPHA:g}); nothing is marked with fewer than two seeds.")
 REFERENCE_NOTE = "reference: knows the true groups; never marked best."
+# Figures computed from clusters.parquet's assignment, which soft methods fill with each client's
+# largest share.
+ASSIGNMENT_FIGURES = ("ari", "nmi", "ami", "n_clusters")
 
 
 @dataclass(frozen=True)
@@ -144,6 +155,7 @@ class PaperTable:
     reference: list[str] = field(default_factory=list)  # methods never marked best
     method_labels: dict[str, str] = field(default_factory=dict)
     scenario_labels: dict[str, str] = field(default_factory=dict)
+    soft: list[str] = field(default_factory=list)  # methods whose clustering is soft (shares)
 
     @property
     def title(self) -> str:
@@ -200,6 +212,10 @@ class PaperTable:
             notes.append("One seed: no test is possible, so no best is marked.")
         if self.reference:
             notes.append(REFERENCE_NOTE)
+        soft = [m for m in self.methods if m in self.soft]
+        if soft and self.spec.figure in ASSIGNMENT_FIGURES:
+            notes.append(f"{', '.join(map(self.method_label, soft))}: soft clustering (every client in every cluster, "
+                         f"in shares: mixture.parquet); scored with each client's largest share.")
         flagged = [(m, s) for m in self.methods for s in self.scenarios
                    if self.cells[(m, s)].one_cluster and not self.cells[(m, s)].missing]
         if flagged:
@@ -309,7 +325,7 @@ def paper_table(per_seed: pd.DataFrame, scenarios: list[str], methods: list[str]
     if only_defined:
         scenarios = [s for s in scenarios if any(not cells[(m, s)].missing for m in methods)]
     table = PaperTable(spec, list(scenarios), list(methods), cells, reference, dict(method_labels or {}),
-                       dict(scenario_labels or {}))
+                       dict(scenario_labels or {}), [m for m in methods if is_soft(method_types.get(m, m))])
     for c in table.cells.values():
         c.text = table.cell_text(c)
     return table
