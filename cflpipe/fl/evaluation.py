@@ -63,8 +63,22 @@ def evaluate(ctx: Context, method: Method, data: FederatedData, eval_batch_size:
     global_acc, group_acc = [], np.full((n_models, max(n_groups, 1)), np.nan)
     figures: dict[str, Any] = {}
     tables: dict[str, dict[str, np.ndarray]] = {"metrics": {}}
+    mixture = method.eval_mixture()
+    if mixture is not None:  # a client's model is its mixture; its `model` column the largest share
+        client_model = np.argmax(mixture, axis=1).astype(np.int64)
     for split_name, split in (("test", data.test), ("train", data.train)):
         owner = split.owner.cpu().numpy()
+        if mixture is not None:
+            preds, losses = _mixture_predictions(ctx, models, mixture, split, eval_batch_size)
+            if split_name == "test":
+                for j in scored:
+                    correct = (_whole(ctx, models[j], split, eval_batch_size)[0] == split.y).cpu().numpy()
+                    global_acc.append(float(correct.mean()))
+                    if n_groups:
+                        group_acc[j, :n_groups] = per_client_accuracy(groups[owner], correct, n_groups)[0]
+            figures.update(_split_figures(tables, split_name, split, data, owner, preds, losses, client_model,
+                                          groups, round_number))
+            continue
         members = [np.nonzero(client_model == j)[0] for j in range(n_models)]
         # A model applied to the whole split: scored on the pooled test data, or every client's.
         whole = [j for j in range(n_models) if (split_name == "test" and j in scored_set) or len(members[j]) == m]
@@ -86,21 +100,8 @@ def evaluate(ctx: Context, method: Method, data: FederatedData, eval_batch_size:
             for rows, out in zip(rows_of, logits):
                 preds[rows] = out.argmax(dim=1)
                 losses[rows] = F.cross_entropy(out, split.y[rows], reduction="none")
-        y_true, y_pred = split.y.cpu().numpy(), preds.cpu().numpy()
-        acc, n = per_client_accuracy(owner, y_true == y_pred, m)
-        loss_c = per_client_mean(owner, losses.cpu().numpy(), m)
-        f1 = per_client_f1(owner, y_true, y_pred, m, data.num_classes)
-        _extend(tables, "metrics", {"round": np.full(m, round_number), "client": np.arange(m),
-                                    "split": np.full(m, split_name), "model": client_model, "group": groups,
-                                    "acc": acc, "loss": loss_c, "f1": f1, "n": n})
-        if split_name == "test":
-            figures.update(personalized_summary(acc, n))
-            figures["loss"] = float(losses.double().mean()) if len(y_true) else float("nan")
-            figures.update(device_f1(f1, n))
-            # not FeSEM's: one class-macro F1 of every client's predictions pooled
-            figures["f1_pooled"] = f1_macro_over_classes(y_true, y_pred, data.num_classes)
-        else:
-            figures["train_acc_macro"] = float(np.nanmean(acc))
+        figures.update(_split_figures(tables, split_name, split, data, owner, preds, losses, client_model,
+                                      groups, round_number))
     figures["global_acc_mean"] = float(np.mean(global_acc))
     figures["global_acc_std"] = float(np.std(global_acc))
     figures["global_models"] = len(global_acc)
@@ -121,6 +122,48 @@ def evaluate(ctx: Context, method: Method, data: FederatedData, eval_batch_size:
         length = len(next(iter(columns.values()))) if columns else 0
         own[name] = {"round": np.full(length, round_number), **columns}
     return Evaluation(figures, tables, own)
+
+
+def _split_figures(tables: dict, split_name: str, split: Split, data: FederatedData, owner: np.ndarray,
+                   preds: torch.Tensor, losses: torch.Tensor, client_model: np.ndarray, groups: np.ndarray,
+                   round_number: int) -> dict[str, Any]:
+    """Each client's figures on one split (metrics rows) and the round's summary of them."""
+    m = data.num_clients
+    y_true, y_pred = split.y.cpu().numpy(), preds.cpu().numpy()
+    acc, n = per_client_accuracy(owner, y_true == y_pred, m)
+    loss_c = per_client_mean(owner, losses.cpu().numpy(), m)
+    f1 = per_client_f1(owner, y_true, y_pred, m, data.num_classes)
+    _extend(tables, "metrics", {"round": np.full(m, round_number), "client": np.arange(m),
+                                "split": np.full(m, split_name), "model": client_model, "group": groups,
+                                "acc": acc, "loss": loss_c, "f1": f1, "n": n})
+    figures: dict[str, Any] = {}
+    if split_name == "test":
+        figures.update(personalized_summary(acc, n))
+        figures["loss"] = float(losses.double().mean()) if len(y_true) else float("nan")
+        figures.update(device_f1(f1, n))
+        # not FeSEM's: one class-macro F1 of every client's predictions pooled
+        figures["f1_pooled"] = f1_macro_over_classes(y_true, y_pred, data.num_classes)
+    else:
+        figures["train_acc_macro"] = float(np.nanmean(acc))
+    return figures
+
+
+def _whole(ctx: Context, model: torch.Tensor, split: Split, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One model's predictions and per-row losses on a whole split."""
+    (_, pred, loss), = _whole_split(ctx, [model], [0], split, chunk)
+    return pred, loss
+
+
+def _mixture_predictions(ctx: Context, models: list[torch.Tensor], mixture: np.ndarray, split: Split,
+                         chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row predicted by its client's mixture Σ_k π_ik·softmax(model_k(x)) (FedEM's
+    prediction), and its negative log-likelihood under that mixture."""
+    logits = ctx.apply(models, split.x, chunk=chunk)  # (K × rows × classes)
+    weights = torch.as_tensor(mixture, dtype=logits.dtype, device=logits.device)[split.owner]  # (rows × K)
+    probabilities = torch.einsum("nk,knc->nc", weights, logits.softmax(dim=-1))
+    preds = probabilities.argmax(dim=1)
+    picked = probabilities.gather(1, split.y[:, None])[:, 0]
+    return preds, -picked.clamp_min(torch.finfo(picked.dtype).tiny).log().to(torch.float32)
 
 
 def _whole_split(ctx: Context, models: list[torch.Tensor], which: list[int], split: Split, chunk: int):

@@ -446,6 +446,12 @@ class Method:
             index[c] = seen[key]
         return models, index
 
+    def eval_mixture(self) -> np.ndarray | None:
+        """(clients × models) weights when each client is evaluated with a mixture of the models
+        of eval_models (FedEM: Σ_k π_ik·softmax(model_k(x)), rows summing to 1); None: each client
+        with its one model."""
+        return None
+
     def assignment(self) -> np.ndarray | None:
         """Cluster of every client (for clusters.parquet); None for non-clustered methods."""
         return None

@@ -1,0 +1,151 @@
+"""FedEM (Marfoq, Neglia, Bellet, Kameni and Vidal 2021, "Federated multi-task learning under a
+mixture of distributions", NeurIPS 2021; authors' code github.com/omarfoq/FedEM).
+
+Every client's data distribution is a mixture of K shared components: the federation trains K
+models (one per component, shared by all clients) and every client its mixture weights π_i. Each
+round a sampled client runs one EM step on its data: the E-step gives each of its samples a
+responsibility q_k(j) ∝ π_ik·exp(−ℓ(model_k; x_j, y_j)), the M-step sets π_ik to the mean of q_k
+and trains every model k on the loss weighted by q_k; the server averages each model over the
+sampled clients. A client predicts with its mixture Σ_k π_ik·p_k(y | x).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from pydantic import Field
+
+from cflpipe.fl.method import Capabilities, ClientView, Context, Method, Payload, Update, stack_updates
+from cflpipe.fl.params import weighted_average
+from cflpipe.fl.plan import ClientPlan, Trained
+from cflpipe.methods import HyperParams, register
+from cflpipe.methods.ifca import lowest, random_models, sample_losses
+
+
+class FedEMParams(HyperParams):
+    components: int = Field(3, ge=1, description="K: mixture components, one shared model each (the authors' "
+                                                 "experiments: 3)")
+
+
+class WeightedCrossEntropy:
+    """The M-step's loss: (1/B)·Σ_j q(j)·ℓ(x_j, y_j) over a batch of B samples, the weights q
+    travelling as the last column of the plan's inputs (so that the trainer's batches carry
+    them); `shape` is the model's input shape. One instance per shape, so plans of all clients
+    share it and the batched trainer trains them together."""
+
+    _instances: dict[tuple[int, ...], "WeightedCrossEntropy"] = {}
+
+    def __init__(self, shape: tuple[int, ...]):
+        self.shape = shape
+
+    @classmethod
+    def of(cls, shape: tuple[int, ...]) -> "WeightedCrossEntropy":
+        return cls._instances.setdefault(tuple(shape), cls(tuple(shape)))
+
+    def __call__(self, forward, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        weights = x[:, -1]
+        logits = forward(x[:, :-1].reshape(x.shape[0], *self.shape))
+        return (weights * F.cross_entropy(logits, y, reduction="none")).mean()
+
+
+def responsibilities(log_pi: np.ndarray, losses: np.ndarray) -> np.ndarray:
+    """q (K × samples): softmax over k of log π_k − ℓ_k(j) (the E-step)."""
+    scores = log_pi[:, None] - losses
+    scores = scores - scores.max(axis=0, keepdims=True)
+    q = np.exp(scores)
+    return q / q.sum(axis=0, keepdims=True)
+
+
+@register("fedem", FedEMParams)
+class FedEM(Method):
+    """FedEM: K shared component models, a mixture weight per client and component, EM on the clients.
+
+    Each sampled client receives the K models, computes every model's loss on each of its
+    training samples, its responsibilities q (`responsibilities`, from its kept π_i) and its new
+    π_i = mean of q (kept on the client), then trains each model k for the round's local steps
+    on the q_k-weighted loss (`WeightedCrossEntropy`) and sends the K trained models. The server
+    sets each model to the sample-weighted average of the clients' (the authors' aggregator
+    weights clients by their sample counts). A client is evaluated with its mixture of the K
+    models (`eval_mixture`); its cluster, for clusters.parquet and the ARI/NMI, is its largest
+    weight argmax_k π_ik, and every evaluation writes the π_i to `mixture.parquet`.
+
+    As in the authors' code: the K models start from independent random initializations, π_i
+    from the uniform 1/K, and a client not sampled keeps its π_i. Where we differ: the
+    authors' clients train with their own optimizer and epochs per learner; here the run's
+    training block (steps, lr, momentum) applies to each of the K models, on one batch stream
+    per client (the K models see the same batches, as the authors' one data loader)."""
+
+    capabilities = Capabilities(clustered=True, personalized=True, k_param="components", soft=True)
+    checkpoint = ("models",)
+
+    @classmethod
+    def check_hyperparams(cls, params):
+        return {"components": 2}
+
+    def __init__(self, ctx: Context):
+        super().__init__(ctx)
+        k = ctx.hp.components
+        self.models = random_models(ctx, k, purpose=0xFE3)
+        ctx.clients.add("pi", torch.full((k,), 1.0 / k, dtype=torch.float64, device=ctx.device))
+
+    def payload(self, client: int) -> Payload:
+        return Payload({"models": self.models})
+
+    @classmethod
+    def client_plan(cls, view: ClientView, payload: Payload) -> tuple[dict[str, ClientPlan], torch.Tensor]:
+        models = payload.tensors["models"]
+        x, y = view.data()
+        pi = view.kept("pi")
+        losses = sample_losses(view.apply, models, x, y)
+        q = responsibilities(np.log(pi.cpu().numpy()), losses) if len(y) else np.zeros((len(models), 0))
+        new_pi = torch.as_tensor(q.mean(axis=1) if len(y) else pi.cpu().numpy(), dtype=pi.dtype, device=pi.device)
+        loss = WeightedCrossEntropy.of(tuple(x.shape[1:]))
+        flat = x.reshape(len(x), -1)
+        weights = torch.as_tensor(q, dtype=flat.dtype, device=flat.device)
+        plans = {f"model{k}": ClientPlan(models[k], inputs=torch.cat([flat, weights[k][:, None]], dim=1), loss=loss)
+                 for k in range(len(models))}
+        return plans, new_pi
+
+    @classmethod
+    def client_finish(cls, view: ClientView, payload: Payload, trained: dict[str, Trained],
+                      new_pi: torch.Tensor) -> Update:
+        runs = [trained[f"model{k}"] for k in range(len(trained))]
+        record = next((t for t in runs if t.diverged), runs[0])
+        return view.update({f"model{k}": t.vector for k, t in enumerate(runs)}, record, keep={"pi": new_pi})
+
+    def aggregate(self, updates: dict[int, Update]) -> None:
+        if not updates:
+            return
+        for k in range(self.hp.components):
+            _, vectors, weights = stack_updates(updates, f"model{k}")
+            self.models[k] = weighted_average(vectors, weights)
+
+    # ------------------------------------------------------------------ evaluation
+
+    def eval_params(self, client: int) -> torch.Tensor:
+        return self.models[int(self.assignment()[client])]
+
+    def eval_models(self) -> tuple[list[torch.Tensor], np.ndarray]:
+        return list(self.models), self.assignment()
+
+    def mixture(self) -> np.ndarray:
+        return self.ctx.clients["pi"].cpu().numpy()
+
+    def eval_mixture(self) -> np.ndarray:
+        return self.mixture()
+
+    def assignment(self) -> np.ndarray:
+        return lowest(-self.mixture())
+
+    def eval_tables(self) -> dict[str, dict[str, np.ndarray]]:
+        """Each client's mixture weights π_i, long format: client, cluster, weight."""
+        pi = self.mixture()
+        m, k = pi.shape
+        return {"mixture": {"client": np.repeat(np.arange(m), k), "cluster": np.tile(np.arange(k), m),
+                            "weight": pi.reshape(-1)}}
+
+    def round_metrics(self) -> dict[str, Any]:
+        return {}

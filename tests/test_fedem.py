@@ -1,0 +1,80 @@
+"""FedEM: the E-step, the weighted M-step loss, the client's mixture and its evaluation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import torch.nn.functional as F
+
+from cflpipe.fl.engine import prepare_run, train_run
+from cflpipe.methods.fedem import WeightedCrossEntropy, responsibilities
+from cflpipe.spec import parse_spec
+from cflpipe.testing import spec_dict
+
+
+def test_responsibilities_are_the_posterior_of_each_component():
+    pi = np.array([0.25, 0.75])
+    losses = np.array([[0.1, 2.0, 1.0], [1.0, 0.1, 1.0]])
+    q = responsibilities(np.log(pi), losses)
+    expected = pi[:, None] * np.exp(-losses)
+    assert np.allclose(q, expected / expected.sum(axis=0))
+    # stable where exp(−loss) underflows
+    assert np.allclose(responsibilities(np.log(pi), losses + 1000.0), q)
+
+
+def test_the_weighted_loss_reads_each_samples_weight_from_the_last_input_column():
+    torch.manual_seed(0)
+    net = torch.nn.Linear(4, 3)
+    x, y = torch.randn(5, 2, 2), torch.randint(0, 3, (5,))
+    w = torch.tensor([0.0, 1.0, 0.5, 0.25, 1.0])
+    loss = WeightedCrossEntropy.of((2, 2))
+    value = loss(lambda inputs: net(inputs.reshape(len(inputs), -1)), torch.cat([x.reshape(5, -1), w[:, None]], 1), y)
+    expected = (w * F.cross_entropy(net(x.reshape(5, -1)), y, reduction="none")).mean()
+    assert torch.allclose(value, expected)
+    assert WeightedCrossEntropy.of((2, 2)) is loss  # shared, so the batched trainer groups the plans
+
+
+def _run(tmp_path: Path):
+    raw = spec_dict(tmp_path, "fedem", clients_per_round=6)
+    raw["methods"]["fedem"] = {"components": 2}
+    return prepare_run(parse_spec(raw), "s", "fedem", 0)
+
+
+def test_a_client_keeps_the_mean_responsibility_as_its_weights(tmp_path):
+    run = _run(tmp_path)
+    method, view = run.method, run.ctx.view(2)
+    payload = method.payload(2)
+    plans, new_pi = type(method).client_plan(view, payload)
+    x, y = view.data()
+    logits = [F.cross_entropy(run.ctx.apply(payload.tensors["models"][k:k + 1], x)[0], y, reduction="none")
+              for k in range(2)]
+    q = responsibilities(np.log([0.5, 0.5]), torch.stack(logits).double().numpy())
+    assert np.allclose(new_pi.numpy(), q.mean(axis=1), atol=1e-6)
+    assert set(plans) == {"model0", "model1"}
+    assert torch.allclose(plans["model1"].inputs[:, -1], torch.as_tensor(q[1], dtype=torch.float32), atol=1e-6)
+
+
+def test_clients_are_evaluated_with_their_mixture(tmp_path):
+    raw = spec_dict(tmp_path, "fedem", rounds=2, eval_every=2, keep_state=True)
+    raw["methods"]["fedem"] = {"components": 2}
+    spec = parse_spec(raw)
+    train_run(spec, "s", "fedem", 0, progress=False)
+    run = prepare_run(spec, "s", "fedem", 0)
+    run.try_resume()
+    method, data = run.method, run.data
+    pi = method.mixture()
+    assert np.allclose(pi.sum(axis=1), 1.0) and not np.allclose(pi, 0.5)
+    metrics = pd.read_parquet(spec.run_dir("s", "fedem", 0) / "metrics.parquet")
+    final = metrics[(metrics["round"] == 2) & (metrics["split"] == "test")].sort_values("client")
+    for client in range(data.num_clients):
+        x, y = data.test.of(client)
+        probabilities = sum(pi[client, k] * run.ctx.apply(method.models[k:k + 1], x)[0].softmax(-1) for k in range(2))
+        accuracy = float((probabilities.argmax(1) == y).float().mean())
+        assert final["acc"].iloc[client] == pytest.approx(accuracy)
+    assert final["model"].tolist() == np.argmax(pi, axis=1).tolist()
+    mixture = pd.read_parquet(spec.run_dir("s", "fedem", 0) / "mixture.parquet")
+    assert np.allclose(mixture[mixture["round"] == 2]["weight"].to_numpy().reshape(-1, 2), pi)
