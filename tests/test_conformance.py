@@ -70,6 +70,7 @@ EFFECTIVE_VALUE = {
     ("FLHC", "linkage"): "single",
     ("FLHC", "metric"): "cityblock",
     ("KMeansCFL", "cluster_start"): 2,
+    ("CFLGP", "stop_after"): 2,  # the fixture's 4 rounds end before the default 10
     ("FedGroup", "pretrain_scale"): 3,
     ("FedGroup", "kmeans_init"): 1,  # one k-means start instead of EARLY's several
     ("FeSEM", "init_restarts"): 1,
