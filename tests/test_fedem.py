@@ -78,3 +78,34 @@ def test_clients_are_evaluated_with_their_mixture(tmp_path):
     assert final["model"].tolist() == np.argmax(pi, axis=1).tolist()
     mixture = pd.read_parquet(spec.run_dir("s", "fedem", 0) / "mixture.parquet")
     assert np.allclose(mixture[mixture["round"] == 2]["weight"].to_numpy().reshape(-1, 2), pi)
+
+
+def test_fedrc_counts_labels_softly_and_floors_the_prior():
+    from cflpipe.methods.fedem import label_counts, label_prior
+
+    q = np.array([[1.0, 0.25, 0.5], [0.0, 0.75, 0.5]])
+    counts = label_counts(q, np.array([0, 2, 2]), classes=3)
+    assert counts.tolist() == [[1.0, 0.0, 0.75], [0.0, 0.0, 1.25]]
+    prior = label_prior(counts)
+    assert np.allclose(prior.sum(axis=1), 1.0) and prior[1, 0] == pytest.approx(1e-8 / (1.25 + 2e-8))
+
+
+def test_fedrc_divides_each_responsibility_by_the_clusters_label_probability(tmp_path):
+    from cflpipe.methods.fedem import FedRC
+
+    raw = spec_dict(tmp_path, "fedrc", clients_per_round=6)
+    raw["methods"]["fedrc"] = {"components": 2}
+    run = prepare_run(parse_spec(raw), "s", "fedrc", 0)
+    method = run.method
+    method.prior = np.tile(np.linspace(1, 2, 10) / np.linspace(1, 2, 10).sum(), (2, 1))
+    method.prior[1] = method.prior[1][::-1]
+    payload = method.payload(0)
+    losses = np.array([[0.5, 0.5, 0.5], [0.5, 0.5, 0.5]])
+    labels = np.array([0, 5, 9])
+    q = FedRC.responsibilities_of(payload, np.array([0.5, 0.5]), losses, labels)
+    # equal losses: the cluster where a label is rarer takes the sample
+    expected = (1 / method.prior[:, labels]) / (1 / method.prior[:, labels]).sum(axis=0)
+    assert np.allclose(q, expected)
+    # a client's update carries its soft label counts; the server's prior is their normalized sum
+    play_round = type(method).client_plan(run.ctx.view(0), payload)
+    assert isinstance(play_round[1], tuple) and play_round[1][1].shape == (2, 10)

@@ -306,6 +306,11 @@ class ClientView:
         """The client's own inputs and targets of a split."""
         return self._data.client(self.client, split)
 
+    @property
+    def classes(self) -> int:
+        """The number of labels of the run's data set."""
+        return int(self._data.num_classes)
+
     def kept(self, name: str) -> torch.Tensor:
         """A copy of what the client keeps under `name` (its row of the client store)."""
         return self._store.get(name, self.client).clone()

@@ -95,19 +95,32 @@ class FedEM(Method):
         return Payload({"models": self.models})
 
     @classmethod
-    def client_plan(cls, view: ClientView, payload: Payload) -> tuple[dict[str, ClientPlan], torch.Tensor]:
+    def client_plan(cls, view: ClientView, payload: Payload) -> tuple[dict[str, ClientPlan], Any]:
         models = payload.tensors["models"]
         x, y = view.data()
         pi = view.kept("pi")
-        losses = sample_losses(view.apply, models, x, y)
-        q = responsibilities(np.log(pi.cpu().numpy()), losses) if len(y) else np.zeros((len(models), 0))
-        new_pi = torch.as_tensor(q.mean(axis=1) if len(y) else pi.cpu().numpy(), dtype=pi.dtype, device=pi.device)
+        labels = y.cpu().numpy()
+        if len(y):
+            q = cls.responsibilities_of(payload, pi.cpu().numpy(), sample_losses(view.apply, models, x, y), labels)
+            new_pi = torch.as_tensor(q.mean(axis=1), dtype=pi.dtype, device=pi.device)
+        else:  # nothing to learn from: the weights stay
+            q, new_pi = np.zeros((len(models), 0)), pi
         loss = WeightedCrossEntropy.of(tuple(x.shape[1:]))
         flat = x.reshape(len(x), -1)
         weights = torch.as_tensor(q, dtype=flat.dtype, device=flat.device)
         plans = {f"model{k}": ClientPlan(models[k], inputs=torch.cat([flat, weights[k][:, None]], dim=1), loss=loss)
                  for k in range(len(models))}
-        return plans, new_pi
+        return plans, cls.client_scratch(view, new_pi, q, labels)
+
+    @classmethod
+    def responsibilities_of(cls, payload: Payload, pi: np.ndarray, losses: np.ndarray, labels: np.ndarray) -> np.ndarray:
+        """The E-step on a client's samples (K × samples)."""
+        return responsibilities(np.log(pi), losses)
+
+    @classmethod
+    def client_scratch(cls, view: ClientView, new_pi: torch.Tensor, q: np.ndarray, labels: np.ndarray) -> Any:
+        """What client_finish needs of the E-step: the new mixture weights."""
+        return new_pi
 
     @classmethod
     def client_finish(cls, view: ClientView, payload: Payload, trained: dict[str, Trained],
@@ -149,3 +162,76 @@ class FedEM(Method):
 
     def round_metrics(self) -> dict[str, Any]:
         return {}
+
+
+# ---------------------------------------------------------------------------- FedRC
+
+
+class FedRCParams(FedEMParams):
+    pass
+
+
+def label_counts(q: np.ndarray, y: np.ndarray, classes: int) -> np.ndarray:
+    """(K × classes): Σ_j q_k(j)·1[y_j = c], a client's soft count of each label in each cluster."""
+    counts = np.zeros((q.shape[0], classes))
+    for k in range(q.shape[0]):
+        counts[k] = np.bincount(y, weights=q[k], minlength=classes)
+    return counts
+
+
+def label_prior(counts: np.ndarray) -> np.ndarray:
+    """P_k(y) from the clients' summed counts (K × classes), each entry at least 1e-8 before the
+    rows are normalized (the authors' floor)."""
+    floored = np.maximum(counts, 1e-8)
+    return floored / floored.sum(axis=1, keepdims=True)
+
+
+@register("fedrc", FedRCParams)
+class FedRC(FedEM):
+    """FedRC (Guo, Tang and Lin 2024): FedEM whose E-step divides by each cluster's label distribution, to cluster by concept shift.
+
+    Guo, Tang and Lin 2024, "FedRC: Tackling diverse distribution shifts challenge in federated
+    learning by robust clustering", ICML 2024; authors' code github.com/LINs-lab/FedRC (client
+    `FedRC`, run_experiment.py). As FedEM, except the responsibilities: q_k(j) ∝
+    π_ik·exp(−ℓ_k(x_j, y_j)) / P_k(y_j), where P_k is cluster k's label distribution. A client
+    sends, beside its K models, its soft label counts Σ_j q_k(j)·1[y_j = c] (K × classes); after
+    each round the server sums the last counts of every client, floors them at 1e-8, normalizes
+    each cluster's row into P_k and sends it down with the models. P_k starts uniform (the
+    authors' initial label weights are the same for every label, which the softmax ignores). A
+    label that is frequent in a cluster then no longer draws samples to it: clusters form by
+    P(y | x), not by P(y). Evaluation, the mixture table and the rest are FedEM's."""
+
+    checkpoint = ("models", "counts", "prior")
+
+    def __init__(self, ctx: Context):
+        super().__init__(ctx)
+        k, classes = ctx.hp.components, ctx.data.num_classes
+        self.counts = np.zeros((ctx.num_clients, k, classes))
+        self.prior = np.full((k, classes), 1.0 / classes)
+
+    def payload(self, client: int) -> Payload:
+        return Payload({"models": self.models,
+                        "prior": torch.as_tensor(self.prior, dtype=torch.float64, device=self.models.device)})
+
+    @classmethod
+    def responsibilities_of(cls, payload: Payload, pi: np.ndarray, losses: np.ndarray, labels: np.ndarray) -> np.ndarray:
+        prior = payload.tensors["prior"].cpu().numpy()
+        return responsibilities(np.log(pi), losses + np.log(prior[:, labels]))
+
+    @classmethod
+    def client_scratch(cls, view: ClientView, new_pi: torch.Tensor, q: np.ndarray, labels: np.ndarray) -> Any:
+        counts = label_counts(q, labels, view.classes)
+        return new_pi, torch.as_tensor(counts, dtype=torch.float64, device=new_pi.device)
+
+    @classmethod
+    def client_finish(cls, view: ClientView, payload: Payload, trained: dict[str, Trained], scratch: Any) -> Update:
+        new_pi, counts = scratch
+        update = super().client_finish(view, payload, trained, new_pi)
+        update.tensors["label_counts"] = counts
+        return update
+
+    def aggregate(self, updates: dict[int, Update]) -> None:
+        super().aggregate(updates)
+        for client, update in updates.items():
+            self.counts[client] = update.tensors["label_counts"].cpu().numpy()
+        self.prior = label_prior(self.counts.sum(axis=0))
