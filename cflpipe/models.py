@@ -124,23 +124,27 @@ class CNN(LayeredModel):
 # --------------------------------------------------------------------------- cnn_tsdp (FedTSDP)
 
 
-class CNNTSDP(LayeredModel):
-    """FedTSDP's CNN: two 3x3 convs, one max-pool, dropout, a 512-unit hidden layer."""
+class _TwoConvNet(LayeredModel):
+    """Two 3x3 convs (32, 64 channels), one max-pool, dropout 0.25, a hidden layer, dropout 0.5:
+    the shape FedTSDP's CNN and pfl-research's share; they differ in padding and hidden width."""
 
-    name = "cnn_tsdp"
+    padding: int
+    hidden: int
 
     def __init__(self, input_shape: tuple[int, ...], num_classes: int):
         super().__init__(input_shape, num_classes)
         channels, height, width = _image_shape(input_shape, self.name)
-        if min(height, width) < 2:
-            raise ModelError(f"model: 'cnn_tsdp' cannot take inputs of {height}x{width} pixels; "
-                             f"it needs at least 2x2")
-        self.conv1 = nn.Conv2d(channels, 32, 3, padding=1)
-        self.conv2 = nn.Conv2d(32, 64, 3, padding=1)
+        h, w = (_conv_out(_conv_out(side, 3, self.padding), 3, self.padding) // 2 for side in (height, width))
+        if h < 1 or w < 1:
+            side = 2 + 4 * (1 - self.padding)  # the smallest side that survives both convs and the pool
+            raise ModelError(f"model: {self.name!r} cannot take inputs of {height}x{width} pixels; "
+                             f"it needs at least {side}x{side}")
+        self.conv1 = nn.Conv2d(channels, 32, 3, padding=self.padding)
+        self.conv2 = nn.Conv2d(32, 64, 3, padding=self.padding)
         self.drop1 = nn.Dropout(0.25)
-        self.fc1 = nn.Linear(64 * (height // 2) * (width // 2), 512)
+        self.fc1 = nn.Linear(64 * h * w, self.hidden)
         self.drop2 = nn.Dropout(0.5)
-        self.fc2 = nn.Linear(512, num_classes)
+        self.fc2 = nn.Linear(self.hidden, num_classes)
         self.layers = ["conv1", "conv2", "fc1", "fc2"]
 
     def features(self, x: Tensor) -> Tensor:
@@ -149,40 +153,26 @@ class CNNTSDP(LayeredModel):
         x = self.drop1(nn.functional.max_pool2d(x, 2))
         x = torch.flatten(x, 1)
         return self.drop2(torch.relu(self.fc1(x)))
+
+
+class CNNTSDP(_TwoConvNet):
+    """FedTSDP's CNN: two padded 3x3 convs, one max-pool, dropout, a 512-unit hidden layer."""
+
+    name = "cnn_tsdp"
+    padding, hidden = 1, 512
 
 
 # --------------------------------------------------------------------------- cnn_pfl (pfl-research)
 
 
-class CNNPfl(LayeredModel):
+class CNNPfl(_TwoConvNet):
     """pfl-research's CIFAR-10 benchmark CNN (Granlund et al. 2024, `simple_cnn`): two unpadded
-    3x3 convs (32, 64), one max-pool, dropout 0.25, a 128-unit hidden layer, dropout 0.5. At
-    3x32x32 it has 1,626,442 parameters. `cflpipe bench --part yardstick` times this shape against
-    pfl's published one."""
+    3x3 convs, one max-pool, dropout 0.25, a 128-unit hidden layer, dropout 0.5. At 3x32x32 it has
+    1,626,442 parameters. `cflpipe bench --part yardstick` times this shape against pfl's
+    published one."""
 
     name = "cnn_pfl"
-
-    def __init__(self, input_shape: tuple[int, ...], num_classes: int):
-        super().__init__(input_shape, num_classes)
-        channels, height, width = _image_shape(input_shape, self.name)
-        h, w = _conv_out(_conv_out(height, 3, 0), 3, 0) // 2, _conv_out(_conv_out(width, 3, 0), 3, 0) // 2
-        if h < 1 or w < 1:
-            raise ModelError(f"model: 'cnn_pfl' cannot take inputs of {height}x{width} pixels; "
-                             f"it needs at least 6x6")
-        self.conv1 = nn.Conv2d(channels, 32, 3)
-        self.conv2 = nn.Conv2d(32, 64, 3)
-        self.drop1 = nn.Dropout(0.25)
-        self.fc1 = nn.Linear(64 * h * w, 128)
-        self.drop2 = nn.Dropout(0.5)
-        self.fc2 = nn.Linear(128, num_classes)
-        self.layers = ["conv1", "conv2", "fc1", "fc2"]
-
-    def features(self, x: Tensor) -> Tensor:
-        x = torch.relu(self.conv1(x))
-        x = torch.relu(self.conv2(x))
-        x = self.drop1(nn.functional.max_pool2d(x, 2))
-        x = torch.flatten(x, 1)
-        return self.drop2(torch.relu(self.fc1(x)))
+    padding, hidden = 0, 128
 
 
 # --------------------------------------------------------------------------- resnet18
