@@ -8,7 +8,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
   && export PYTHONPATH=/tmp/site:$PWD || exit 1
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())" | tee -a "$OUT/gpu.txt"
-timeout 150 python3 benchmarks/gpu_check.py --device cuda --output "$OUT/gpu_check.json"
+timeout 240 python3 benchmarks/gpu_check.py --device cuda --output "$OUT/gpu_check.json"
 timeout 75 python3 -m cflpipe bench --part yardstick --device cuda --trainer sequential --rounds 60 --threads 1 \
   --output "$OUT/yardstick_sequential.json"
 timeout 90 python3 -m cflpipe bench --part yardstick --device cuda --trainer batched --rounds 200 --threads 1 \

@@ -76,3 +76,11 @@ def test_profiles_average_across_profile_rounds_and_clustering_stops(tmp_path):
     method.ctx.round = 2  # stop_after: no more profiles or clustering
     method.cluster_aggregate(_updates(method, {c: -ones * (c + 1) for c in range(8)}))
     assert torch.allclose(method.profile[3], ones * 2) and np.array_equal(method.clusters, clusters)
+
+
+def test_a_client_first_heard_from_late_gets_its_whole_update_as_profile(tmp_path):
+    method = _run(tmp_path, period=1, stop_after=10).method
+    p = method.centers.shape[1]
+    method.ctx.round = 3  # β = 1/2 with K = 2, period 1
+    method.cluster_aggregate(_updates(method, {5: torch.ones(p)}))
+    assert torch.allclose(method.profile[5], torch.ones(p))

@@ -26,16 +26,18 @@ def test_responsibilities_are_the_posterior_of_each_component():
     assert np.allclose(responsibilities(np.log(pi), losses + 1000.0), q)
 
 
-def test_the_weighted_loss_reads_each_samples_weight_from_the_last_input_column():
+def test_the_weighted_loss_of_component_k_reads_its_weight_column():
     torch.manual_seed(0)
     net = torch.nn.Linear(4, 3)
     x, y = torch.randn(5, 2, 2), torch.randint(0, 3, (5,))
-    w = torch.tensor([0.0, 1.0, 0.5, 0.25, 1.0])
-    loss = WeightedCrossEntropy.of((2, 2))
-    value = loss(lambda inputs: net(inputs.reshape(len(inputs), -1)), torch.cat([x.reshape(5, -1), w[:, None]], 1), y)
-    expected = (w * F.cross_entropy(net(x.reshape(5, -1)), y, reduction="none")).mean()
-    assert torch.allclose(value, expected)
-    assert WeightedCrossEntropy.of((2, 2)) is loss  # shared, so the batched trainer groups the plans
+    w = torch.tensor([[0.0, 1.0, 0.5, 0.25, 1.0], [1.0, 0.0, 0.5, 0.75, 0.0]])
+    inputs = torch.cat([x.reshape(5, -1), w.T], 1)  # the inputs once, then one column per component
+    for k in (0, 1):
+        loss = WeightedCrossEntropy.of((2, 2), 2, k)
+        value = loss(lambda rows: net(rows.reshape(len(rows), -1)), inputs, y)
+        expected = (w[k] * F.cross_entropy(net(x.reshape(5, -1)), y, reduction="none")).mean()
+        assert torch.allclose(value, expected)
+        assert WeightedCrossEntropy.of((2, 2), 2, k) is loss  # shared, so the batched trainer groups the plans
 
 
 def _run(tmp_path: Path):
@@ -55,7 +57,8 @@ def test_a_client_keeps_the_mean_responsibility_as_its_weights(tmp_path):
     q = responsibilities(np.log([0.5, 0.5]), torch.stack(logits).double().numpy())
     assert np.allclose(new_pi.numpy(), q.mean(axis=1), atol=1e-6)
     assert set(plans) == {"model0", "model1"}
-    assert torch.allclose(plans["model1"].inputs[:, -1], torch.as_tensor(q[1], dtype=torch.float32), atol=1e-6)
+    assert plans["model0"].inputs is plans["model1"].inputs  # the client's inputs are held once
+    assert torch.allclose(plans["model1"].inputs[:, -2:], torch.as_tensor(q.T, dtype=torch.float32), atol=1e-6)
 
 
 def test_clients_are_evaluated_with_their_mixture(tmp_path):

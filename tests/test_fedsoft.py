@@ -37,6 +37,16 @@ def _run(tmp_path: Path):
     return run
 
 
+def test_an_estimation_round_counts_the_centers_only_for_clients_not_sampled(tmp_path):
+    raw = spec_dict(tmp_path, "fedsoft", clients_per_round=2)
+    raw["methods"]["fedsoft"] = {"clusters": 2}
+    run = prepare_run(parse_spec(raw), "s", "fedsoft", 0)
+    run.method.round_start(np.array([1, 4]))
+    centers = run.method.centers.numel() * run.method.centers.element_size()
+    assert run.ctx.extra_bytes_down == 4 * centers  # 6 clients, 2 sampled (they get them in the payload)
+    assert run.ctx.extra_bytes_up == 6 * 2 * 8  # every client's two float64 shares
+
+
 def test_the_pull_goes_to_the_share_weighted_mean_of_the_centers(tmp_path):
     run = _run(tmp_path)
     method, centers = run.method, run.method.centers

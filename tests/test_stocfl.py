@@ -71,6 +71,10 @@ def test_a_united_cluster_keeps_the_larger_ones_model(tmp_path):
     method.cluster_of[:] = [0, 4, 4, 4, 4, 5]
     method._unite(0, 4)  # the lower id names it, the larger cluster's model goes with it
     assert method.cluster_of.tolist() == [0, 0, 0, 0, 0, 5] and float(method.models[0][0]) == 5.0
+    method.has_model[:] = False
+    method.models[5], method.has_model[5] = 7.0, True
+    method._unite(0, 5)  # the larger cluster has no model yet: the only model goes on
+    assert method.has_model[0] and float(method.models[0][0]) == 7.0
 
 
 def test_a_new_cluster_starts_from_the_global_model_and_clients_are_evaluated_with_theirs(tmp_path):

@@ -35,8 +35,8 @@ class CFLGPParams(HyperParams):
 
 
 def profile_weight(round_index: int, clusters: int, period: int) -> float:
-    """β of the cumulative average of a client's profile: 1 in the first K·period rounds, then
-    1/2, 1/3, … per further K·period rounds (the authors' code)."""
+    """β of the cumulative average of a client's profile, 1/(⌊(r + 1)/(K·period)⌋ + 1) in round r
+    (the authors' code): 1 up to round K·period − 2, then 1/2, 1/3, … per further K·period rounds."""
     return 1.0 / (np.floor((round_index + 1) / (clusters * period)) + 1.0)
 
 
@@ -60,7 +60,7 @@ class CFLGP(ClusterModels):
     Every client starts in cluster 0 (all train the initial model). In a round r with
     r mod `period` = 0 and r < `stop_after`, each sampled client's update Δ = (trained model −
     its cluster's model) enters its profile by a cumulative average, g_i ← (1 − β)·g_i + β·Δ
-    (`profile_weight`); then the profiles of the clients heard from so far are reduced to their
+    (`profile_weight`; a client's first profile is its Δ); then the profiles of the clients heard from so far are reduced to their
     coordinates on the K leading singular directions (an SVD of the profile matrix), clustered by
     k-means (k-means++, 10 starts) into K clusters, and the labels matched to the previous ones
     (`match_labels`). The round's trained models are then averaged per (new) cluster, sample-
@@ -101,7 +101,11 @@ class CFLGP(ClusterModels):
             beta = profile_weight(self.ctx.round, self.hp.clusters, self.hp.period)
             for client, update in updates.items():
                 delta = update.tensors["model"] - self.centers[self.clusters[client]]
-                self.profile[client] = (1 - beta) * self.profile[client] + beta * delta
+                # A client's first profile is its update itself, whatever the round: averaged
+                # with the zero it starts from it would be shrunk by β, and the clustering would
+                # separate clients by when they were first sampled.
+                weight = beta if self.profiled[client] else 1.0
+                self.profile[client] = (1 - weight) * self.profile[client] + weight * delta
                 self.profiled[client] = True
             self._recluster()
         super().cluster_aggregate(updates)

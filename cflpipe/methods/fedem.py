@@ -31,23 +31,26 @@ class FedEMParams(HyperParams):
 
 
 class WeightedCrossEntropy:
-    """The M-step's loss: (1/B)·Σ_j q(j)·ℓ(x_j, y_j) over a batch of B samples, the weights q
-    travelling as the last column of the plan's inputs (so that the trainer's batches carry
-    them); `shape` is the model's input shape. One instance per shape, so plans of all clients
-    share it and the batched trainer trains them together."""
+    """The M-step's loss of component k: (1/B)·Σ_j q_k(j)·ℓ(x_j, y_j) over a batch of B samples.
+    A client's plans share one input tensor, its flattened inputs followed by one weight column per
+    component (so that the trainer's batches carry the weights and the inputs are held once, not
+    K times); `shape` is the model's input shape. One instance per (shape, components, k), so the
+    plans of component k of all clients share it and the batched trainer trains them together."""
 
-    _instances: dict[tuple[int, ...], "WeightedCrossEntropy"] = {}
+    _instances: dict[tuple, "WeightedCrossEntropy"] = {}
 
-    def __init__(self, shape: tuple[int, ...]):
-        self.shape = shape
+    def __init__(self, shape: tuple[int, ...], components: int, k: int):
+        self.shape, self.components, self.k = shape, components, k
 
     @classmethod
-    def of(cls, shape: tuple[int, ...]) -> "WeightedCrossEntropy":
-        return cls._instances.setdefault(tuple(shape), cls(tuple(shape)))
+    def of(cls, shape: tuple[int, ...], components: int, k: int) -> "WeightedCrossEntropy":
+        key = (tuple(shape), components, k)
+        return cls._instances.setdefault(key, cls(*key))
 
     def __call__(self, forward, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        weights = x[:, -1]
-        logits = forward(x[:, :-1].reshape(x.shape[0], *self.shape))
+        features = x.shape[1] - self.components
+        weights = x[:, features + self.k]
+        logits = forward(x[:, :features].reshape(x.shape[0], *self.shape))
         return (weights * F.cross_entropy(logits, y, reduction="none")).mean()
 
 
@@ -105,11 +108,11 @@ class FedEM(Method):
             new_pi = torch.as_tensor(q.mean(axis=1), dtype=pi.dtype, device=pi.device)
         else:  # nothing to learn from: the weights stay
             q, new_pi = np.zeros((len(models), 0)), pi
-        loss = WeightedCrossEntropy.of(tuple(x.shape[1:]))
         flat = x.reshape(len(x), -1)
-        weights = torch.as_tensor(q, dtype=flat.dtype, device=flat.device)
-        plans = {f"model{k}": ClientPlan(models[k], inputs=torch.cat([flat, weights[k][:, None]], dim=1), loss=loss)
-                 for k in range(len(models))}
+        inputs = torch.cat([flat, torch.as_tensor(q.T, dtype=flat.dtype, device=flat.device)], dim=1)
+        shape, k = tuple(x.shape[1:]), len(models)
+        plans = {f"model{j}": ClientPlan(models[j], inputs=inputs, loss=WeightedCrossEntropy.of(shape, k, j))
+                 for j in range(k)}
         return plans, cls.client_scratch(view, new_pi, q, labels)
 
     @classmethod

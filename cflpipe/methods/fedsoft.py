@@ -55,7 +55,8 @@ class FedSoft(PersonalModels, Method):
 
     Round t with t mod τ = 0 (τ = `estimation_interval`), before training: every client
     evaluates the S centers on its training samples and sends its importance weights u_is
-    (`importance_weights`; off-round traffic: S models down and S numbers up per client). Each
+    (`importance_weights`; off-round traffic: the S models down to every client not sampled this
+    round, S numbers up from every client). Each
     sampled client receives the S centers, trains its local model (kept on the client, starting
     from the run's initial model) for the round's local steps on its loss plus
     (λ/2)·Σ_s u_is·‖w − c_s‖², keeps it and sends it. The server sets each center to the average
@@ -101,7 +102,11 @@ class FedSoft(PersonalModels, Method):
         m = self.ctx.num_clients
         self.importance = importance_weights(losses, split.owner.cpu().numpy(), m, self.hp.smoother)
         self.ctx.clients["importance"] = torch.from_numpy(self.importance).to(self.ctx.device)
-        self.ctx.count_traffic(m * tensor_bytes(self.centers), m * tensor_bytes(self.ctx.clients.get("importance", 0)))
+        # The sampled clients get the centers in their payload this round anyway: only the others'
+        # copies are extra traffic down; every client's weights go up.
+        unsampled = m - len(sampled)
+        self.ctx.count_traffic(unsampled * tensor_bytes(self.centers),
+                               m * tensor_bytes(self.ctx.clients.get("importance", 0)))
 
     def payload(self, client: int) -> Payload:
         return Payload({"models": self.centers})

@@ -50,7 +50,9 @@ class StoCFL(Method):
     cluster; each such cluster is represented by the plain mean ψ of its sampled members; the
     pairs of these clusters, most similar first, are united while their cosine similarity is at
     least τ (union-find; a pair already in one cluster is skipped). The united cluster keeps the
-    model of the larger one (the lower id on a tie, as the authors' `unite`).
+    model of the larger one (the lower id on a tie, as the authors' `unite`), or the only model
+    of the two. A client never sampled is a cluster of its own until it is, so under partial
+    participation the number of clusters (and the ARI) counts the clients not yet heard from.
 
     Training: each sampled client receives the global model g and its cluster's model (a cluster
     without one yet starts from g), trains g plainly and the cluster model with the pull
@@ -116,7 +118,9 @@ class StoCFL(Method):
             return
         i, j = min(i, j), max(i, j)
         size_i, size_j = int((self.cluster_of == i).sum()), int((self.cluster_of == j).sum())
-        if size_i < size_j and self.has_model[j]:
+        # The larger cluster's model goes on (the lower id's on a tie, as the authors'), or the
+        # only one there is.
+        if self.has_model[j] and (size_i < size_j or not self.has_model[i]):
             self.models[i] = self.models[j]
             self.has_model[i] = True
         self.cluster_of[self.cluster_of == j] = i
