@@ -42,7 +42,7 @@ def test_the_weighted_loss_of_component_k_reads_its_weight_column():
 
 def _run(tmp_path: Path):
     raw = spec_dict(tmp_path, "fedem", clients_per_round=6)
-    raw["methods"]["fedem"] = {"components": 2}
+    raw["methods"]["fedem"] = {"clusters": 2}
     return prepare_run(parse_spec(raw), "s", "fedem", 0)
 
 
@@ -63,7 +63,7 @@ def test_a_client_keeps_the_mean_responsibility_as_its_weights(tmp_path):
 
 def test_clients_are_evaluated_with_their_mixture(tmp_path):
     raw = spec_dict(tmp_path, "fedem", rounds=2, eval_every=2, keep_state=True)
-    raw["methods"]["fedem"] = {"components": 2}
+    raw["methods"]["fedem"] = {"clusters": 2}
     spec = parse_spec(raw)
     train_run(spec, "s", "fedem", 0, progress=False)
     run = prepare_run(spec, "s", "fedem", 0)
@@ -101,7 +101,7 @@ def test_fedrc_divides_each_responsibility_by_the_clusters_label_probability(tmp
     from cflpipe.methods.fedem import FedRC
 
     raw = spec_dict(tmp_path, "fedrc", clients_per_round=6)
-    raw["methods"]["fedrc"] = {"components": 2}
+    raw["methods"]["fedrc"] = {"clusters": 2}
     run = prepare_run(parse_spec(raw), "s", "fedrc", 0)
     method = run.method
     method.prior = np.tile(np.linspace(1, 2, 10) / np.linspace(1, 2, 10).sum(), (2, 1))

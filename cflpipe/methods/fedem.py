@@ -26,7 +26,9 @@ from cflpipe.methods.ifca import lowest, random_models, sample_losses
 
 
 class FedEMParams(HyperParams):
-    components: int = Field(3, ge=1, description="K: mixture components, one shared model each (the authors' "
+    # Named `clusters` as every method's K, so that a scenario's `hyperparams: {clusters: K}`
+    # reaches it (and FedAC's PCA `components` stays apart).
+    clusters: int = Field(3, ge=1, description="K: mixture components, one shared model each (the authors' "
                                                  "experiments: 3)")
 
 
@@ -81,16 +83,16 @@ class FedEM(Method):
     training block (steps, lr, momentum) applies to each of the K models, on one batch stream
     per client (the K models see the same batches, as the authors' one data loader)."""
 
-    capabilities = Capabilities(clustered=True, personalized=True, k_param="components", soft=True)
+    capabilities = Capabilities(clustered=True, personalized=True, k_param="clusters", soft=True)
     checkpoint = ("models",)
 
     @classmethod
     def check_hyperparams(cls, params):
-        return {"components": 2}
+        return {"clusters": 2}
 
     def __init__(self, ctx: Context):
         super().__init__(ctx)
-        k = ctx.hp.components
+        k = ctx.hp.clusters
         self.models = random_models(ctx, k, purpose=0xFE3)
         ctx.clients.add("pi", torch.full((k,), 1.0 / k, dtype=torch.float64, device=ctx.device))
 
@@ -135,7 +137,7 @@ class FedEM(Method):
     def aggregate(self, updates: dict[int, Update]) -> None:
         if not updates:
             return
-        for k in range(self.hp.components):
+        for k in range(self.hp.clusters):
             _, vectors, weights = stack_updates(updates, f"model{k}")
             self.models[k] = weighted_average(vectors, weights)
 
@@ -208,7 +210,7 @@ class FedRC(FedEM):
 
     def __init__(self, ctx: Context):
         super().__init__(ctx)
-        k, classes = ctx.hp.components, ctx.data.num_classes
+        k, classes = ctx.hp.clusters, ctx.data.num_classes
         self.counts = np.zeros((ctx.num_clients, k, classes))
         self.prior = np.full((k, classes), 1.0 / classes)
 
