@@ -161,17 +161,29 @@ class _Centered:
         cross = torch.cat([self.pass_rows(chunk) @ centers.T for chunk in self.slices]).to(torch.float64)
         return (self.sq[:, None] + centers_sq[None, :] - 2.0 * cross).clamp_min_(0.0)
 
-    def sums(self, labels: torch.Tensor, count: int) -> torch.Tensor:
-        """(count × p) sums of the centered rows with each label, for (runs × n) labels whose
-        values of run r lie in [r·k, (r + 1)·k): one pass serves every run."""
-        sums = torch.zeros(count, self.p, dtype=self.dtype, device=self.x.device)
+    def assign_and_sum(self, centers: torch.Tensor, runs: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One Lloyd step's two halves in one pass over x: each row's nearest of its run's k
+        centers ((runs·k) × p, run after run, centered coordinates) and, per run and cluster, the
+        sums of the rows so labelled, ((runs·k) × p). A row's label needs only its own distances,
+        so the chunk is summed while it is in hand: one centering of each chunk per step instead
+        of two (the two products dominate; 2 % of a 1,000-client K-means CFL round). The distances
+        are sq_distances' to the bit, and the sums the former separate pass's."""
+        centers_sq = centers.square().sum(dim=1, dtype=torch.float64)
+        labels = torch.empty(runs, self.n, dtype=torch.long, device=self.x.device)
+        sums = torch.zeros(runs * k, self.p, dtype=self.dtype, device=self.x.device)
+        offsets = torch.arange(runs, device=self.x.device)[:, None] * k
         for chunk in self.slices:
             width = chunk.stop - chunk.start
-            onehot = torch.zeros(count, width, dtype=self.dtype, device=self.x.device)
-            columns = torch.arange(width, device=self.x.device).expand_as(labels[:, chunk])
-            onehot[labels[:, chunk], columns] = 1
-            sums += onehot @ self.pass_rows(chunk)
-        return sums
+            rows = self.pass_rows(chunk)
+            cross = (rows @ centers.T).to(torch.float64)
+            d = (self.sq[chunk, None] + centers_sq[None, :] - 2.0 * cross).clamp_min_(0.0)
+            chunk_labels = d.view(width, runs, k).argmin(dim=2).T  # (runs × width)
+            labels[:, chunk] = chunk_labels
+            onehot = torch.zeros(runs * k, width, dtype=self.dtype, device=self.x.device)
+            columns = torch.arange(width, device=self.x.device).expand_as(chunk_labels)
+            onehot[chunk_labels + offsets, columns] = 1
+            sums += onehot @ rows
+        return labels, sums
 
 
 def _lloyd(data: _Centered, starts: torch.Tensor, max_iter: int, tol: float
@@ -188,13 +200,12 @@ def _lloyd(data: _Centered, starts: torch.Tensor, max_iter: int, tol: float
     active = list(range(runs))
     for iteration in range(1, max_iter + 1):
         current = torch.tensor(active, device=starts.device)
-        d = data.sq_distances(centers[current].reshape(-1, p)).view(data.n, len(active), k)
-        new_labels = d.argmin(dim=2).T  # (active runs × n)
+        new_labels, sums = data.assign_and_sum(centers[current].reshape(-1, p), len(active), k)  # (active runs × n)
+        sums = sums.view(len(active), k, p)
         offsets = torch.arange(len(active), device=starts.device)[:, None] * k
         counts = torch.zeros(len(active) * k, dtype=torch.float64, device=starts.device)
         counts.index_add_(0, (new_labels + offsets).reshape(-1),
                           torch.ones(new_labels.numel(), dtype=torch.float64, device=starts.device))
-        sums = data.sums(new_labels + offsets, len(active) * k).view(len(active), k, p)
         counts = counts.view(len(active), k)
         means = sums / counts.clamp_min(1).to(sums.dtype)[..., None]
         # An empty cluster keeps its center (it may win points back on the next pass).
