@@ -24,7 +24,7 @@ import torch
 Seed = int | np.random.Generator | None
 
 __all__ = [
-    "KMeansResult", "PCAProjection", "as_matrix", "canonical_labels", "cfl_bipartition",
+    "KMeansResult", "PCAProjection", "as_matrix", "canonical_labels", "cfl_bipartition", "cut_dendrogram",
     "cosine_similarity_matrix", "dbscan_precomputed", "decomposed_cosine_similarity", "fcca_similarity", "fit_pca",
     "hierarchical_clusters", "hopkins", "js_divergence_matrix", "kmeans", "nearest_center", "pairwise_sq_distances", "principal_directions",
 ]
@@ -386,10 +386,20 @@ def hierarchical_clusters(x: torch.Tensor | np.ndarray, *, n_clusters: int | Non
         d = torch.cdist(x, x, p=1)
     else:
         raise ValueError(f"hierarchical_clusters: unknown metric {metric!r}")
+    return cut_dendrogram(d.cpu().numpy(), linkage, n_clusters=n_clusters, distance_threshold=distance_threshold)
+
+
+def cut_dendrogram(d: np.ndarray, linkage: str, *, n_clusters: int | None = None,
+                   distance_threshold: float | None = None) -> np.ndarray:
+    """Agglomerative clustering (scipy's `linkage` method) of a square distance matrix,
+    symmetrized and clipped at 0, cut into `n_clusters` or where the merge height exceeds
+    `distance_threshold` (exactly one); labels in order of first appearance."""
     from scipy.cluster import hierarchy
     from scipy.spatial.distance import squareform
 
-    d = d.cpu().numpy()
+    n = len(d)
+    if n == 1:
+        return np.zeros(1, dtype=np.int64)
     d = np.clip((d + d.T) / 2.0, 0.0, None)
     np.fill_diagonal(d, 0.0)
     z = hierarchy.linkage(squareform(d, checks=False), method=linkage)

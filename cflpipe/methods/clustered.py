@@ -31,6 +31,13 @@ _TRAIN_MEAN, _TEST_MEAN = 0x3E, 0x3F
 UNASSIGNED = -1
 
 
+def mixture_table(weights: np.ndarray) -> dict[str, np.ndarray]:
+    """A soft method's `mixture.parquet` rows: each client's share in each cluster, long format
+    (client, cluster, weight) from the (clients × clusters) weights."""
+    m, k = weights.shape
+    return {"client": np.repeat(np.arange(m), k), "cluster": np.tile(np.arange(k), m), "weight": weights.reshape(-1)}
+
+
 def client_feature_mean(view: ClientView) -> torch.Tensor:
     """MCFL's upload: the mean of `feature_samples` of the client's training inputs."""
     x, _ = view.data()

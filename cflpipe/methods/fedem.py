@@ -22,6 +22,7 @@ from cflpipe.fl.method import Capabilities, ClientView, Context, Method, Payload
 from cflpipe.fl.params import weighted_average
 from cflpipe.fl.plan import ClientPlan, Trained
 from cflpipe.methods import HyperParams, register
+from cflpipe.methods.clustered import mixture_table
 from cflpipe.methods.ifca import lowest, random_models, sample_losses
 
 
@@ -144,7 +145,7 @@ class FedEM(Method):
     # ------------------------------------------------------------------ evaluation
 
     def eval_params(self, client: int) -> torch.Tensor:
-        return self.models[int(self.assignment()[client])]
+        return self.models[int(np.argmax(self.mixture()[client]))]
 
     def eval_models(self) -> tuple[list[torch.Tensor], np.ndarray]:
         return list(self.models), self.assignment()
@@ -160,20 +161,10 @@ class FedEM(Method):
 
     def eval_tables(self) -> dict[str, dict[str, np.ndarray]]:
         """Each client's mixture weights π_i, long format: client, cluster, weight."""
-        pi = self.mixture()
-        m, k = pi.shape
-        return {"mixture": {"client": np.repeat(np.arange(m), k), "cluster": np.tile(np.arange(k), m),
-                            "weight": pi.reshape(-1)}}
-
-    def round_metrics(self) -> dict[str, Any]:
-        return {}
+        return {"mixture": mixture_table(self.mixture())}
 
 
 # ---------------------------------------------------------------------------- FedRC
-
-
-class FedRCParams(FedEMParams):
-    pass
 
 
 def label_counts(q: np.ndarray, y: np.ndarray, classes: int) -> np.ndarray:
@@ -191,7 +182,7 @@ def label_prior(counts: np.ndarray) -> np.ndarray:
     return floored / floored.sum(axis=1, keepdims=True)
 
 
-@register("fedrc", FedRCParams)
+@register("fedrc", FedEMParams)
 class FedRC(FedEM):
     """FedRC (Guo, Tang and Lin 2024): FedEM whose E-step divides by each cluster's label distribution, to cluster by concept shift.
 

@@ -11,7 +11,6 @@ v_is = u_is·n_i / Σ_j u_js·n_j.
 
 from __future__ import annotations
 
-from typing import Any
 
 import numpy as np
 import torch
@@ -21,6 +20,7 @@ from cflpipe.fl.local import Anchor
 from cflpipe.fl.method import Capabilities, ClientView, Context, Method, Payload, Update, stack_updates
 from cflpipe.fl.plan import ClientPlan, Trained
 from cflpipe.methods import HyperParams, register
+from cflpipe.methods.clustered import mixture_table
 from cflpipe.methods.ifca import lowest, random_models, sample_losses
 from cflpipe.methods.personal import PersonalModels
 from cflpipe.metrics import tensor_bytes
@@ -139,11 +139,6 @@ class FedSoft(PersonalModels, Method):
     def mixture(self) -> np.ndarray:
         return self.importance / self.importance.sum(axis=1, keepdims=True)
 
-    def round_metrics(self) -> dict[str, Any]:
-        return {}
-
     def eval_tables(self) -> dict[str, dict[str, np.ndarray]]:
         """Each client's normalized importance weights u_i, long format: client, cluster, weight."""
-        m, s = self.importance.shape
-        return {"mixture": {"client": np.repeat(np.arange(m), s), "cluster": np.tile(np.arange(s), m),
-                            "weight": self.mixture().reshape(-1)}}
+        return {"mixture": mixture_table(self.mixture())}

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from pydantic import Field
 
+from cflpipe.clustering import cut_dendrogram
 from cflpipe.fl.method import Capabilities, ClientView
 from cflpipe.metrics import tensor_bytes
 from cflpipe.methods import HyperParams, register
@@ -135,22 +136,10 @@ class PACFL(ClusterModels):
                             "pacfl_angle_max": float(off.max())}
 
     def _cluster(self, proximity: np.ndarray) -> np.ndarray:
-        from scipy.cluster import hierarchy
-        from scipy.spatial.distance import squareform
-
-        from cflpipe.clustering import canonical_labels
-
-        n = len(proximity)
-        if n == 1:
-            return np.zeros(1, dtype=np.int64)
-        d = proximity.copy()
-        np.fill_diagonal(d, 0.0)
-        z = hierarchy.linkage(squareform(d, checks=False), method=_SCIPY_LINKAGE[self.hp.linkage])
+        # The proximity is symmetric by construction (see proximity_matrix).
         if self.hp.clusters is not None:
-            labels = hierarchy.fcluster(z, t=min(self.hp.clusters, n), criterion="maxclust")
-        else:
-            labels = hierarchy.fcluster(z, t=self.hp.threshold, criterion="distance")
-        return canonical_labels(labels)
+            return cut_dendrogram(proximity, _SCIPY_LINKAGE[self.hp.linkage], n_clusters=self.hp.clusters)
+        return cut_dendrogram(proximity, _SCIPY_LINKAGE[self.hp.linkage], distance_threshold=self.hp.threshold)
 
     def round_metrics(self) -> dict[str, Any]:
         return {**super().round_metrics(), **self._angles}
