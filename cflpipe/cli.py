@@ -203,7 +203,7 @@ SOURCE_PAPER_METHODS = frozenset({"fedac", "awcfl", "mcfl", "fcca", "fcca_per", 
 def _family(name: str, info) -> str:
     if name in SOURCE_PAPER_METHODS:
         return METHOD_FAMILIES[0]
-    if getattr(info.cls, "name", name) != name and name.endswith(("_awcfl", "_mcfl")):
+    if info.base is not None and name.endswith(("_awcfl", "_mcfl")):
         return METHOD_FAMILIES[4]
     if info.capabilities.clustered and not info.capabilities.needs_groups:  # Oracle is told the groups
         return METHOD_FAMILIES[1]
@@ -256,12 +256,15 @@ def cmd_methods(args) -> int:
 
 
 def _papers(info) -> list[str]:
-    """The first paragraph of the docstring of each module that defines the method or one of its
-    options' parameters: where cflpipe names the paper (and reference code) it follows."""
+    """The first paragraph of the docstring of the module that implements the method and of the
+    module of each option its parameters add (AWCFL, MCFL): where cflpipe names the paper (and
+    reference code) it follows."""
     import textwrap
 
-    modules = [info.cls.__module__] + [c.__module__ for c in info.params.__mro__
-                                      if c.__module__.startswith("cflpipe.methods.")]
+    from cflpipe.methods.catalog import AWCFLParams, MCFLParams
+
+    options = {AWCFLParams: "cflpipe.methods.intercluster", MCFLParams: "cflpipe.methods.intercluster"}
+    modules = [info.cls.__module__] + [options[c] for c in info.params.__mro__ if c in options]
     texts = []
     for name in dict.fromkeys(modules):
         doc = (getattr(sys.modules.get(name), "__doc__", None) or "").strip()

@@ -20,12 +20,13 @@ from cflpipe.fl.local import LocalResult
 from cflpipe.fl.method import Context, Update
 from cflpipe.fl.plan import Trained
 from cflpipe.methods import all_methods
-from cflpipe.methods.cfl import CFL, CFLParams
-from cflpipe.methods.fedgroup import FedGroup, FedGroupParams
-from cflpipe.methods.fesem import FeSEM, FeSEMParams
-from cflpipe.methods.flhc import FLHC, FLHCParams
+from cflpipe.methods.catalog import CFLParams, FedGroupParams, FeSEMParams, FLHCParams, KMeansCFLParams
+from cflpipe.methods.cfl import CFL
+from cflpipe.methods.fedgroup import FedGroup
+from cflpipe.methods.fesem import FeSEM
+from cflpipe.methods.flhc import FLHC
 from cflpipe.methods.ifca import lowest, train_losses
-from cflpipe.methods.kmeans_cfl import KMeansCFL, KMeansCFLParams
+from cflpipe.methods.kmeans_cfl import KMeansCFL
 from cflpipe.spec import parse_spec
 
 torch.set_num_threads(1)

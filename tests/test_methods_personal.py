@@ -22,7 +22,8 @@ from cflpipe.fl.method import Context, Update
 from cflpipe.seeds import mix_seed as _mix
 from cflpipe.fl.params import ParamSpace
 from cflpipe.methods import method_info
-from cflpipe.methods.cgpfl import CGPFLParams, nearest
+from cflpipe.methods.catalog import CGPFLParams
+from cflpipe.methods.cgpfl import nearest
 from cflpipe.models import LayeredModel, build_model
 from cflpipe.spec import Training, parse_spec
 

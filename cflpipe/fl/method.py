@@ -21,6 +21,7 @@ from cflpipe.fl.trainers import SequentialTrainer, Trainer
 from cflpipe.seeds import mix_seed, rng
 from cflpipe.fl.work import WorkItem
 from cflpipe.metrics import tensor_bytes
+from cflpipe.methods import Capabilities  # noqa: F401  (re-exported: a plugin method declares its own)
 from cflpipe.spec import Training
 
 
@@ -51,41 +52,6 @@ class Update:
     @property
     def nbytes(self) -> int:
         return tensor_bytes(*self.tensors.values())
-
-
-@dataclass(frozen=True)
-class Capabilities:
-    """What a method is, declared once and read by spec validation and the report (nothing
-    outside a method's own module names it).
-
-    needs_groups:   it is told the ground-truth groups (Oracle): a reference, not a competitor
-    clustered:      it assigns clients to clusters (clusters.parquet, ARI/NMI are meaningful)
-    personalized:   clients are evaluated with models of their own
-    k_param:        the hyper-parameter holding its number of clusters K; K must be <= clients
-    batchable:      its plans may go to the batched trainer (False: always sequential)
-    needs_public:   it uses the scenario's server-held unlabeled data (`public:`, FedTSDP)
-    soft:           its clients belong to every cluster in shares (FedSoft): clusters.parquet and
-                    ARI/NMI use each client's largest share, its `mixture.parquet` the shares
-    """
-
-    needs_groups: bool = False
-    clustered: bool = False
-    personalized: bool = False
-    k_param: str | None = None
-    batchable: bool = True
-    needs_public: bool = False
-    soft: bool = False
-
-    def summary(self) -> str:
-        flags = [name for name in ("needs_groups", "needs_public", "clustered", "personalized")
-                 if getattr(self, name)]
-        if self.soft:
-            flags.append("soft assignment (ARI of the largest share)")
-        if self.k_param:
-            flags.append(f"K={self.k_param}")
-        if not self.batchable:
-            flags.append("sequential only")
-        return ", ".join(flags)
 
 
 class ClientStore:

@@ -1,16 +1,22 @@
-"""Method registry. Each method lives in its own module and registers itself by name together
-with a pydantic model of its hyper-parameters (validated up front, like scikit-learn's
-estimators), so `cflpipe validate` and `cflpipe methods` know every method without running it.
+"""Method registry. Each method registers itself by name together with a pydantic model of its
+hyper-parameters (validated up front, like scikit-learn's estimators), so `cflpipe validate` and
+`cflpipe methods` know every method without running it.
+
+The built-in methods are declared in `catalog` (their hyper-parameters, capabilities, variants
+and the round their clustering may start in), a module without torch: validating a spec reads
+the declarations and imports no method's implementation. A declared method's class is imported
+the first time something asks for it (`MethodInfo.cls`: a run, `cflpipe methods NAME`), and its
+`@register` must then agree with the declaration.
 
 Methods from other packages register the same way and are found through the entry point group
-`cflpipe.methods` or a `module:Class` reference as a spec's method type (cflpipe/plugins.py)."""
+`cflpipe.methods` or a `module:Class` reference as a spec's method type (cflpipe/plugins.py);
+their module is imported to register them."""
 
 from __future__ import annotations
 
 import importlib
-import pkgutil
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -20,41 +26,160 @@ class HyperParams(BaseModel):
 
 
 @dataclass(frozen=True)
+class Capabilities:
+    """What a method is, declared once and read by spec validation and the report (nothing
+    outside a method's own declaration names it).
+
+    needs_groups:   it is told the ground-truth groups (Oracle): a reference, not a competitor
+    clustered:      it assigns clients to clusters (clusters.parquet, ARI/NMI are meaningful)
+    personalized:   clients are evaluated with models of their own
+    k_param:        the hyper-parameter holding its number of clusters K; K must be <= clients
+    batchable:      its plans may go to the batched trainer (False: always sequential)
+    needs_public:   it uses the scenario's server-held unlabeled data (`public:`, FedTSDP)
+    soft:           its clients belong to every cluster in shares (FedSoft): clusters.parquet and
+                    ARI/NMI use each client's largest share, its `mixture.parquet` the shares
+    """
+
+    needs_groups: bool = False
+    clustered: bool = False
+    personalized: bool = False
+    k_param: str | None = None
+    batchable: bool = True
+    needs_public: bool = False
+    soft: bool = False
+
+    def summary(self) -> str:
+        flags = [name for name in ("needs_groups", "needs_public", "clustered", "personalized")
+                 if getattr(self, name)]
+        if self.soft:
+            flags.append("soft assignment (ARI of the largest share)")
+        if self.k_param:
+            flags.append(f"K={self.k_param}")
+        if not self.batchable:
+            flags.append("sequential only")
+        return ", ".join(flags)
+
+
+# (hyper-parameters) -> (the hyper-parameter that delays clustering, the first 0-based round in
+# which the method may form more than one cluster), or None: it may cluster from the start.
+ClusteringStarts = Callable[[Any], "tuple[str, int] | None"]
+
+
+@dataclass(frozen=True)
 class MethodInfo:
     name: str
-    cls: type
     params: type[HyperParams]
     description: str
+    capabilities: Capabilities
+    # "module:Qualname" of the class that implements it (imported by `cls` when first needed).
+    implementation: str
+    # The method it is a variant of (fcca for fcca_per, cfl for cfl_awcfl); None for a method.
+    base: str | None = None
+    starts: ClusteringStarts | None = None
 
     @property
-    def capabilities(self):
-        return self.cls.capabilities
+    def cls(self) -> type:
+        """The implementing class, its module imported on first use."""
+        if self.implementation not in _CLASSES:
+            module, _, qualname = self.implementation.partition(":")
+            importlib.import_module(module)  # its @register binds the class
+            if self.implementation not in _CLASSES:
+                raise ImportError(f"{module} does not register method {self.name!r} ({qualname}); "
+                                  f"decorate the class with @cflpipe.methods.register({self.name!r}, PARAMS)")
+        return _CLASSES[self.implementation]
+
+    @property
+    def module(self) -> str:
+        return self.implementation.partition(":")[0]
+
+    def clustering_starts(self, hp: Any) -> tuple[str, int] | None:
+        """The hyper-parameter that delays clustering and the first round (0-based) in which the
+        method may form more than one cluster with these hyper-parameters; None: from the start.
+        `cflpipe validate` warns when that round is at or past the run's last one."""
+        if self.starts is not None:
+            return self.starts(hp)
+        if self.implementation in _CLASSES:  # a plugin's class states its own
+            return _CLASSES[self.implementation].clustering_starts(hp)
+        return None
 
 
 METHODS: dict[str, MethodInfo] = {}
+# The registered classes by "module:Qualname" (a declared method's once its module is imported).
+_CLASSES: dict[str, type] = {}
+
+
+# Variants a declaration or a class adds: (variant name, parameters it adds or replaces, what it adds).
+Variant = "tuple[str, type[HyperParams], str]"
+
+
+def _variant_params(params: type[HyperParams], extra: type[HyperParams]) -> type[HyperParams]:
+    # A variant's parameters either add fields (a mixin) or subclass the method's own parameters
+    # with other defaults (FCCA+Per: personal=True).
+    if params is HyperParams or issubclass(extra, params):
+        return extra
+    return type(f"{params.__name__}{extra.__name__}", (params, extra), {})
+
+
+def _variant_description(description: str, what: str) -> str:
+    head, _, rest = description.partition(":")
+    return f"{head} + {what}: {rest.strip()}"
+
+
+def declare(name: str, params: type[HyperParams], implementation: str, description: str,
+            capabilities: Capabilities = Capabilities(), starts: ClusteringStarts | None = None,
+            variants: "tuple[Variant, ...]" = ()) -> None:
+    """Declare a method without importing it: its hyper-parameters, capabilities, when its
+    clustering may start, its variants (each the same class with the variant's parameters) and
+    the `module:Class` that implements it, whose @register must agree."""
+    _add(MethodInfo(name, params, description, capabilities, implementation, starts=starts))
+    for variant, extra, what in variants:
+        _add(MethodInfo(variant, _variant_params(params, extra), _variant_description(description, what),
+                        capabilities, implementation, base=name, starts=starts))
 
 
 # Runs at import, before mutmut picks a mutant: its mutants could never run (docs/testing.md).
 def register(name: str, params: type[HyperParams] = HyperParams):  # pragma: no mutate block
     """Register a method class under `name`. A class that offers variants (the cluster-model
     base: AWCFL and MCFL) registers them here too, as the same class with the variant's
-    hyper-parameters added, so they exist whatever order the modules are imported in."""
+    hyper-parameters added, so they exist whatever order the modules are imported in.
+
+    A name `declare`d beforehand (the built-in methods, in `catalog`) is bound to its class
+    instead: the class must be the declared one with the declared parameters, and takes its
+    capabilities from the declaration (so the class states none of its own)."""
 
     def decorate(cls: type) -> type:
+        _load_all()  # the declarations first: a built-in imported early must still be bound to its own
+        cls.name = name
+        where = f"{cls.__module__}:{cls.__qualname__}"
+        declared = METHODS.get(name)
+        if declared is not None and declared.implementation == where and where not in _CLASSES:
+            _check_declared(declared, cls, params)
+            cls.capabilities = declared.capabilities
+            _CLASSES[where] = cls
+            return cls
         doc = (cls.__doc__ or "").strip().splitlines()
         description = doc[0] if doc else ""
-        _add(MethodInfo(name, cls, params, description))
-        cls.name = name
+        capabilities = cls.capabilities
+        _add(MethodInfo(name, params, description, capabilities, where))
         for variant, extra, what in (cls.variants(name) if hasattr(cls, "variants") else []):
-            # A variant's parameters either add fields (a mixin) or subclass the method's own
-            # parameters with other defaults (FCCA+Per: personal=True).
-            merged = extra if params is HyperParams or issubclass(extra, params) else \
-                type(f"{params.__name__}{extra.__name__}", (params, extra), {})
-            head, _, rest = description.partition(":")
-            _add(MethodInfo(variant, cls, merged, f"{head} + {what}: {rest.strip()}"))
+            _add(MethodInfo(variant, _variant_params(params, extra), _variant_description(description, what),
+                            capabilities, where, base=name))
+        _CLASSES[where] = cls
         return cls
 
     return decorate
+
+
+def _check_declared(declared: MethodInfo, cls: type, params: type[HyperParams]) -> None:  # pragma: no mutate block
+    """A declared method's class registers with the declared parameters and leaves what the
+    declaration holds to it (one source for each fact)."""
+    if params is not declared.params:
+        raise ValueError(f"method {declared.name!r}: {declared.implementation} registers with "
+                         f"{params.__qualname__}, its declaration with {declared.params.__qualname__}")
+    own = [key for key in ("capabilities", "clustering_starts", "variants") if key in vars(cls)]
+    if own:
+        raise ValueError(f"method {declared.name!r}: {declared.implementation} sets {own[0]!r}, which its "
+                         f"declaration in cflpipe.methods.catalog holds")
 
 
 def _add(info: MethodInfo) -> None:
@@ -67,9 +192,9 @@ def _add(info: MethodInfo) -> None:
                          f"is a key of a spec's method entry ({', '.join(RESERVED_ENTRY_KEYS)}); rename it")
     # A plugin registering a taken name would silently replace a method (and every result of it).
     old = METHODS.get(info.name)
-    if old is not None and (old.cls.__module__, old.cls.__qualname__) != (info.cls.__module__, info.cls.__qualname__):
+    if old is not None and old.implementation != info.implementation:
         raise ValueError(f"method name {info.name!r} is already registered by "
-                         f"{old.cls.__module__}.{old.cls.__qualname__}; choose another name")
+                         f"{old.implementation.replace(':', '.')}; choose another name")
     METHODS[info.name] = info
 
 
@@ -80,20 +205,18 @@ _PLUGIN_FAILURES: list[str] = []
 
 
 def _load_all() -> None:
-    """Import the built-in methods (each registers itself)."""
+    """Declare the built-in methods (torch-free: their implementations are imported on demand)."""
     global _BUILTIN_LOADED
     if _BUILTIN_LOADED:
         return
-    for module in pkgutil.iter_modules(__path__):
-        if not module.name.startswith("_"):
-            importlib.import_module(f"{__name__}.{module.name}")
+    importlib.import_module(f"{__name__}.catalog")
     _BUILTIN_LOADED = True
 
 
 def _is_builtin(name: str) -> bool:
     # By the defining module, not by registration order: a plugin may be imported before these.
     info = METHODS.get(name)
-    return info is not None and info.cls.__module__.startswith(f"{__name__}.")
+    return info is not None and info.module.startswith(f"{__name__}.")
 
 
 def _load_entry_point(name: str, where: str | None = None) -> None:

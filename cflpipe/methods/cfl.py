@@ -12,51 +12,24 @@ from __future__ import annotations
 
 import math
 import sys
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
-from pydantic import Field, model_validator
 
 from cflpipe.clustering import cfl_bipartition, cosine_similarity_matrix
 from cflpipe.fl.method import Context, Payload, Update, stack_updates
 from cflpipe.fl.plan import Trained
 from cflpipe.methods.clustered import ClusterModels
 from cflpipe.fl.params import cluster_average
-from cflpipe.methods import HyperParams, register
+from cflpipe.methods import register
+from cflpipe.methods.catalog import CFLParams
 
 
 # (eps1, eps2, gamma_max) of the reference code (absolute norms, no separation check) and of the
 # scale-free reading (multiples of the warm-up's update scale, with the paper's check).
 REFERENCE_DEFAULTS = (0.4, 1.6, 0.0)
 RELATIVE_DEFAULTS = (0.5, 0.6, 0.5)
-
-
-class CFLParams(HyperParams):
-    eps1: float | None = Field(None, gt=0, description="split only when the norm of the cluster's mean update "
-                                                       "is below this (default: 0.5 relative; 0.4 absolute, the "
-                                                       "reference code's MNIST value)")
-    eps2: float | None = Field(None, gt=0, description="…and the largest member update norm is above this "
-                                                       "(default: 0.6 relative; 1.6 absolute, the reference "
-                                                       "code's MNIST value)")
-    warmup: int = Field(20, ge=0, description="no split before this many rounds have completed "
-                                              "(reference code: c_round > 20)")
-    min_members: int = Field(3, ge=2, description="split only clusters with at least this many members "
-                                                  "updating this round (reference code: > 2)")
-    gamma_max: float | None = Field(
-        None, ge=0, lt=1,
-        description="accept a split only if sqrt((1 - a)/2) > gamma_max, a = the largest cosine similarity "
-                    "between members of the two halves (the paper's bound on the clients' gradient noise); "
-                    "0 accepts every split, as the reference code (default: 0.5 relative, 0 absolute)")
-    thresholds: Literal["absolute", "relative"] = Field(
-        "relative", description="relative: eps1/eps2 are multiples of the warm-up rounds' mean largest client "
-                                "update norm (scale-free); absolute: they are update norms (the reference code)")
-
-    @model_validator(mode="after")
-    def _relative_needs_warmup(self) -> "CFLParams":
-        if self.thresholds == "relative" and self.warmup < 1:
-            raise ValueError("thresholds: relative measures its scale in the warm-up rounds, so warmup must be >= 1")
-        return self
 
 
 @register("cfl", CFLParams)
@@ -128,10 +101,6 @@ class CFL(ClusterModels):
 
     checkpoint = (*ClusterModels.checkpoint, "pending", "split_models", "split_directions", "split_clusters",
                   "warmup_max_norms")
-
-    @classmethod
-    def clustering_starts(cls, hp):
-        return "warmup", hp.warmup  # a split is decided from 0-based round `warmup` on
 
     def settings(self) -> tuple[float, float, float]:
         """(eps1, eps2, gamma_max): the given ones, else the defaults of the `thresholds` reading."""

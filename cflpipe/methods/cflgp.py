@@ -15,23 +15,15 @@ from typing import Any
 
 import numpy as np
 import torch
-from pydantic import Field
 
 from cflpipe.clustering import kmeans
-from cflpipe.fl.method import Capabilities, Context, Update
-from cflpipe.methods import HyperParams, register
+from cflpipe.fl.method import Context, Update
+from cflpipe.methods import register
 from cflpipe.methods.clustered import ClusterModels
+from cflpipe.methods.catalog import CFLGPParams
 
 # Purpose of the server randomness that seeds the k-means.
 _KMEANS = 0xC6
-
-
-class CFLGPParams(HyperParams):
-    clusters: int = Field(4, ge=1, description="K: cluster models (the authors' default 4)")
-    period: int = Field(2, ge=1, description="rounds between two profile updates and clusterings (the authors' "
-                                             "clustering_period: 2)")
-    stop_after: int = Field(10, ge=1, description="no clustering from this round on (the authors' "
-                                                  "clustering_termination_threshold: 10)")
 
 
 def profile_weight(round_index: int, clusters: int, period: int) -> float:
@@ -74,16 +66,11 @@ class CFLGP(ClusterModels):
     from the run. Their code keeps a K-block profile but fills only the first block (the
     criterion model stays 0); a client's profile here is its one block."""
 
-    capabilities = Capabilities(clustered=True, k_param="clusters")
     checkpoint = (*ClusterModels.checkpoint, "profile", "profiled")
 
     @classmethod
     def check_hyperparams(cls, params):
         return {"clusters": 2, "period": 1}
-
-    @classmethod
-    def clustering_starts(cls, hp):
-        return None
 
     def __init__(self, ctx: Context):
         super().__init__(ctx, ctx.hp.clusters, np.zeros(ctx.num_clients, dtype=np.int64))

@@ -40,35 +40,16 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from pydantic import Field, model_validator
 
 from cflpipe.fl.local import MoreauStep
-from cflpipe.fl.method import Capabilities, Method, Payload, Update, stack_updates
+from cflpipe.fl.method import Method, Payload, Update, stack_updates
 from cflpipe.fl.params import cluster_average
 from cflpipe.fl.plan import ClientPlan, Trained
-from cflpipe.methods import HyperParams, register
+from cflpipe.methods import register
 from cflpipe.methods.personal import PersonalModels
+from cflpipe.methods.catalog import CGPFLParams
 
 _SEEDING = 0xC6  # purpose of the server randomness that seeds the generalized models
-
-
-class CGPFLParams(HyperParams):
-    clusters: int = Field(3, ge=1, description="K: number of generalized (context) models on the server")
-    lam: float = Field(15.0, gt=0, description="λ: strength of the tie between a personalized model and its "
-                       "local model (pFedMe's MNIST value)")
-    inner_steps: int = Field(5, ge=1, description="gradient steps that approximately solve the personalized "
-                             "(inner) problem on each mini-batch (pFedMe's K)")
-    personal_lr: float = Field(0.05, gt=0, description="step size of the inner gradient steps; "
-                               "personal_lr·lam must stay below 2")
-    beta: float = Field(1.0, gt=0, le=2, description="β: server step Ω_k ← (1 − β)·Ω_k + β·(mean of its members' "
-                        "local models); 1 = plain average")
-
-    @model_validator(mode="after")
-    def _inner_solver_converges(self) -> "CGPFLParams":
-        if self.personal_lr * self.lam >= 2:
-            raise ValueError(f"personal_lr·lam must be < 2 for the inner solver to converge, got "
-                             f"{self.personal_lr}·{self.lam} = {self.personal_lr * self.lam:g}")
-        return self
 
 
 def nearest(vectors: torch.Tensor, centers: torch.Tensor) -> torch.Tensor:
@@ -85,7 +66,6 @@ class CGPFL(PersonalModels, Method):
     def check_hyperparams(cls, params):
         return {"clusters": 2}
 
-    capabilities = Capabilities(clustered=True, personalized=True, k_param="clusters")
     checkpoint = ("local", "centers", "seeded", "clusters")
 
     def __init__(self, ctx):

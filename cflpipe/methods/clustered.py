@@ -7,8 +7,8 @@ evaluation models); the base wraps them with the options the variant's hyper-par
     MCFL (feature_samples):        all K models travel down, each client uploads the mean of n
                                    sampled training inputs, and any test data is evaluated with
                                    the cluster model whose members' feature mean is nearest (L2)
-Registering a subclass registers its `<name>_awcfl` and `<name>_mcfl` variants with it (see
-`variants`), so every cluster method has them whatever the order modules are imported in."""
+Every cluster method has its `<name>_awcfl` and `<name>_mcfl` variants: the built-ins' are
+declared in `catalog`, a plugin's subclass registers them with itself (see `variants`)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ from cflpipe.fl.method import Capabilities, ClientView, Context, Method, Payload
 from cflpipe.fl.params import cluster_average
 from cflpipe.fl.plan import ClientPlan, Results
 from cflpipe.fl.local import Anchor
-from cflpipe.methods.intercluster import AWCFLParams, MCFLParams, awcfl_mix, sample_mean
+from cflpipe.methods.catalog import AWCFLParams, MCFLParams, cluster_options
+from cflpipe.methods.intercluster import awcfl_mix, sample_mean
 
 # Purposes of the server randomness that samples MCFL's feature means.
 _TRAIN_MEAN, _TEST_MEAN = 0x3E, 0x3F
@@ -50,17 +51,15 @@ class ClusterModels(Method):
 
     capabilities = Capabilities(clustered=True)
     checkpoint = ("centers", "clusters")
-    # Registered variant names; {name} is the base method's name.
-    variant_names = {"awcfl": "{name}_awcfl", "mcfl": "{name}_mcfl"}
     # Whether cluster_payload already sends every cluster model (IFCA's clients pick among them);
     # otherwise MCFL adds the K−1 models the client's own cluster payload lacks.
     sends_all_models: ClassVar[bool] = False
 
+    # A plugin's subclass gets its variants here (the built-ins' are declared in the catalog).
     # Called by @register while the class is being defined, before mutmut's trampoline exists.
     @classmethod
-    def variants(cls, name: str) -> list[tuple[str, type, str]]:  # pragma: no mutate block
-        return [(cls.variant_names["awcfl"].format(name=name), AWCFLParams, "AWCFL inter-cluster aggregation (β)"),
-                (cls.variant_names["mcfl"].format(name=name), MCFLParams, "MCFL multi-model selection by feature means")]
+    def variants(cls, name: str) -> tuple:  # pragma: no mutate block
+        return cluster_options(name)
 
     def __init__(self, ctx: Context, num_clusters: int, clusters: np.ndarray):
         super().__init__(ctx)

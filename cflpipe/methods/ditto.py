@@ -23,21 +23,14 @@ from {0.1, 1, 2}); the authors' released run scripts use λ = 1, the default her
 
 from __future__ import annotations
 
-from pydantic import Field
 
 from cflpipe.fl.local import Anchor
-from cflpipe.fl.method import Capabilities, ClientView, Payload, Update
+from cflpipe.fl.method import ClientView, Payload, Update
 from cflpipe.fl.plan import ClientPlan, Trained
-from cflpipe.methods import HyperParams, register
+from cflpipe.methods import register
 from cflpipe.methods.fedavg import FedAvg
 from cflpipe.methods.personal import PersonalModels
-
-
-class DittoParams(HyperParams):
-    lam: float = Field(1.0, ge=0, description="λ: strength of the pull of each personal model towards the "
-                       "round's global model (the authors' run scripts use 1; 0 = purely local personal models)")
-    personal_steps: int | None = Field(None, ge=1, description="local SGD steps on the personal model per round "
-                                       "(default: the same budget as the global model's local training)")
+from cflpipe.methods.catalog import DittoParams
 
 
 @register("ditto", DittoParams)
@@ -46,7 +39,6 @@ class Ditto(PersonalModels, FedAvg):
 
     v_i starts from the initial global model w^0, as in the reference code."""
 
-    capabilities = Capabilities(personalized=True)
 
     @classmethod
     def client_plan(cls, view: ClientView, payload: Payload) -> tuple[dict[str, ClientPlan], None]:

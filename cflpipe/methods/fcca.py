@@ -115,68 +115,24 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import partial
-from typing import Callable, Literal
+from typing import Callable
 
 import numpy as np
 import torch
-from pydantic import Field
 from torch import nn
 
 from cflpipe.clustering import canonical_labels, fcca_similarity, kmeans
 from cflpipe.fl.local import AdamStep, Anchor, SGDStep
-from cflpipe.fl.method import Capabilities, Context, Method, Payload, Update, stack_updates
+from cflpipe.fl.method import Context, Method, Payload, Update, stack_updates
 from cflpipe.fl.params import cluster_average, weighted_average
 from cflpipe.fl.plan import ClientPlan, Trained
 from cflpipe.seeds import mix_seed
-from cflpipe.methods import HyperParams, register
+from cflpipe.methods import register
+from cflpipe.methods.catalog import FCCAParams
 
 # Purposes of the seeded randomness (server noise, k-means, the clients' z' draws, the flow's
 # batch stream and its initialization).
 _NOISE, _KMEANS, _AUGMENT, _FLOW_STREAM, _FLOW_INIT = 0xF1, 0xF2, 0xF3, 0xF4, 0xF5
-
-
-class FCCAParams(HyperParams):
-    clusters: int = Field(5, ge=1, description="number of clusters M of the k-means on D (the paper's M; 5)")
-    alpha: float = Field(1.0, ge=0, description="weight α of the UNKNOWN augmentation in the cINN loss (Eq. 3)")
-    unknown: Literal["absent", "extra"] = Field(
-        "absent", description="label of the augmentation samples z': a label the client does not have "
-                              "(the paper's 𝒴/D_k) or one extra UNKNOWN label")
-    personal: bool = Field(False, description="FCCA+Per: each client keeps its own classifier (FedPer style)")
-    mu: float = Field(0.0, ge=0, description="FCCA+Prox: FedProx strength μ on the training of f and h (0: off)")
-    flow_blocks: int = Field(2, ge=1, description="affine coupling blocks of the cINN (two coupling transforms each)")
-    flow_hidden: int = Field(64, ge=1, description="hidden units of the cINN's coupling networks (two layers)")
-    flow_clip: float = Field(10.0, gt=0, description="gradient-norm clipping of the cINN's steps")
-    flow_clamp: float = Field(2.0, gt=0, description="bound on each coupling's |log scale| (FrEIA's soft "
-                                                     "clamp; the paper states none)")
-    flow_optimizer: Literal["adam", "sgd"] = Field(
-        "adam", description="the cINN's optimizer: Adam as the cINN of Ardizzone et al. [8] is trained, or "
-                            "the plain gradient step Algorithm 1 line 5 writes")
-    flow_lr: float = Field(0.01, gt=0, description="the cINN's step size (the paper's η = 0.01; not the run's "
-                                                    "lr, which is the classifier's SGD step)")
-    flow_steps: int | None = Field(None, ge=1, description="the cINN's iterations per round (default: the "
-                                                           "run's local steps, the paper's K)")
-    flow_restart: bool = Field(False, description="start each round's cINN from its initialization instead "
-                                                  "of the client's last one")
-    cosine: Literal["mean", "sample", "batch"] = Field(
-        "mean", description="Eq. 4's cosine of two batches of reconstructions: cosine of their means (the "
-                            "paper's E aᵀb = E a·E b), mean per-sample cosine, or cosine of the flattened batches")
-    server_samples: int = Field(32, ge=1, description="Gaussian noise samples ε1 (and ε2) per label for the "
-                                                      "server's reconstructions")
-    rows: Literal["centered", "raw"] = Field(
-        "centered", description="what the k-means clusters: each client's row of D less its own mean (its "
-                                "similarity profile; P scales whole rows by the client's confidence) or the raw rows")
-
-
-class FCCAPerParams(FCCAParams):
-    personal: bool = True
-
-
-class FCCAProxParams(FCCAParams):
-    mu: float = Field(0.01, gt=0, description="FedProx strength μ on the training of f and h")
-
-
-class FCCAPerProxParams(FCCAProxParams):
-    personal: bool = True
 
 
 class ConditionalFlow(nn.Module):
@@ -254,15 +210,7 @@ class FCCA(Method):
     def check_hyperparams(cls, params):
         return {"clusters": 2, "flow_hidden": 8, "server_samples": 4}
 
-    capabilities = Capabilities(clustered=True, k_param="clusters")
     checkpoint = ("global_model", "heads", "client_heads", "flows", "heard", "assign", "similarity")
-
-    # Called by @register while the class is being defined, before mutmut's trampoline exists.
-    @classmethod
-    def variants(cls, name: str) -> list[tuple[str, type, str]]:  # pragma: no mutate block
-        return [(f"{name}_per", FCCAPerParams, "personal classifier (FedPer style)"),
-                (f"{name}_prox", FCCAProxParams, "FedProx term μ"),
-                (f"{name}_per_prox", FCCAPerProxParams, "personal classifier and FedProx term μ")]
 
     def __init__(self, ctx: Context):
         super().__init__(ctx)

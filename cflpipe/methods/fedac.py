@@ -45,40 +45,18 @@ ablation that keeps K.
 from __future__ import annotations
 
 import sys
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
-from pydantic import Field, model_validator
 
 from cflpipe.clustering import PCAProjection, cosine_similarity_matrix, fit_pca, pairwise_sq_distances
 from cflpipe.fl.local import Anchor
-from cflpipe.fl.method import Capabilities, Method, Payload, Update
+from cflpipe.fl.method import Method, Payload, Update
 from cflpipe.fl.params import cluster_average
 from cflpipe.fl.plan import ClientPlan, Trained
-from cflpipe.methods import HyperParams, register
-
-
-class FedACParams(HyperParams):
-    clusters: int = Field(2, ge=1, description="initial number of clusters K (CNT tunes it)")
-    mu: float = Field(0.01, ge=0, description="pull of the personalized model to its cluster center (μ)")
-    lam: float = Field(0.1, ge=0, description="pull of the embedding to the global embedding Φ (λ)")
-    components: int = Field(50, ge=1, description="PCA dimensions D of LrCos (paper: 50)")
-    pca_every: int | None = Field(None, ge=1, description="refit the PCA map every N rounds (default: a tenth of "
-                                                          "the run's rounds, the paper's 100 of 1,000)")
-    similarity: Literal["lrcos", "l2"] = Field("lrcos", description="E-step similarity (ablation: l2)")
-    cnt: bool = Field(True, description="cluster-number tuning on/off (ablation)")
-    cnt_low: float = Field(0.2, ge=0, description="CNT lower threshold a: G < a merges")
-    cnt_high: float = Field(0.8, gt=0, description="CNT upper threshold b: G > b splits")
-    cnt_start: int = Field(5, ge=0, description="rounds before CNT may act")
-    max_clusters: int = Field(20, ge=1, description="CNT never splits beyond this many clusters")
-
-    @model_validator(mode="after")
-    def _thresholds_ordered(self) -> "FedACParams":
-        if self.cnt_low > self.cnt_high:
-            raise ValueError(f"cnt_low ({self.cnt_low}) must be <= cnt_high ({self.cnt_high}): G < cnt_low merges, "
-                             f"G > cnt_high splits")
-        return self
+from cflpipe.methods import register
+from cflpipe.methods.catalog import FedACParams
 
 
 def cluster_ratios(models: torch.Tensor, centers: torch.Tensor, clusters: np.ndarray) -> np.ndarray:
@@ -154,7 +132,6 @@ class FedAC(Method):
     def check_hyperparams(cls, params):
         return {"cnt_start": 1, "components": 2}
 
-    capabilities = Capabilities(clustered=True, personalized=True, k_param="clusters")
     checkpoint = ("phi", "centers", "clusters", "pca_round", "pca_version", "client_pca_version",
                   "projections", "g_values")
 

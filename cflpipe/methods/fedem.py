@@ -16,21 +16,14 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from pydantic import Field
 
-from cflpipe.fl.method import Capabilities, ClientView, Context, Method, Payload, Update, stack_updates
+from cflpipe.fl.method import ClientView, Context, Method, Payload, Update, stack_updates
 from cflpipe.fl.params import weighted_average
 from cflpipe.fl.plan import ClientPlan, Trained
-from cflpipe.methods import HyperParams, register
+from cflpipe.methods import register
 from cflpipe.methods.clustered import mixture_table
 from cflpipe.methods.ifca import lowest, random_models, sample_losses
-
-
-class FedEMParams(HyperParams):
-    # Named `clusters` as every method's K, so that a scenario's `hyperparams: {clusters: K}`
-    # reaches it (and FedAC's PCA `components` stays apart).
-    clusters: int = Field(3, ge=1, description="K: mixture components, one shared model each (the authors' "
-                                                 "experiments: 3)")
+from cflpipe.methods.catalog import FedEMParams
 
 
 class WeightedCrossEntropy:
@@ -84,7 +77,6 @@ class FedEM(Method):
     training block (steps, lr, momentum) applies to each of the K models, on one batch stream
     per client (the K models see the same batches, as the authors' one data loader)."""
 
-    capabilities = Capabilities(clustered=True, personalized=True, k_param="clusters", soft=True)
     checkpoint = ("models",)
 
     @classmethod

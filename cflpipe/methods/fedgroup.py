@@ -15,26 +15,14 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from pydantic import Field
 
 from cflpipe.clustering import cosine_similarity_matrix, decomposed_cosine_similarity, kmeans
-from cflpipe.fl.method import Capabilities, Context, Payload, Update
+from cflpipe.fl.method import Context, Payload, Update
 from cflpipe.fl.plan import ClientPlan
 from cflpipe.methods.clustered import UNASSIGNED, ClusterModels
 from cflpipe.fl.params import cluster_average
-from cflpipe.methods import HyperParams, register
-
-
-class FedGroupParams(HyperParams):
-    clusters: int = Field(3, ge=1, description="number of groups K (reference code default 3)")
-    pretrain_scale: int = Field(20, ge=1, description="α: min(α·K, clients) clients pre-train for the "
-                                                      "clustering (reference code: alpha=20)")
-    pretrain_steps: int | None = Field(20, ge=1, description="local SGD steps of a pre-training (reference code: "
-                                                             "20 iterations); null: the training block's budget")
-    kmeans_iter: int = Field(20, ge=1, description="k-means iterations on the decomposed similarities "
-                                                   "(reference code: max_iter=20)")
-    kmeans_init: int = Field(10, ge=1, description="k-means++ restarts, lowest inertia kept (scikit-learn's "
-                                                   "n_init=10 the reference code ran with)")
+from cflpipe.methods import register
+from cflpipe.methods.catalog import FedGroupParams
 
 
 @register("fedgroup", FedGroupParams)
@@ -57,7 +45,6 @@ class FedGroup(ClusterModels):
     def check_hyperparams(cls, params):
         return {"clusters": 2, "pretrain_scale": 2, "pretrain_steps": 2}
 
-    capabilities = Capabilities(clustered=True, k_param="clusters")
     checkpoint = (*ClusterModels.checkpoint, "directions", "initialized")
 
     def __init__(self, ctx: Context):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from cflpipe.fl.method import Capabilities, Method, Payload, Update, stack_updates
+from cflpipe.fl.method import Method, Payload, Update, stack_updates
 from cflpipe.fl.plan import ClientPlan, Trained
 from cflpipe.fl.params import weighted_average
 from cflpipe.methods import HyperParams, register
@@ -25,7 +25,6 @@ from cflpipe.methods import HyperParams, register
 class FedPer(Method):
     """FedPer: shared body averaged on the server, personal head kept on each client."""
 
-    capabilities = Capabilities(personalized=True)
     checkpoint = ("global_model",)
 
     def __init__(self, ctx):

@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-from pydantic import Field
 
 from cflpipe.fl.local import Anchor
 from cflpipe.fl.method import Payload
-from cflpipe.methods import HyperParams, register
+from cflpipe.methods import register
 from cflpipe.methods.fedavg import FedAvg
-
-
-class FedProxParams(HyperParams):
-    mu: float = Field(0.01, ge=0, description="proximal strength pulling local models to the global one")
+from cflpipe.methods.catalog import FedProxParams
 
 
 @register("fedprox", FedProxParams)

@@ -14,27 +14,16 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from pydantic import Field
 
 from cflpipe.fl.local import Anchor
-from cflpipe.fl.method import Capabilities, ClientView, Context, Method, Payload, Update, stack_updates
+from cflpipe.fl.method import ClientView, Context, Method, Payload, Update, stack_updates
 from cflpipe.fl.plan import ClientPlan, Trained
-from cflpipe.methods import HyperParams, register
+from cflpipe.methods import register
 from cflpipe.methods.clustered import mixture_table
 from cflpipe.methods.ifca import lowest, random_models, sample_losses
 from cflpipe.methods.personal import PersonalModels
 from cflpipe.metrics import tensor_bytes
-
-
-class FedSoftParams(HyperParams):
-    clusters: int = Field(2, ge=1, description="S: number of cluster models (the authors' experiments: the number "
-                                               "of true distributions)")
-    lam: float = Field(0.1, ge=0, description="λ: strength of the pull of a local model to the centers (the "
-                                              "authors' code: 0.1 on MNIST and EMNIST, 0.01 on CIFAR-10)")
-    estimation_interval: int = Field(2, ge=1, description="τ: rounds between two estimations of the importance "
-                                                          "weights (the authors' main.py: 2)")
-    smoother: float = Field(1e-4, gt=0, lt=1, description="σ: the share given to a cluster no sample matches, so "
-                                                          "that every client keeps some weight in every center")
+from cflpipe.methods.catalog import FedSoftParams
 
 
 def importance_weights(losses: np.ndarray, owner: np.ndarray, clients: int, smoother: float) -> np.ndarray:
@@ -79,7 +68,6 @@ class FedSoft(PersonalModels, Method):
     - The S centers start from independent random initializations (as theirs), the local models
       from the run's initial model (theirs from another one)."""
 
-    capabilities = Capabilities(clustered=True, personalized=True, k_param="clusters", soft=True)
     checkpoint = ("centers", "importance")
 
     @classmethod

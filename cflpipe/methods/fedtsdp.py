@@ -75,54 +75,20 @@ Readings where the paper leaves a choice (parameters where the choice depends on
 from __future__ import annotations
 
 import math
-from typing import Literal
 
 import numpy as np
 import torch
-from pydantic import Field, field_validator
 
 from cflpipe.clustering import canonical_labels, dbscan_precomputed, hopkins, js_divergence_matrix
 from cflpipe.errors import SpecError
-from cflpipe.fl.method import Capabilities, Context, Method, Payload, Update, stack_updates
+from cflpipe.fl.method import Context, Method, Payload, Update, stack_updates
 from cflpipe.fl.params import cluster_average
 from cflpipe.fl.plan import ClientPlan, Trained
-from cflpipe.methods import HyperParams, register
+from cflpipe.methods import register
+from cflpipe.methods.catalog import FedTSDPParams
 
 # Purposes of the server's randomness.
 _PUBLIC_BATCH, _HOPKINS = 0x75D1, 0x75D2
-
-
-class FedTSDPParams(HyperParams):
-    hopkins_threshold: float = Field(0.65, gt=0, lt=1, description="h_th: cluster only when H exceeds it")
-    hopkins_fraction: float = Field(0.1, gt=0, le=1, description="m̃/m: share of the round's clients "
-                                                                  "sampled for the Hopkins statistic")
-    hopkins_min_samples: int = Field(5, ge=1, description="floor on m̃ (capped at m): the Hopkins statistic of "
-                                                          "1 or 2 points is noise (1: the paper's m̃ = 0.1·m alone)")
-    public_batch: int = Field(50, ge=2, description="B: public samples drawn per round")
-    radii: Literal["relative", "absolute"] = Field(
-        "relative", description="relative: ε2 multiplies the round's median distance from a client to its nearest "
-                                "neighbour in its stage-1 group (scale-free); absolute: it is a distance (the paper's)")
-    eps_js: float = Field(0.15, gt=0, description="ε1: DBSCAN radius on the JS divergence of outputs (JS lies in "
-                                                  "[0, ln 2] whatever the model: the paper's value)")
-    eps_weights: float | None = Field(None, gt=0, description="ε2: DBSCAN radius on the L2 distance of model "
-                                                              "weights (default: 2 relative; 3.5 absolute, the "
-                                                              "paper's CNN on CIFAR)")
-    min_pts: int = Field(2, ge=1, description="DBSCAN min_pts of both stages")
-    dampening: float = Field(0.98, gt=0, le=1, description="ψ: shared-layer dampening ratio")
-    dampening_schedule: Literal["constant", "power"] = Field(
-        "constant", description="L_s ← L_s·ψ at each clustering (constant) or L_s·ψ^r (power)")
-    shared_layers: int | Literal["body"] | None = Field(
-        None, description="initial number of shared layers (default: all, as the paper's Fig. 11; "
-                          "body: all but the last, FedPer's split)")
-
-    @field_validator("shared_layers")
-    @classmethod
-    def _non_negative(cls, value):
-        if isinstance(value, int) and value < 0:
-            raise ValueError("must be >= 0 (a number of layers), or 'body'")
-        return value
-    layer_rounding: Literal["round", "floor", "ceil"] = Field(
-        "round", description="how the real-valued L_s becomes a number of layers")
 
 
 # ε2 of the paper (a distance) and the multiplier of the relative reading.
@@ -204,7 +170,6 @@ class FedTSDP(Method):
         return {"hopkins_threshold": 0.01, "dampening": 0.5, "public_batch": 8, "eps_js": 0.01,
                 "eps_weights": 0.5, "radii": "absolute", "hopkins_min_samples": 1}
 
-    capabilities = Capabilities(clustered=True, personalized=True, needs_public=True)
     checkpoint = ("centers", "clusters", "sampling_weights", "shared_exact", "last_hopkins", "last_clustered",
                   "times_clustered")
 

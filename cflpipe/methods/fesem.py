@@ -13,30 +13,17 @@ the one with the lowest intra-cluster distance.
 
 from __future__ import annotations
 
-from typing import Literal
 
 import numpy as np
 import torch
-from pydantic import Field
 
 from cflpipe.clustering import kmeans, nearest_center
 from cflpipe.fl.local import Anchor
-from cflpipe.fl.method import Capabilities, Context, Payload, Update, stack_updates
+from cflpipe.fl.method import Context, Payload, Update, stack_updates
 from cflpipe.methods.clustered import ClusterModels
 from cflpipe.fl.params import cluster_average
-from cflpipe.methods import HyperParams, register
-
-
-class FeSEMParams(HyperParams):
-    clusters: int = Field(2, ge=1, description="number of centers K (the paper reports FeSEM(2), (3) and (4))")
-    lam: float = Field(0.1, ge=0, description="λ: weight of the distance term (λ/m)·‖ω − Ω‖² in the local "
-                                              "objective (the paper gives no value; the authors' code uses 0.1)")
-    init_restarts: int = Field(20, ge=1, le=1000, description="random k-means initializations of the centers; the "
-                                                     "one with the lowest intra-cluster distance is kept (paper: 20)")
-    init_iter: int = Field(100, ge=1, description="Lloyd iterations of each initialization run")
-    loss_weight: Literal["eq7", "none"] = Field(
-        "eq7", description="eq7: the local objective α_i·L_i + (λ/m)·Dist with α_i = n_i/n (eq. 7), optimized "
-                           "as L_i + λ/(m·α_i)·Dist; none: L_i + (λ/m)·Dist (the pull ≈ 2λ/m, nearly off)")
+from cflpipe.methods import register
+from cflpipe.methods.catalog import FeSEMParams
 
 
 @register("fesem", FeSEMParams)
@@ -76,7 +63,6 @@ class FeSEM(ClusterModels):
     def check_hyperparams(cls, params):
         return {"clusters": 2, "init_restarts": 2}
 
-    capabilities = Capabilities(clustered=True, k_param="clusters")
     checkpoint = (*ClusterModels.checkpoint, "initialized")
 
     def __init__(self, ctx: Context):

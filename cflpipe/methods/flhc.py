@@ -9,56 +9,20 @@ fixed number of clusters; from then on FedAvg runs independently inside each clu
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
-from pydantic import Field, model_validator
 
 from cflpipe.clustering import hierarchical_clusters
-from cflpipe.fl.method import Capabilities, Update
+from cflpipe.fl.method import Update
 from cflpipe.fl.plan import ClientPlan
 from cflpipe.methods.clustered import ClusterModels
 from cflpipe.fl.params import cluster_average
-from cflpipe.methods import HyperParams, register
+from cflpipe.methods import register
+from cflpipe.methods.catalog import FLHCParams
 
 # ---------------------------------------------------------------------------- FL+HC
-
-
-class FLHCParams(HyperParams):
-    cluster_round: int = Field(
-        10, ge=0,
-        description="FedAvg rounds before the one clustering round (Briggs et al. cluster after a "
-                    "fixed number of FedAvg rounds n; 10 here)")
-    distance_threshold: float = Field(
-        3.0, gt=0,
-        description="cut the dendrogram where the merge distance exceeds this; its scale depends on the "
-                    "model and local training (ignored when clusters is given)")
-    threshold: Literal["absolute", "relative"] = Field(
-        "absolute", description="absolute: distance_threshold is a distance between updates; relative: it is a "
-                                "multiple of the mean norm of the updates being clustered (scale-free)")
-    clusters: int | None = Field(
-        None, ge=1, description="cut the dendrogram into this many clusters instead (overrides the threshold)")
-    linkage: Literal["ward", "average", "complete", "single"] = Field(
-        "ward", description="agglomeration linkage (the paper recommends ward)")
-    metric: Literal["euclidean", "cosine", "cityblock"] = Field(
-        "euclidean", description="distance between client updates (ward needs euclidean)")
-
-    @model_validator(mode="after")
-    def _ward_is_euclidean(self) -> "FLHCParams":
-        if self.linkage == "ward" and self.metric != "euclidean":
-            raise ValueError("ward linkage needs metric: euclidean")
-        if self.threshold == "relative" and self.metric == "cosine":
-            # cosine distances are scale-free already: scaling the cut by a norm would make it scale-dependent
-            raise ValueError("threshold: relative needs metric: euclidean or cityblock (cosine distances have no scale)")
-        return self
-
-    def cut(self, mean_update_norm: float) -> dict[str, Any]:
-        """How to cut the dendrogram, given the mean norm of the updates being clustered."""
-        if self.clusters is not None:
-            return {"n_clusters": self.clusters}
-        scale = mean_update_norm if self.threshold == "relative" else 1.0
-        return {"distance_threshold": self.distance_threshold * scale}
 
 
 @register("flhc", FLHCParams)
@@ -89,12 +53,7 @@ class FLHC(ClusterModels):
     def check_hyperparams(cls, params):
         return {"cluster_round": 1, "clusters": 2}
 
-    capabilities = Capabilities(clustered=True, k_param="clusters")
     checkpoint = (*ClusterModels.checkpoint, "clustered")
-
-    @classmethod
-    def clustering_starts(cls, hp):
-        return "cluster_round", hp.cluster_round
 
     def __init__(self, ctx):
         super().__init__(ctx, 1, np.zeros(ctx.num_clients, dtype=np.int64))

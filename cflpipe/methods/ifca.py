@@ -11,29 +11,19 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from pydantic import Field
 
 import torch.nn.functional as F
 from cflpipe.errors import SpecError
-from cflpipe.fl.method import Capabilities, ClientView, Context, Payload, Update, stack_updates
+from cflpipe.fl.method import ClientView, Context, Payload, Update, stack_updates
 from cflpipe.fl.params import cluster_average
 from cflpipe.fl.plan import ClientPlan, Trained
 from cflpipe.methods.clustered import ClusterModels, client_feature_mean
-from cflpipe.methods.intercluster import AWCFLParams, MCFLParams
+from cflpipe.methods.catalog import AWCFLParams, MCFLParams
 from cflpipe.metrics import per_client_mean
-from cflpipe.methods import HyperParams, register
+from cflpipe.methods import register
 from cflpipe.models import build_model
 from cflpipe.seeds import seed32
-
-
-class IFCAParams(HyperParams):
-    clusters: int = Field(2, ge=1, description="number of cluster models K (the paper's k; 2 by default, "
-                                               "set it to the expected number of groups)")
-    restarts: int = Field(1, ge=1, le=20, description="random initializations of the K models trained side by "
-                                                      "side for `restart_rounds` rounds, the best then kept (the "
-                                                      "paper's remedy for a bad start; 1: Algorithm 1 alone)")
-    restart_rounds: int = Field(5, ge=1, description="rounds the restarts train side by side before the one "
-                                                     "with the lowest training loss is kept")
+from cflpipe.methods.catalog import IFCAParams
 
 
 def random_models(ctx: Context, count: int, purpose: int) -> torch.Tensor:
@@ -102,7 +92,6 @@ class IFCA(ClusterModels):
 
     sends_all_models = True  # every client picks among all K (MCFL needs nothing more)
 
-    capabilities = Capabilities(clustered=True, k_param="clusters")
     checkpoint = (*ClusterModels.checkpoint, "tracks", "best_track")
 
     @classmethod

@@ -1,4 +1,4 @@
-"""AWCFL and MCFL (seed paper 001): the maths and the hyper-parameters of the two options every
+"""AWCFL and MCFL (seed paper 001): the maths of the two options every cluster-model method
 cluster-model method has (methods/clustered.py applies them; registering a cluster method
 registers `<method>_awcfl` and `<method>_mcfl`, e.g. `cfl_awcfl`, `ifca_mcfl`; `awcfl` and
 `mcfl` are the paper's standalone Algorithms 1–2, K-means CFL with the option).
@@ -14,9 +14,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from pydantic import Field
-
-from cflpipe.methods import HyperParams
 
 
 def awcfl_mix(centers: torch.Tensor, beta: float) -> torch.Tensor:
@@ -38,9 +35,3 @@ def sample_mean(x: torch.Tensor, n: int, rng: np.random.Generator) -> torch.Tens
     return x.reshape(len(x), -1).mean(0)
 
 
-class AWCFLParams(HyperParams):
-    beta: float = Field(0.5, ge=0, le=1, description="AWCFL weight of the other clusters (paper's best: 0.5)")
-
-
-class MCFLParams(HyperParams):
-    feature_samples: int = Field(100, ge=1, description="MCFL: inputs averaged into a feature mean (n)")

@@ -9,20 +9,14 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from pydantic import Field
 
 from cflpipe.clustering import canonical_labels, kmeans, nearest_center
-from cflpipe.fl.method import Capabilities, Payload, Update
+from cflpipe.fl.method import Payload, Update
 from cflpipe.fl.plan import ClientPlan
 from cflpipe.methods.clustered import ClusterModels
 from cflpipe.fl.params import cluster_average
-from cflpipe.methods import HyperParams, register
-
-
-class KMeansCFLParams(HyperParams):
-    clusters: int = Field(2, ge=1, description="K of the K-means on client models (paper: 2)")
-    cluster_start: int = Field(20, ge=0, description="rounds of plain FedAvg before clustering (paper: 20)")
-    n_init: int = Field(10, ge=1, description="K-means restarts (the best inertia wins)")
+from cflpipe.methods import register
+from cflpipe.methods.catalog import KMeansCFLParams
 
 
 @register("kmeans_cfl", KMeansCFLParams)
@@ -33,14 +27,8 @@ class KMeansCFL(ClusterModels):
     def check_hyperparams(cls, params):
         return {"cluster_start": 1, "clusters": 2, "n_init": 2}
 
-    capabilities = Capabilities(clustered=True, k_param="clusters")
     checkpoint = (*ClusterModels.checkpoint, "latest", "seen")
     # The paper's standalone Algorithms 1 (AWCFL) and 2 (MCFL) are K-means CFL with the option.
-    variant_names = {"awcfl": "awcfl", "mcfl": "mcfl"}
-
-    @classmethod
-    def clustering_starts(cls, hp):
-        return "cluster_start", max(hp.cluster_start - 1, 0)  # clusters once round + 1 >= cluster_start
 
     def __init__(self, ctx):
         super().__init__(ctx, 1, np.zeros(ctx.num_clients, dtype=np.int64))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cflpipe.fl.method import Capabilities, ClientView, Method, Payload, Update
+from cflpipe.fl.method import ClientView, Method, Payload, Update
 from cflpipe.fl.plan import ClientPlan, Trained
 from cflpipe.methods import HyperParams, register
 from cflpipe.methods.personal import PersonalModels
@@ -12,7 +12,6 @@ from cflpipe.methods.personal import PersonalModels
 class Local(PersonalModels, Method):
     """Local: every client trains only its own model; nothing is communicated."""
 
-    capabilities = Capabilities(personalized=True)
     personal_table = "model"
 
     def payload(self, client: int) -> Payload:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from cflpipe.errors import SpecError
-from cflpipe.fl.method import Capabilities
 from cflpipe.methods.clustered import ClusterModels
 from cflpipe.methods import HyperParams, register
 
@@ -12,7 +11,6 @@ from cflpipe.methods import HyperParams, register
 class Oracle(ClusterModels):
     """Oracle: FedAvg within the scenario's ground-truth groups (the reference for cluster recovery)."""
 
-    capabilities = Capabilities(needs_groups=True, clustered=True)
 
     def __init__(self, ctx):
         if not ctx.data.has_groups:

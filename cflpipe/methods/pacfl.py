@@ -12,33 +12,21 @@ from then on.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
-from pydantic import Field
 
 from cflpipe.clustering import cut_dendrogram
-from cflpipe.fl.method import Capabilities, ClientView
+from cflpipe.fl.method import ClientView
 from cflpipe.metrics import tensor_bytes
-from cflpipe.methods import HyperParams, register
+from cflpipe.methods import register
 from cflpipe.methods.clustered import ClusterModels
+from cflpipe.methods.catalog import PACFLParams
 
 # The authors' linkage names and scipy's: their "average" replaces the two merged rows by their
 # plain mean whatever the clusters' sizes, which is WPGMA (scipy's "weighted"), not UPGMA.
 _SCIPY_LINKAGE = {"average": "weighted", "maximum": "complete", "minimum": "single"}
-
-
-class PACFLParams(HyperParams):
-    basis: int = Field(3, ge=1, description="p: left singular vectors kept per label of a client's data "
-                                            "(the authors' scripts: 3)")
-    threshold: float = Field(4.9, gt=0, description="merge clusters while their proximity (degrees) is at most this "
-                                                    "(the authors' CIFAR-10 script: 4.9; angles depend on the data, "
-                                                    "see pacfl_angle_* in rounds.parquet)")
-    clusters: int | None = Field(None, ge=1, description="cut into this many clusters instead of at the threshold")
-    linkage: Literal["average", "maximum", "minimum"] = Field(
-        "average", description="the authors' names: average (WPGMA, their default), maximum (complete), "
-                               "minimum (single)")
 
 
 def client_subspace(view: ClientView, basis: int) -> torch.Tensor:
@@ -100,7 +88,6 @@ class PACFL(ClusterModels):
     only in which label an input has (label swap, concept shift) hold the same input subspaces
     and are not told apart (they end in one cluster): PACFL addresses label and feature skew."""
 
-    capabilities = Capabilities(clustered=True, k_param="clusters")
     checkpoint = (*ClusterModels.checkpoint, "clustered", "proximity")
 
     @classmethod

@@ -31,26 +31,17 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from pydantic import Field
 
 from cflpipe.fl.local import FOMAMLStep
-from cflpipe.fl.method import Capabilities, Payload, Update, stack_updates
+from cflpipe.fl.method import Payload, Update, stack_updates
 from cflpipe.fl.params import weighted_average
 from cflpipe.fl.plan import ClientPlan
-from cflpipe.methods import HyperParams, register
+from cflpipe.methods import register
 from cflpipe.methods.fedavg import FedAvg
+from cflpipe.methods.catalog import PerFedAvgParams
 
 # Batch stream of the evaluation fine-tuning (training uses the client's default stream).
 _EVAL_STREAM = 2  # evaluation-time fine-tuning draws apart from training
-
-
-class PerFedAvgParams(HyperParams):
-    alpha: float | None = Field(0.01, gt=0, description="α: inner (adaptation) step size, also the step of the "
-                                "fine-tuning before evaluation; null: the run's training lr")
-    beta: float | None = Field(None, gt=0, description="β: outer (meta) step size of the local updates, which use the "
-                               "run's momentum and weight decay; null (default): the run's training lr")
-    eval_steps: int = Field(1, ge=0, description="SGD steps (size α) on the client's training data from the "
-                            "global model that give its personalized model (the paper: 1; 0 = the global model)")
 
 
 @register("perfedavg", PerFedAvgParams)
@@ -63,7 +54,6 @@ class PerFedAvg(FedAvg):
     def beta(self) -> float:
         return self.ctx.lr() if self.hp.beta is None else self.hp.beta
 
-    capabilities = Capabilities(personalized=True)
 
     def plan(self, client: int, payload: Payload) -> ClientPlan:
         return ClientPlan(payload.tensors["model"], lr=self.beta(), rule=FOMAMLStep(self.alpha()))

@@ -17,22 +17,13 @@ from typing import Any
 
 import numpy as np
 import torch
-from pydantic import Field
 
 from cflpipe.clustering import canonical_labels
 from cflpipe.fl.local import Anchor, steps_for
-from cflpipe.fl.method import Capabilities, ClientView, Context, Method, Payload, Update
+from cflpipe.fl.method import ClientView, Context, Method, Payload, Update
 from cflpipe.fl.plan import ClientPlan, Trained
-from cflpipe.methods import HyperParams, register
-
-
-class StoCFLParams(HyperParams):
-    tau: float = Field(0.3, ge=-1, le=1, description="τ: unite two clusters whose mean anchor movements have a "
-                                                     "cosine similarity of at least this (the authors' default 0.3)")
-    mu: float = Field(0.1, ge=0, description="μ: pull of a cluster model towards the global model while a client "
-                                             "trains it (the authors' 0.1)")
-    observe_epochs: float = Field(1.0, gt=0, description="epochs of local SGD from the anchor that measure a "
-                                                         "client's movement ψ (the authors' 1)")
+from cflpipe.methods import register
+from cflpipe.methods.catalog import StoCFLParams
 
 
 def cosine_matrix(rows: torch.Tensor) -> torch.Tensor:
@@ -65,7 +56,6 @@ class StoCFL(Method):
     named by a member), (clients × parameters) each; fine at the embedded scales, large at
     thousands of clients with big models."""
 
-    capabilities = Capabilities(clustered=True)
     checkpoint = ("global_model", "psi", "observed", "cluster_of", "models", "has_model")
 
     @classmethod

@@ -56,8 +56,8 @@ def parse_spec(data: Any, *, check_methods: bool = True, check_datasets: bool = 
 
 def _check_models(spec: Spec) -> list[str]:
     """Models that are not built in (a plugin's, a module:Class reference) import: one line at the
-    key that names them when they do not. Other names are Training's to refuse: one line per mistake."""
-    from cflpipe.models import model_factory
+    key that names them when they do not. Other names are Training's to refuse: one line per mistake.
+    Built-in models are known by name: torch is imported only to load a plugin's."""
     from cflpipe.plugins import MODELS_GROUP, entry_point_names, is_reference
 
     layers = [("training", spec.training.model_dump())]
@@ -68,6 +68,8 @@ def _check_models(spec: Spec) -> list[str]:
         model = layer.get("model")
         if isinstance(model, str) and model not in MODEL_NAMES and \
                 (is_reference(model) or model in entry_point_names(MODELS_GROUP)):
+            from cflpipe.models import model_factory
+
             try:
                 model_factory(model, f"{where}.model")
             except SpecError as exc:
@@ -278,16 +280,17 @@ def _check_method(spec: Spec, method: str) -> list[str]:
 def spec_warnings(spec: Spec) -> list[str]:
     """Things a valid spec asks for that make a result meaningless without being an error: a
     clustered method whose clustering starts at or after the run's last round stays one cluster
-    (FedAvg) throughout. One line each, naming the key. Imports the methods (torch)."""
+    (FedAvg) throughout. One line each, naming the key. Reads the methods' declarations (a
+    plugin's module is imported, a built-in's is not)."""
     from cflpipe.methods import method_info, resolved_hyperparams
 
     lines = []
     for method in spec.methods:
-        cls = method_info(spec.method_type(method)).cls
+        info = method_info(spec.method_type(method))
         for scenario in spec.scenarios:
             if not spec.runs_on(method, scenario):
                 continue
-            start = cls.clustering_starts(resolved_hyperparams(spec, scenario, method))
+            start = info.clustering_starts(resolved_hyperparams(spec, scenario, method))
             rounds = spec.resolved_training(scenario, method).rounds
             if start is not None and start[1] >= rounds:
                 key, first = start

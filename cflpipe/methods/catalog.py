@@ -1,0 +1,449 @@
+"""The built-in methods, declared: each one's hyper-parameters (a pydantic model, validated up
+front), capabilities, variants, the round its clustering may start in, and the class that
+implements it. Nothing here imports torch, so validating a spec (`cflpipe validate`, the
+workflow's first step) and listing methods cost no torch import; a method's module is imported
+when a run needs its class, and its `@register` is checked against this declaration.
+
+Each parameter model stays next to its method in spirit: the method's module docstring names
+the paper and every reading; the descriptions here say what each value does and where its
+default comes from. A new built-in method adds its parameters and one `declare` call here."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from cflpipe.methods import Capabilities, HyperParams, declare
+
+
+# --- methods/fedprox.py
+
+class FedProxParams(HyperParams):
+    mu: float = Field(0.01, ge=0, description="proximal strength pulling local models to the global one")
+
+
+# --- methods/perfedavg.py
+
+class PerFedAvgParams(HyperParams):
+    alpha: float | None = Field(0.01, gt=0, description="α: inner (adaptation) step size, also the step of the "
+                                "fine-tuning before evaluation; null: the run's training lr")
+    beta: float | None = Field(None, gt=0, description="β: outer (meta) step size of the local updates, which use the "
+                               "run's momentum and weight decay; null (default): the run's training lr")
+    eval_steps: int = Field(1, ge=0, description="SGD steps (size α) on the client's training data from the "
+                            "global model that give its personalized model (the paper: 1; 0 = the global model)")
+
+
+# --- methods/ditto.py
+
+class DittoParams(HyperParams):
+    lam: float = Field(1.0, ge=0, description="λ: strength of the pull of each personal model towards the "
+                       "round's global model (the authors' run scripts use 1; 0 = purely local personal models)")
+    personal_steps: int | None = Field(None, ge=1, description="local SGD steps on the personal model per round "
+                                       "(default: the same budget as the global model's local training)")
+
+
+# --- methods/cgpfl.py
+
+class CGPFLParams(HyperParams):
+    clusters: int = Field(3, ge=1, description="K: number of generalized (context) models on the server")
+    lam: float = Field(15.0, gt=0, description="λ: strength of the tie between a personalized model and its "
+                       "local model (pFedMe's MNIST value)")
+    inner_steps: int = Field(5, ge=1, description="gradient steps that approximately solve the personalized "
+                             "(inner) problem on each mini-batch (pFedMe's K)")
+    personal_lr: float = Field(0.05, gt=0, description="step size of the inner gradient steps; "
+                               "personal_lr·lam must stay below 2")
+    beta: float = Field(1.0, gt=0, le=2, description="β: server step Ω_k ← (1 − β)·Ω_k + β·(mean of its members' "
+                        "local models); 1 = plain average")
+
+    @model_validator(mode="after")
+    def _inner_solver_converges(self) -> "CGPFLParams":
+        if self.personal_lr * self.lam >= 2:
+            raise ValueError(f"personal_lr·lam must be < 2 for the inner solver to converge, got "
+                             f"{self.personal_lr}·{self.lam} = {self.personal_lr * self.lam:g}")
+        return self
+
+
+# --- AWCFL and MCFL, the options of every cluster-model method (methods/intercluster.py)
+
+class AWCFLParams(HyperParams):
+    beta: float = Field(0.5, ge=0, le=1, description="AWCFL weight of the other clusters (paper's best: 0.5)")
+
+
+class MCFLParams(HyperParams):
+    feature_samples: int = Field(100, ge=1, description="MCFL: inputs averaged into a feature mean (n)")
+
+
+# --- methods/cfl.py
+
+class CFLParams(HyperParams):
+    eps1: float | None = Field(None, gt=0, description="split only when the norm of the cluster's mean update "
+                                                       "is below this (default: 0.5 relative; 0.4 absolute, the "
+                                                       "reference code's MNIST value)")
+    eps2: float | None = Field(None, gt=0, description="…and the largest member update norm is above this "
+                                                       "(default: 0.6 relative; 1.6 absolute, the reference "
+                                                       "code's MNIST value)")
+    warmup: int = Field(20, ge=0, description="no split before this many rounds have completed "
+                                              "(reference code: c_round > 20)")
+    min_members: int = Field(3, ge=2, description="split only clusters with at least this many members "
+                                                  "updating this round (reference code: > 2)")
+    gamma_max: float | None = Field(
+        None, ge=0, lt=1,
+        description="accept a split only if sqrt((1 - a)/2) > gamma_max, a = the largest cosine similarity "
+                    "between members of the two halves (the paper's bound on the clients' gradient noise); "
+                    "0 accepts every split, as the reference code (default: 0.5 relative, 0 absolute)")
+    thresholds: Literal["absolute", "relative"] = Field(
+        "relative", description="relative: eps1/eps2 are multiples of the warm-up rounds' mean largest client "
+                                "update norm (scale-free); absolute: they are update norms (the reference code)")
+
+    @model_validator(mode="after")
+    def _relative_needs_warmup(self) -> "CFLParams":
+        if self.thresholds == "relative" and self.warmup < 1:
+            raise ValueError("thresholds: relative measures its scale in the warm-up rounds, so warmup must be >= 1")
+        return self
+
+
+# --- methods/cflgp.py
+
+class CFLGPParams(HyperParams):
+    clusters: int = Field(4, ge=1, description="K: cluster models (the authors' default 4)")
+    period: int = Field(2, ge=1, description="rounds between two profile updates and clusterings (the authors' "
+                                             "clustering_period: 2)")
+    stop_after: int = Field(10, ge=1, description="no clustering from this round on (the authors' "
+                                                  "clustering_termination_threshold: 10)")
+
+
+# --- methods/fedgroup.py
+
+class FedGroupParams(HyperParams):
+    clusters: int = Field(3, ge=1, description="number of groups K (reference code default 3)")
+    pretrain_scale: int = Field(20, ge=1, description="α: min(α·K, clients) clients pre-train for the "
+                                                      "clustering (reference code: alpha=20)")
+    pretrain_steps: int | None = Field(20, ge=1, description="local SGD steps of a pre-training (reference code: "
+                                                             "20 iterations); null: the training block's budget")
+    kmeans_iter: int = Field(20, ge=1, description="k-means iterations on the decomposed similarities "
+                                                   "(reference code: max_iter=20)")
+    kmeans_init: int = Field(10, ge=1, description="k-means++ restarts, lowest inertia kept (scikit-learn's "
+                                                   "n_init=10 the reference code ran with)")
+
+
+# --- methods/fesem.py
+
+class FeSEMParams(HyperParams):
+    clusters: int = Field(2, ge=1, description="number of centers K (the paper reports FeSEM(2), (3) and (4))")
+    lam: float = Field(0.1, ge=0, description="λ: weight of the distance term (λ/m)·‖ω − Ω‖² in the local "
+                                              "objective (the paper gives no value; the authors' code uses 0.1)")
+    init_restarts: int = Field(20, ge=1, le=1000, description="random k-means initializations of the centers; the "
+                                                     "one with the lowest intra-cluster distance is kept (paper: 20)")
+    init_iter: int = Field(100, ge=1, description="Lloyd iterations of each initialization run")
+    loss_weight: Literal["eq7", "none"] = Field(
+        "eq7", description="eq7: the local objective α_i·L_i + (λ/m)·Dist with α_i = n_i/n (eq. 7), optimized "
+                           "as L_i + λ/(m·α_i)·Dist; none: L_i + (λ/m)·Dist (the pull ≈ 2λ/m, nearly off)")
+
+
+# --- methods/flhc.py
+
+class FLHCParams(HyperParams):
+    cluster_round: int = Field(
+        10, ge=0,
+        description="FedAvg rounds before the one clustering round (Briggs et al. cluster after a "
+                    "fixed number of FedAvg rounds n; 10 here)")
+    distance_threshold: float = Field(
+        3.0, gt=0,
+        description="cut the dendrogram where the merge distance exceeds this; its scale depends on the "
+                    "model and local training (ignored when clusters is given)")
+    threshold: Literal["absolute", "relative"] = Field(
+        "absolute", description="absolute: distance_threshold is a distance between updates; relative: it is a "
+                                "multiple of the mean norm of the updates being clustered (scale-free)")
+    clusters: int | None = Field(
+        None, ge=1, description="cut the dendrogram into this many clusters instead (overrides the threshold)")
+    linkage: Literal["ward", "average", "complete", "single"] = Field(
+        "ward", description="agglomeration linkage (the paper recommends ward)")
+    metric: Literal["euclidean", "cosine", "cityblock"] = Field(
+        "euclidean", description="distance between client updates (ward needs euclidean)")
+
+    @model_validator(mode="after")
+    def _ward_is_euclidean(self) -> "FLHCParams":
+        if self.linkage == "ward" and self.metric != "euclidean":
+            raise ValueError("ward linkage needs metric: euclidean")
+        if self.threshold == "relative" and self.metric == "cosine":
+            # cosine distances are scale-free already: scaling the cut by a norm would make it scale-dependent
+            raise ValueError("threshold: relative needs metric: euclidean or cityblock (cosine distances have no scale)")
+        return self
+
+    def cut(self, mean_update_norm: float) -> dict[str, Any]:
+        """How to cut the dendrogram, given the mean norm of the updates being clustered."""
+        if self.clusters is not None:
+            return {"n_clusters": self.clusters}
+        scale = mean_update_norm if self.threshold == "relative" else 1.0
+        return {"distance_threshold": self.distance_threshold * scale}
+
+
+# --- methods/ifca.py
+
+class IFCAParams(HyperParams):
+    clusters: int = Field(2, ge=1, description="number of cluster models K (the paper's k; 2 by default, "
+                                               "set it to the expected number of groups)")
+    restarts: int = Field(1, ge=1, le=20, description="random initializations of the K models trained side by "
+                                                      "side for `restart_rounds` rounds, the best then kept (the "
+                                                      "paper's remedy for a bad start; 1: Algorithm 1 alone)")
+    restart_rounds: int = Field(5, ge=1, description="rounds the restarts train side by side before the one "
+                                                     "with the lowest training loss is kept")
+
+
+# --- methods/kmeans_cfl.py
+
+class KMeansCFLParams(HyperParams):
+    clusters: int = Field(2, ge=1, description="K of the K-means on client models (paper: 2)")
+    cluster_start: int = Field(20, ge=0, description="rounds of plain FedAvg before clustering (paper: 20)")
+    n_init: int = Field(10, ge=1, description="K-means restarts (the best inertia wins)")
+
+
+# --- methods/pacfl.py
+
+class PACFLParams(HyperParams):
+    basis: int = Field(3, ge=1, description="p: left singular vectors kept per label of a client's data "
+                                            "(the authors' scripts: 3)")
+    threshold: float = Field(4.9, gt=0, description="merge clusters while their proximity (degrees) is at most this "
+                                                    "(the authors' CIFAR-10 script: 4.9; angles depend on the data, "
+                                                    "see pacfl_angle_* in rounds.parquet)")
+    clusters: int | None = Field(None, ge=1, description="cut into this many clusters instead of at the threshold")
+    linkage: Literal["average", "maximum", "minimum"] = Field(
+        "average", description="the authors' names: average (WPGMA, their default), maximum (complete), "
+                               "minimum (single)")
+
+
+# --- methods/fcca.py
+
+class FCCAParams(HyperParams):
+    clusters: int = Field(5, ge=1, description="number of clusters M of the k-means on D (the paper's M; 5)")
+    alpha: float = Field(1.0, ge=0, description="weight α of the UNKNOWN augmentation in the cINN loss (Eq. 3)")
+    unknown: Literal["absent", "extra"] = Field(
+        "absent", description="label of the augmentation samples z': a label the client does not have "
+                              "(the paper's 𝒴/D_k) or one extra UNKNOWN label")
+    personal: bool = Field(False, description="FCCA+Per: each client keeps its own classifier (FedPer style)")
+    mu: float = Field(0.0, ge=0, description="FCCA+Prox: FedProx strength μ on the training of f and h (0: off)")
+    flow_blocks: int = Field(2, ge=1, description="affine coupling blocks of the cINN (two coupling transforms each)")
+    flow_hidden: int = Field(64, ge=1, description="hidden units of the cINN's coupling networks (two layers)")
+    flow_clip: float = Field(10.0, gt=0, description="gradient-norm clipping of the cINN's steps")
+    flow_clamp: float = Field(2.0, gt=0, description="bound on each coupling's |log scale| (FrEIA's soft "
+                                                     "clamp; the paper states none)")
+    flow_optimizer: Literal["adam", "sgd"] = Field(
+        "adam", description="the cINN's optimizer: Adam as the cINN of Ardizzone et al. [8] is trained, or "
+                            "the plain gradient step Algorithm 1 line 5 writes")
+    flow_lr: float = Field(0.01, gt=0, description="the cINN's step size (the paper's η = 0.01; not the run's "
+                                                    "lr, which is the classifier's SGD step)")
+    flow_steps: int | None = Field(None, ge=1, description="the cINN's iterations per round (default: the "
+                                                           "run's local steps, the paper's K)")
+    flow_restart: bool = Field(False, description="start each round's cINN from its initialization instead "
+                                                  "of the client's last one")
+    cosine: Literal["mean", "sample", "batch"] = Field(
+        "mean", description="Eq. 4's cosine of two batches of reconstructions: cosine of their means (the "
+                            "paper's E aᵀb = E a·E b), mean per-sample cosine, or cosine of the flattened batches")
+    server_samples: int = Field(32, ge=1, description="Gaussian noise samples ε1 (and ε2) per label for the "
+                                                      "server's reconstructions")
+    rows: Literal["centered", "raw"] = Field(
+        "centered", description="what the k-means clusters: each client's row of D less its own mean (its "
+                                "similarity profile; P scales whole rows by the client's confidence) or the raw rows")
+
+
+class FCCAPerParams(FCCAParams):
+    personal: bool = True
+
+
+class FCCAProxParams(FCCAParams):
+    mu: float = Field(0.01, gt=0, description="FedProx strength μ on the training of f and h")
+
+
+class FCCAPerProxParams(FCCAProxParams):
+    personal: bool = True
+
+
+# --- methods/fedac.py
+
+class FedACParams(HyperParams):
+    clusters: int = Field(2, ge=1, description="initial number of clusters K (CNT tunes it)")
+    mu: float = Field(0.01, ge=0, description="pull of the personalized model to its cluster center (μ)")
+    lam: float = Field(0.1, ge=0, description="pull of the embedding to the global embedding Φ (λ)")
+    components: int = Field(50, ge=1, description="PCA dimensions D of LrCos (paper: 50)")
+    pca_every: int | None = Field(None, ge=1, description="refit the PCA map every N rounds (default: a tenth of "
+                                                          "the run's rounds, the paper's 100 of 1,000)")
+    similarity: Literal["lrcos", "l2"] = Field("lrcos", description="E-step similarity (ablation: l2)")
+    cnt: bool = Field(True, description="cluster-number tuning on/off (ablation)")
+    cnt_low: float = Field(0.2, ge=0, description="CNT lower threshold a: G < a merges")
+    cnt_high: float = Field(0.8, gt=0, description="CNT upper threshold b: G > b splits")
+    cnt_start: int = Field(5, ge=0, description="rounds before CNT may act")
+    max_clusters: int = Field(20, ge=1, description="CNT never splits beyond this many clusters")
+
+    @model_validator(mode="after")
+    def _thresholds_ordered(self) -> "FedACParams":
+        if self.cnt_low > self.cnt_high:
+            raise ValueError(f"cnt_low ({self.cnt_low}) must be <= cnt_high ({self.cnt_high}): G < cnt_low merges, "
+                             f"G > cnt_high splits")
+        return self
+
+
+# --- methods/fedtsdp.py
+
+class FedTSDPParams(HyperParams):
+    hopkins_threshold: float = Field(0.65, gt=0, lt=1, description="h_th: cluster only when H exceeds it")
+    hopkins_fraction: float = Field(0.1, gt=0, le=1, description="m̃/m: share of the round's clients "
+                                                                  "sampled for the Hopkins statistic")
+    hopkins_min_samples: int = Field(5, ge=1, description="floor on m̃ (capped at m): the Hopkins statistic of "
+                                                          "1 or 2 points is noise (1: the paper's m̃ = 0.1·m alone)")
+    public_batch: int = Field(50, ge=2, description="B: public samples drawn per round")
+    radii: Literal["relative", "absolute"] = Field(
+        "relative", description="relative: ε2 multiplies the round's median distance from a client to its nearest "
+                                "neighbour in its stage-1 group (scale-free); absolute: it is a distance (the paper's)")
+    eps_js: float = Field(0.15, gt=0, description="ε1: DBSCAN radius on the JS divergence of outputs (JS lies in "
+                                                  "[0, ln 2] whatever the model: the paper's value)")
+    eps_weights: float | None = Field(None, gt=0, description="ε2: DBSCAN radius on the L2 distance of model "
+                                                              "weights (default: 2 relative; 3.5 absolute, the "
+                                                              "paper's CNN on CIFAR)")
+    min_pts: int = Field(2, ge=1, description="DBSCAN min_pts of both stages")
+    dampening: float = Field(0.98, gt=0, le=1, description="ψ: shared-layer dampening ratio")
+    dampening_schedule: Literal["constant", "power"] = Field(
+        "constant", description="L_s ← L_s·ψ at each clustering (constant) or L_s·ψ^r (power)")
+    shared_layers: int | Literal["body"] | None = Field(
+        None, description="initial number of shared layers (default: all, as the paper's Fig. 11; "
+                          "body: all but the last, FedPer's split)")
+
+    @field_validator("shared_layers")
+    @classmethod
+    def _non_negative(cls, value):
+        if isinstance(value, int) and value < 0:
+            raise ValueError("must be >= 0 (a number of layers), or 'body'")
+        return value
+    layer_rounding: Literal["round", "floor", "ceil"] = Field(
+        "round", description="how the real-valued L_s becomes a number of layers")
+
+
+# --- methods/fedem.py
+
+class FedEMParams(HyperParams):
+    # Named `clusters` as every method's K, so that a scenario's `hyperparams: {clusters: K}`
+    # reaches it (and FedAC's PCA `components` stays apart).
+    clusters: int = Field(3, ge=1, description="K: mixture components, one shared model each (the authors' "
+                                                 "experiments: 3)")
+
+
+# --- methods/fedsoft.py
+
+class FedSoftParams(HyperParams):
+    clusters: int = Field(2, ge=1, description="S: number of cluster models (the authors' experiments: the number "
+                                               "of true distributions)")
+    lam: float = Field(0.1, ge=0, description="λ: strength of the pull of a local model to the centers (the "
+                                              "authors' code: 0.1 on MNIST and EMNIST, 0.01 on CIFAR-10)")
+    estimation_interval: int = Field(2, ge=1, description="τ: rounds between two estimations of the importance "
+                                                          "weights (the authors' main.py: 2)")
+    smoother: float = Field(1e-4, gt=0, lt=1, description="σ: the share given to a cluster no sample matches, so "
+                                                          "that every client keeps some weight in every center")
+
+
+# --- methods/stocfl.py
+
+class StoCFLParams(HyperParams):
+    tau: float = Field(0.3, ge=-1, le=1, description="τ: unite two clusters whose mean anchor movements have a "
+                                                     "cosine similarity of at least this (the authors' default 0.3)")
+    mu: float = Field(0.1, ge=0, description="μ: pull of a cluster model towards the global model while a client "
+                                             "trains it (the authors' 0.1)")
+    observe_epochs: float = Field(1.0, gt=0, description="epochs of local SGD from the anchor that measure a "
+                                                         "client's movement ψ (the authors' 1)")
+
+
+# --- the declarations
+
+def cluster_options(name: str, awcfl: str = "{name}_awcfl", mcfl: str = "{name}_mcfl") -> tuple:
+    """The AWCFL and MCFL variants every cluster-model method has (methods/clustered.py)."""
+    return ((awcfl.format(name=name), AWCFLParams, "AWCFL inter-cluster aggregation (β)"),
+            (mcfl.format(name=name), MCFLParams, "MCFL multi-model selection by feature means"))
+
+
+def _cfl_starts(hp: CFLParams) -> tuple[str, int]:
+    return "warmup", hp.warmup  # a split is decided from 0-based round `warmup` on
+
+
+def _flhc_starts(hp: FLHCParams) -> tuple[str, int]:
+    return "cluster_round", hp.cluster_round
+
+
+def _kmeans_cfl_starts(hp: KMeansCFLParams) -> tuple[str, int]:
+    return "cluster_start", max(hp.cluster_start - 1, 0)  # clusters once round + 1 >= cluster_start
+
+
+_CLUSTERED_K = Capabilities(clustered=True, k_param="clusters")
+_PERSONAL = Capabilities(personalized=True)
+_PERSONAL_CLUSTERED_K = Capabilities(clustered=True, personalized=True, k_param="clusters")
+_SOFT_K = Capabilities(clustered=True, personalized=True, k_param="clusters", soft=True)
+
+# Baselines and personalized methods.
+declare("fedavg", HyperParams, "cflpipe.methods.fedavg:FedAvg",
+        "FedAvg: one global model, clients' models averaged weighted by their sample counts.")
+declare("fedprox", FedProxParams, "cflpipe.methods.fedprox:FedProx",
+        "FedProx: FedAvg whose local objective adds (mu/2)·||w − w_global||².")
+declare("local", HyperParams, "cflpipe.methods.local:Local",
+        "Local: every client trains only its own model; nothing is communicated.", _PERSONAL)
+declare("fedper", HyperParams, "cflpipe.methods.fedper:FedPer",
+        "FedPer: shared body averaged on the server, personal head kept on each client.", _PERSONAL)
+declare("perfedavg", PerFedAvgParams, "cflpipe.methods.perfedavg:PerFedAvg",
+        "Per-FedAvg (FO): MAML-style global model, personalized by one local SGD step at evaluation.", _PERSONAL)
+declare("ditto", DittoParams, "cflpipe.methods.ditto:Ditto",
+        "Ditto: FedAvg global model plus a personal model per client pulled towards it by λ.", _PERSONAL)
+declare("cgpfl", CGPFLParams, "cflpipe.methods.cgpfl:CGPFL",
+        "CGPFL: pFedMe-style personalized models tied to the nearest of K generalized models.",
+        _PERSONAL_CLUSTERED_K)
+
+# Cluster-model methods (methods/clustered.py), each with its AWCFL and MCFL variants.
+declare("oracle", HyperParams, "cflpipe.methods.oracle:Oracle",
+        "Oracle: FedAvg within the scenario's ground-truth groups (the reference for cluster recovery).",
+        Capabilities(needs_groups=True, clustered=True), variants=cluster_options("oracle"))
+declare("cfl", CFLParams, "cflpipe.methods.cfl:CFL",
+        "CFL (Sattler et al.): FedAvg per cluster; split a cluster by cosine similarity of updates at "
+        "stationarity.", Capabilities(clustered=True), _cfl_starts, cluster_options("cfl"))
+declare("cflgp", CFLGPParams, "cflpipe.methods.cflgp:CFLGP",
+        "CFL-GP: clients partitioned by spectral clustering of their accumulated model updates.",
+        _CLUSTERED_K, variants=cluster_options("cflgp"))
+declare("fedgroup", FedGroupParams, "cflpipe.methods.fedgroup:FedGroup",
+        "FedGroup (Duan et al.): static groups by k-means on decomposed cosine similarities (EDC) of "
+        "pre-training updates.", _CLUSTERED_K, variants=cluster_options("fedgroup"))
+declare("fesem", FeSEMParams, "cflpipe.methods.fesem:FeSEM",
+        "FeSEM (Long et al.): K centers by stochastic EM on model weights (L2), eq. 7 local pull to the center.",
+        _CLUSTERED_K, variants=cluster_options("fesem"))
+declare("flhc", FLHCParams, "cflpipe.methods.flhc:FLHC",
+        "FL+HC: FedAvg, then one hierarchical clustering of all clients' updates, then FedAvg per cluster.",
+        _CLUSTERED_K, _flhc_starts, cluster_options("flhc"))
+declare("ifca", IFCAParams, "cflpipe.methods.ifca:IFCA",
+        "IFCA: all K cluster models go to each client, which trains (and joins) the one with the lowest loss.",
+        _CLUSTERED_K, variants=cluster_options("ifca"))
+# AWCFL and MCFL are the paper's own algorithms on K-means CFL: their variants keep the bare names.
+declare("kmeans_cfl", KMeansCFLParams, "cflpipe.methods.kmeans_cfl:KMeansCFL",
+        "K-means CFL: K-means on the clients' latest models every round, then per-cluster averaging "
+        "(AWCFL/MCFL's base).", _CLUSTERED_K, _kmeans_cfl_starts,
+        cluster_options("kmeans_cfl", awcfl="awcfl", mcfl="mcfl"))
+declare("pacfl", PACFLParams, "cflpipe.methods.pacfl:PACFL",
+        "PACFL: clients clustered once, before training, by the principal angles between their data subspaces.",
+        _CLUSTERED_K, variants=cluster_options("pacfl"))
+
+# The other clustered methods.
+declare("fcca", FCCAParams, "cflpipe.methods.fcca:FCCA",
+        "FCCA: global encoder, cluster-wise classifiers, clients clustered by their cINNs' reconstructions.",
+        _CLUSTERED_K, variants=(("fcca_per", FCCAPerParams, "personal classifier (FedPer style)"),
+                                ("fcca_prox", FCCAProxParams, "FedProx term μ"),
+                                ("fcca_per_prox", FCCAPerProxParams, "personal classifier and FedProx term μ")))
+declare("fedac", FedACParams, "cflpipe.methods.fedac:FedAC",
+        "FedAC: personalized models pulled to cluster centers (μ) and a global embedding (λ); LrCos EM "
+        "clustering; CNT.", _PERSONAL_CLUSTERED_K)
+declare("fedtsdp", FedTSDPParams, "cflpipe.methods.fedtsdp:FedTSDP",
+        "FedTSDP (Zhu et al.): Hopkins-gated two-stage clustering (JS of public outputs, then weights) with "
+        "shrinking shared layers.", Capabilities(clustered=True, personalized=True, needs_public=True))
+declare("fedem", FedEMParams, "cflpipe.methods.fedem:FedEM",
+        "FedEM: K shared component models, a mixture weight per client and component, EM on the clients.",
+        _SOFT_K)
+declare("fedrc", FedEMParams, "cflpipe.methods.fedem:FedRC",
+        "FedRC (Guo, Tang and Lin 2024): FedEM whose E-step divides by each cluster's label distribution, to "
+        "cluster by concept shift.", _SOFT_K)
+declare("fedsoft", FedSoftParams, "cflpipe.methods.fedsoft:FedSoft",
+        "FedSoft: soft clusters; local models pulled to every center by the client's share in it.", _SOFT_K)
+declare("stocfl", StoCFLParams, "cflpipe.methods.stocfl:StoCFL",
+        "StoCFL: clients united into clusters by the cosine similarity of how a fixed anchor model moves on "
+        "their data.", Capabilities(clustered=True))

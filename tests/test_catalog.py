@@ -1,0 +1,88 @@
+"""The built-in methods' declarations (cflpipe/methods/catalog.py): validating a spec reads them
+without importing torch, and every implementation agrees with its declaration."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cflpipe import methods
+from cflpipe.methods import METHODS, Capabilities, HyperParams, declare, register
+
+ROOT = Path(__file__).resolve().parents[1]
+methods._load_all()
+BUILT_IN = sorted(name for name, info in METHODS.items() if info.module.startswith("cflpipe."))
+
+
+def test_validating_the_default_spec_imports_neither_torch_nor_a_method():
+    code = ("import runpy, sys\n"
+            "sys.argv = ['cflpipe', 'validate', '--config', 'config/config.yaml']\n"
+            "try:\n    runpy.run_module('cflpipe', run_name='__main__')\n"
+            "except SystemExit as exc:\n    assert not exc.code, exc.code\n"
+            "loaded = sorted(m for m in sys.modules if m == 'torch' or m.startswith('cflpipe.methods.'))\n"
+            "print(' '.join(loaded))\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert "config/config.yaml: ok" in out.stdout
+    assert out.stdout.strip().splitlines()[-1] == "cflpipe.methods.catalog"
+
+
+@pytest.mark.parametrize("name", BUILT_IN)
+def test_every_built_in_implementation_agrees_with_its_declaration(name):
+    info = METHODS[name]
+    cls = info.cls
+    assert f"{cls.__module__}:{cls.__qualname__}" == info.implementation
+    assert cls.name == (info.base or name)
+    assert cls.capabilities is info.capabilities
+
+
+def test_every_built_in_is_declared():
+    assert len(BUILT_IN) == 44 and {"fedavg", "fcca_per_prox", "awcfl", "ifca_mcfl", "fedrc"} <= set(BUILT_IN)
+
+
+@pytest.fixture
+def registry(monkeypatch):
+    methods._load_all()
+    monkeypatch.setattr(methods, "METHODS", dict(methods.METHODS))
+    monkeypatch.setattr(methods, "_CLASSES", dict(methods._CLASSES))
+
+
+class Declared(HyperParams):
+    steps: int = 1
+
+
+def _where(qualname: str) -> str:
+    return f"{__name__}:{qualname}"
+
+
+def test_a_declared_class_takes_its_capabilities_from_the_declaration(registry):
+    from cflpipe.methods.fedavg import FedAvg
+
+    declare("declared_x", Declared, _where("Impl"), "X: a declared method.", Capabilities(personalized=True),
+            variants=(("declared_x_more", HyperParams, "more"),))
+    assert methods.METHODS["declared_x_more"].description == "X + more: a declared method."
+    Impl = type("Impl", (FedAvg,), {"__module__": __name__, "__qualname__": "Impl"})
+    register("declared_x", Declared)(Impl)
+    assert Impl.capabilities == Capabilities(personalized=True)
+    assert methods.METHODS["declared_x"].cls is Impl and methods.METHODS["declared_x_more"].cls is Impl
+
+
+def test_a_declared_class_with_other_parameters_or_its_own_capabilities_is_refused(registry):
+    from cflpipe.methods.fedavg import FedAvg
+
+    declare("declared_y", Declared, _where("Other"), "Y: a declared method.")
+    Other = type("Other", (FedAvg,), {"__module__": __name__, "__qualname__": "Other"})
+    with pytest.raises(ValueError, match="registers with HyperParams, its declaration with Declared"):
+        register("declared_y", HyperParams)(Other)
+    Own = type("Other", (FedAvg,), {"__module__": __name__, "__qualname__": "Other",
+                                     "capabilities": Capabilities(clustered=True)})
+    with pytest.raises(ValueError, match="sets 'capabilities', which its declaration"):
+        register("declared_y", Declared)(Own)
+
+
+def test_a_declared_method_whose_module_registers_nothing_says_so(registry):
+    declare("declared_z", Declared, "cflpipe.seeds:Nothing", "Z: nothing.")
+    with pytest.raises(ImportError, match="cflpipe.seeds does not register method 'declared_z'"):
+        methods.METHODS["declared_z"].cls
