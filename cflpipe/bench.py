@@ -16,6 +16,9 @@ default 256, in the engine on the digits cnn workload and for `predict` at MNIST
 
 Applying models: one evaluation round of IFCA (K = 4) and of Ditto at 100 clients, the models
 applied one by one against one vmap over the stacked models (Trainer.apply).
+
+Scale (`--part scale`, not run by default): one evaluation round of FedAvg and IFCA at 1,000 and
+10,000 clients, every client against a seeded sample of 100 (training.eval_clients).
 """
 
 from __future__ import annotations
@@ -269,6 +272,48 @@ def bench_apply(repeats: int = 3, clients: int = 100, device: str = "cpu") -> li
     return rows
 
 
+# A sampled evaluation's clients (training.eval_clients) in bench_scale.
+SCALE_SAMPLE = 100
+
+
+def bench_scale(populations: tuple[int, ...] = (1000, 10000), repeats: int = 2, device: str = "cpu") -> list[dict]:
+    """One evaluation round of FedAvg and of IFCA (K = 4) on LEAF Synthetic with one client per
+    device (the mlp; 200 samples a device at most), every client against a seeded sample of
+    SCALE_SAMPLE (training.eval_clients); the fastest of `repeats` alternating runs."""
+    from cflpipe.fl.engine import prepare_run
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for clients in populations:
+            for method, hyperparams in (("fedavg", {}), ("ifca", {"clusters": 4})):
+                seconds: dict[str, list[float]] = {"full": [], "sampled": []}
+                for _ in range(repeats):
+                    for kind in seconds:
+                        sample = {"eval_clients": SCALE_SAMPLE} if kind == "sampled" else {}
+                        spec = parse_spec({
+                            "seeds": [0],
+                            # Round 1 of 2 is a sampled evaluation; of 1, the last, a full one.
+                            "training": {"model": "mlp", "rounds": 2 if sample else 1, "clients_per_round": 10,
+                                         "device": device, **sample},
+                            "scenarios": {"bench": {"dataset": {"name": "synthetic", "devices": clients,
+                                                                "max_samples": 200},
+                                                    "clients": clients, "partition": [{"kind": "natural"}]}},
+                            "methods": {method: hyperparams},
+                            "results_dir": str(Path(tmp) / kind), "data_dir": str(Path(tmp) / "data")})
+                        run = prepare_run(spec, "bench", method, 0)
+                        t0 = time.perf_counter()
+                        figures = run.evaluate(1)
+                        _synchronize(device)
+                        seconds[kind].append(time.perf_counter() - t0)
+                        assert figures.get("evaluated_clients", clients) == (SCALE_SAMPLE if sample else clients)
+                full, sampled = min(seconds["full"]), min(seconds["sampled"])
+                rows.append({"method": method, "clients": clients, "sample": SCALE_SAMPLE, "device": device,
+                             "full_s": full, "sampled_s": sampled, "speedup": full / sampled})
+                print(f"scale     {method:6s} clients={clients:6d}  full {full:7.2f} s  sample of {SCALE_SAMPLE} "
+                      f"{sampled:7.3f} s  ×{full / sampled:.1f}", flush=True)
+    return rows
+
+
 def _synchronize(device: str) -> None:
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize()
@@ -404,6 +449,8 @@ def run_bench(workloads: list[str] | None = None, rounds: int = 10, output: str 
         figures["eval"] = bench_eval(repeats=repeats)
     if "apply" in parts:
         figures["apply"] = bench_apply(repeats=repeats, device=device)
+    if "scale" in parts:
+        figures["scale"] = bench_scale(repeats=repeats, device=device)
     if "yardstick" in parts:
         figures["yardstick"] = bench_yardstick(rounds, device, trainers or ["sequential", "batched"], users, data_dir)
     if output:

@@ -489,13 +489,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="alternating repeats; the fastest counts (default 3)")
     p.add_argument("--threads", type=int, default=None, metavar="N", help="CPU threads for torch (default: torch's)")
     p.add_argument("--output", default=None, metavar="FILE", help="also write the figures as JSON")
-    p.add_argument("--part", action="append", choices=["overhead", "trainers", "eval", "apply", "yardstick"],
+    p.add_argument("--part", action="append", choices=["overhead", "trainers", "eval", "apply", "scale",
+                                                       "yardstick"],
                    default=None,
-                   help="what to measure (repeatable; default all but yardstick): engine overhead, batched vs "
-                        "sequential trainer, evaluation chunking, models applied one by one vs batched in "
-                        "evaluation, pfl-research's CIFAR-10 benchmark shape (yardstick; --rounds rounds)")
+                   help="what to measure (repeatable; default all but scale and yardstick): engine overhead, "
+                        "batched vs sequential trainer, evaluation chunking, models applied one by one vs batched "
+                        "in evaluation, one evaluation at 1,000 and 10,000 clients full vs a sample of 100 "
+                        "(scale), pfl-research's CIFAR-10 benchmark shape (yardstick; --rounds rounds)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
-                   help="device of the trainers, apply and yardstick parts (default cpu)")
+                   help="device of the trainers, apply, scale and yardstick parts (default cpu)")
     p.add_argument("--trainer", action="append", choices=["sequential", "batched"], default=None,
                    help="yardstick: trainers to time (repeatable; default both)")
     p.add_argument("--users", type=_positive("--users"), default=1000, metavar="N",

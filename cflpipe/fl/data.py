@@ -37,6 +37,13 @@ class SplitData:
         within = np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths)
         return torch.from_numpy(np.repeat(starts, lengths) + within).to(self.y.device)
 
+    def subset(self, clients: np.ndarray) -> "SplitData":
+        """The given clients' rows (a copy), client by client, as clients 0..len(clients)-1."""
+        rows = self.rows_of(clients)
+        sizes = np.diff(self.offsets)[clients]
+        owner = torch.from_numpy(np.repeat(np.arange(len(clients)), sizes)).to(self.owner.device)
+        return SplitData(self.x[rows], self.y[rows], np.concatenate([[0], np.cumsum(sizes)]), owner)
+
 
 @dataclass
 class FederatedData:
@@ -64,6 +71,12 @@ class FederatedData:
 
     def client(self, c: int, split: str = "train") -> tuple[torch.Tensor, torch.Tensor]:
         return (self.train if split == "train" else self.test).of(c)
+
+    def subset(self, clients: np.ndarray) -> "FederatedData":
+        """The given clients alone (their rows copied), numbered 0..len(clients)-1 in that order:
+        what an evaluation of a client sample reads."""
+        return FederatedData(self.train.subset(clients), self.test.subset(clients), self.groups[clients],
+                             self.num_classes, self.input_shape, self.transforms, self.public)
 
 
 def build_federated_data(spec: Spec, scenario: str, device: torch.device) -> FederatedData:

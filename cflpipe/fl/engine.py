@@ -49,7 +49,7 @@ MAX_SKIPPED_SHARE = 0.5
 # A round's mean training loss this many times the first round's prints a warning.
 EXPLODING_FACTOR = 10.0
 ROUNDS_INTEGERS = ("round", "sampled", "skipped", "bytes_down", "bytes_up", "n_clusters", "models",
-                   "global_models")
+                   "global_models", "evaluated_clients")
 
 
 @dataclass(frozen=True)
@@ -216,8 +216,7 @@ class Run:
                                    "bytes_up": bytes_up + self.ctx.extra_bytes_up}
             row.update(self.method.round_metrics())
             self.warn_if_exploding(row["train_loss"])
-            is_eval = (r + 1) % self.training.eval_every == 0 or r + 1 == rounds
-            if is_eval:
+            if self.training.is_evaluated(r + 1):
                 row.update(self.evaluate(r + 1))
                 bar.set_postfix(acc=f"{row['acc_macro']:.3f}", clusters=row["n_clusters"])
             t3 = time.perf_counter()
@@ -292,8 +291,24 @@ class Run:
 
     # ------------------------------------------------------------------ evaluation
 
+    def full_evaluations(self, evals: pd.DataFrame) -> pd.DataFrame:
+        if "evaluated_clients" not in evals.columns:
+            return evals
+        return evals[evals["evaluated_clients"] == self.data.num_clients]
+
+    def evaluation_sample(self, round_number: int) -> np.ndarray | None:
+        """The clients a sampled evaluation reads (seeded by run and round, sorted), or None: all."""
+        m, wanted = self.data.num_clients, self.training.eval_clients
+        if self.training.is_full_evaluation(round_number) or wanted >= m:
+            return None
+        return np.sort(rng(self.seed, round_number, 0x62).choice(m, wanted, replace=False))
+
     def evaluate(self, round_number: int) -> dict[str, Any]:
-        result = evaluate(self.ctx, self.method, self.data, self.training.eval_batch_size, self.seed, round_number)
+        clients = self.evaluation_sample(round_number)
+        result = evaluate(self.ctx, self.method, self.data, self.training.eval_batch_size, self.seed, round_number,
+                          clients)
+        if self.training.eval_clients is not None:  # so every figure of the round says what it read
+            result.figures["evaluated_clients"] = self.data.num_clients if clients is None else len(clients)
         for name, columns in result.tables.items():
             self.extend(name, columns)
         for name, columns in result.method_tables.items():
@@ -403,7 +418,8 @@ class Run:
             "scenario": self.scenario, "method": self.method_name, "method_type": self.config["method_type"],
             "seed": self.seed, "rounds": self.training.rounds, "clients": self.data.num_clients,
             "final": final,
-            "best_acc_macro": _plain(evals["acc_macro"].max()) if len(evals) else None,
+            # The best of the full evaluations: a sampled one's figure is an estimate from fewer clients.
+            "best_acc_macro": _plain(full["acc_macro"].max()) if len(full := self.full_evaluations(evals)) else None,
             "bytes_down_total": int(rounds["bytes_down"].sum()),
             "bytes_up_total": int(rounds["bytes_up"].sum()),
             "degenerate": self.degeneration(rounds),

@@ -1,6 +1,8 @@
 """Evaluation of a method's models at an evaluation round: each client's model on its own test
 and training split (metrics.parquet), every distinct model on the pooled test data (global and
 intra/inter-cluster accuracy), and the clustering against the true groups (clusters.parquet).
+With `training.eval_clients`, evaluation rounds between full ones read a seeded sample of the
+clients (and their pooled data) instead; the clustering is always every client's.
 
 The models are applied through the run's trainer (`Context.apply`): one vector after the other,
 or all of them at once with vmap where the trainer batches, so K cluster models or a personal
@@ -41,11 +43,22 @@ class Evaluation:
 
 
 def evaluate(ctx: Context, method: Method, data: FederatedData, eval_batch_size: int, seed: int,
-             round_number: int) -> Evaluation:
-    m = data.num_clients
+             round_number: int, clients: np.ndarray | None = None) -> Evaluation:
+    """The round's figures from every client, or from the clients in `clients` (sorted ids: a
+    sampled evaluation): then the metrics rows, personalized figures, global and intra/inter
+    accuracy are those clients' and their pooled data's, while the clustering (a server fact,
+    free to read) is still every client's."""
+    everyone = data
     models, client_model = method.eval_models()
+    mixture = method.eval_mixture()
+    client_ids = np.arange(data.num_clients)
+    if clients is not None:
+        data, client_ids = data.subset(clients), np.asarray(clients)
+        client_model = np.asarray(client_model)[clients]
+        mixture = None if mixture is None else mixture[clients]
+    m = data.num_clients
     groups = data.groups
-    n_groups = data.num_groups
+    n_groups = everyone.num_groups
     model_for_group = None
     if method.selects_by_data:
         client_model = np.array([method.select_model(data.test.of(c)[0]) for c in range(m)], dtype=np.int64)
@@ -63,7 +76,6 @@ def evaluate(ctx: Context, method: Method, data: FederatedData, eval_batch_size:
     global_acc, group_acc = [], np.full((n_models, max(n_groups, 1)), np.nan)
     figures: dict[str, Any] = {}
     tables: dict[str, dict[str, np.ndarray]] = {"metrics": {}}
-    mixture = method.eval_mixture()
     if mixture is not None:  # a client's model is its mixture; its `model` column the largest share
         client_model = np.argmax(mixture, axis=1).astype(np.int64)
     for split_name, split in (("test", data.test), ("train", data.train)):
@@ -77,7 +89,7 @@ def evaluate(ctx: Context, method: Method, data: FederatedData, eval_batch_size:
                     if n_groups:
                         group_acc[j, :n_groups] = per_client_accuracy(groups[owner], correct, n_groups)[0]
             figures.update(_split_figures(tables, split_name, split, data, owner, preds, losses, client_model,
-                                          groups, round_number))
+                                          groups, round_number, client_ids))
             continue
         members = [np.nonzero(client_model == j)[0] for j in range(n_models)]
         # A model applied to the whole split: scored on the pooled test data, or every client's.
@@ -101,7 +113,7 @@ def evaluate(ctx: Context, method: Method, data: FederatedData, eval_batch_size:
                 preds[rows] = out.argmax(dim=1)
                 losses[rows] = F.cross_entropy(out, split.y[rows], reduction="none")
         figures.update(_split_figures(tables, split_name, split, data, owner, preds, losses, client_model,
-                                      groups, round_number))
+                                      groups, round_number, client_ids))
     figures["global_acc_mean"] = float(np.mean(global_acc))
     figures["global_acc_std"] = float(np.std(global_acc))
     figures["global_models"] = len(global_acc)
@@ -112,11 +124,12 @@ def evaluate(ctx: Context, method: Method, data: FederatedData, eval_batch_size:
     else:
         figures["intra_acc"] = figures["inter_acc"] = float("nan")
     assignment = method.assignment()
-    clusters = np.zeros(m, dtype=np.int64) if assignment is None else np.asarray(assignment)
+    m_all = everyone.num_clients
+    clusters = np.zeros(m_all, dtype=np.int64) if assignment is None else np.asarray(assignment)
     figures["n_clusters"] = int(len(np.unique(clusters)))
-    figures.update(clustering_scores(clusters, groups))
-    tables["clusters"] = {"round": np.full(m, round_number), "client": np.arange(m), "cluster": clusters,
-                          "true_group": groups}
+    figures.update(clustering_scores(clusters, everyone.groups))
+    tables["clusters"] = {"round": np.full(m_all, round_number), "client": np.arange(m_all), "cluster": clusters,
+                          "true_group": everyone.groups}
     own = {}
     for name, columns in method.eval_tables().items():
         length = len(next(iter(columns.values()))) if columns else 0
@@ -126,14 +139,15 @@ def evaluate(ctx: Context, method: Method, data: FederatedData, eval_batch_size:
 
 def _split_figures(tables: dict, split_name: str, split: Split, data: FederatedData, owner: np.ndarray,
                    preds: torch.Tensor, losses: torch.Tensor, client_model: np.ndarray, groups: np.ndarray,
-                   round_number: int) -> dict[str, Any]:
-    """Each client's figures on one split (metrics rows) and the round's summary of them."""
+                   round_number: int, client_ids: np.ndarray) -> dict[str, Any]:
+    """Each client's figures on one split (metrics rows, under the clients' own ids) and the
+    round's summary of them."""
     m = data.num_clients
     y_true, y_pred = split.y.cpu().numpy(), preds.cpu().numpy()
     acc, n = per_client_accuracy(owner, y_true == y_pred, m)
     loss_c = per_client_mean(owner, losses.cpu().numpy(), m)
     f1 = per_client_f1(owner, y_true, y_pred, m, data.num_classes)
-    _extend(tables, "metrics", {"round": np.full(m, round_number), "client": np.arange(m),
+    _extend(tables, "metrics", {"round": np.full(m, round_number), "client": client_ids,
                                 "split": np.full(m, split_name), "model": client_model, "group": groups,
                                 "acc": acc, "loss": loss_c, "f1": f1, "n": n})
     figures: dict[str, Any] = {}

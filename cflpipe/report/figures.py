@@ -102,13 +102,19 @@ class FigureBuilder:
             # Markers on every point of short curves, every few points of long ones: a method is
             # told apart by colour, dash and marker (styles.py).
             every = max(1, len(x) // 20)
+            # A sampled evaluation's point (training.eval_clients) is an estimate from fewer clients.
+            sampled = [""] * len(x)
+            if "evaluated_clients_mean" in rows.columns:
+                everyone = view.spec.scenarios[scenario].clients
+                sampled = [f" (a sample of {n:.0f} of {everyone} clients)" if np.isfinite(n) and n < everyone else ""
+                           for n in rows["evaluated_clients_mean"].to_numpy(dtype=float)]
             fig.add_trace(go.Scatter(x=x, y=clean(mean), mode="lines+markers", name=name, legendgroup=m,
                                      line=dict(color=style.color, width=2, dash=style.dash),
                                      marker=dict(size=7, symbol=style.marker, color=style.color,
                                                  maxdisplayed=0 if every == 1 else math.ceil(len(x) / every)),
-                                     customdata=clean(std),
+                                     customdata=clean(std), text=sampled if any(sampled) else None,
                                      # one seed: no std to show (a null would print as NaN)
-                                     hovertemplate=f"{escape_hover(name)}<br>round %{{x}}<br>%{{y:.4g}}"
+                                     hovertemplate=f"{escape_hover(name)}<br>round %{{x}}{'%{text}' if any(sampled) else ''}<br>%{{y:.4g}}"
                                                    + (" ± %{customdata:.3g}" if np.isfinite(std).any() else "")
                                                    + "<extra></extra>"))
         if not fig.data:

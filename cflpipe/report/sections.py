@@ -60,7 +60,7 @@ class Sections:
                     ("local work per round", _local_text(t)), ("batch size", t.batch_size),
                     ("lr", f"{t.lr:g}" + (f" (× {t.lr_decay:g} per round)" if t.lr_decay != 1 else "")),
                     ("momentum", f"{t.momentum:g}"), ("weight decay", f"{t.weight_decay:g}"),
-                    ("clients per round", t.clients_per_round), ("evaluated every", f"{t.eval_every} rounds"),
+                    ("clients per round", t.clients_per_round), ("evaluated every", _evaluation_text(t)),
                     ("device", t.device), ("trainer", t.trainer),
                     ("seeds", ", ".join(str(k) for k in view.spec.seeds)),
                     ("scenario hyperparams", _kv_text(sc.hyperparams))):
@@ -328,6 +328,14 @@ def _step_text(step) -> str:
     if not fields:
         return step.kind
     return f"{step.kind}(" + ", ".join(f"{k}={v}" for k, v in fields.items()) + ")"
+
+
+def _evaluation_text(t: Training) -> str:
+    text = f"{t.eval_every} rounds"
+    if t.eval_clients is None:
+        return text
+    full = f"every {t.full_eval_every} rounds and the last" if t.full_eval_every else "the last round"
+    return f"{text}: a seeded sample of {t.eval_clients} clients, every client in {full}"
 
 
 def _local_text(t: Training) -> str:

@@ -53,6 +53,13 @@ class Training(Strict):
     weight_decay: float = Field(0.0, ge=0)
     lr_decay: float = Field(1.0, gt=0, le=1, description="lr multiplier applied every round")
     eval_every: int = Field(5, ge=1, description="evaluate every N rounds (and the last round)")
+    eval_clients: int | None = Field(
+        None, ge=1, description="evaluate a seeded sample of this many clients (and their pooled test data) at "
+                                "evaluation rounds that are not full ones; the clustering is always every "
+                                "client's (null: every evaluation is full)")
+    full_eval_every: int | None = Field(
+        None, ge=1, description="with eval_clients: evaluate every client every N rounds (and in the last "
+                                "round, always); null: only in the last round")
     checkpoint_every: int = Field(10, ge=1, description="save resumable state every N rounds")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     trainer: str = Field(
@@ -103,17 +110,38 @@ class Training(Strict):
     def _one_local_budget(self) -> "Training":
         if (self.local_steps is None) == (self.local_epochs is None):
             raise ValueError("give exactly one of local_steps and local_epochs")
+        if self.full_eval_every is not None and self.eval_clients is None:
+            raise ValueError("full_eval_every needs eval_clients (without a sample every evaluation is full)")
         return self
 
     def definition(self) -> dict[str, Any]:
         """The settings that make a run what it is (its config.yaml and workflow params): all but
-        what only says what to keep of it afterwards, so changing that redoes no run."""
-        return self.model_dump(mode="json", exclude=set(TRAINING_NOT_IN_RUN))
+        what only says what to keep of it afterwards, so changing that redoes no run; settings
+        added later only where they differ from their defaults, so that runs recorded before they
+        existed stay the same runs."""
+        data = self.model_dump(mode="json", exclude=set(TRAINING_NOT_IN_RUN))
+        for key, default in LATER_TRAINING_DEFAULTS.items():
+            if data.get(key) == default:
+                data.pop(key)
+        return data
+
+    def is_evaluated(self, round_number: int) -> bool:
+        """Whether 1-based round `round_number` ends with an evaluation (sampled or full)."""
+        return round_number % self.eval_every == 0 or round_number == self.rounds or \
+            (self.full_eval_every is not None and round_number % self.full_eval_every == 0)
+
+    def is_full_evaluation(self, round_number: int) -> bool:
+        """Whether an evaluation in this round reads every client."""
+        return self.eval_clients is None or round_number == self.rounds or \
+            (self.full_eval_every is not None and round_number % self.full_eval_every == 0)
 
 
 TRAINING_KEYS = tuple(Training.model_fields)
 # Training keys that change what is kept of a run, not its results.
 TRAINING_NOT_IN_RUN = ("keep_state",)
+# Training keys added after runs were first recorded, with their defaults: left out of a run's
+# definition while at their default.
+LATER_TRAINING_DEFAULTS = {"eval_clients": None, "full_eval_every": None}
 
 
 def merge_training(layers: list[dict[str, Any]]) -> dict[str, Any]:

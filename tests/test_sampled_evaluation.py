@@ -1,0 +1,100 @@
+"""Evaluation of a seeded client sample between full evaluations (training.eval_clients): what a
+sampled round reads and records, that it is the full evaluation's figures for those clients, and
+that specs without it keep their runs."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from cflpipe.errors import SpecError
+from cflpipe.fl.engine import train_run
+from cflpipe.spec import parse_spec
+
+CLIENTS = 12
+
+
+def spec_dict(tmp_path, method: str = "ifca", **training) -> dict:
+    return {
+        "seeds": [0],
+        "training": {"model": "mlp", "rounds": 4, "clients_per_round": 6, "local_steps": 3, "batch_size": 16,
+                     "lr": 0.05, "eval_every": 1, "device": "cpu", **training},
+        "scenarios": {"s": {"dataset": "digits", "clients": CLIENTS,
+                            "partition": [{"kind": "iid"}, {"kind": "label_swap", "groups": 2}]}},
+        "methods": {method: {"clusters": 2} if method == "ifca" else {}},
+        "results_dir": str(tmp_path / "results"), "data_dir": str(tmp_path / "data"),
+    }
+
+
+def run(tmp_path, method: str = "ifca", **training):
+    spec = parse_spec(spec_dict(tmp_path, method, **training))
+    result = train_run(spec, "s", method, 0, progress=False)
+    read = lambda name: pd.read_parquet(result.run_dir / f"{name}.parquet")  # noqa: E731
+    return result, read("rounds"), read("metrics"), read("clusters")
+
+
+@pytest.mark.parametrize("method", ["ifca", "ditto"])
+def test_sampled_rounds_read_the_sample_and_full_rounds_every_client(tmp_path, method):
+    result, rounds, metrics, clusters = run(tmp_path / "sampled", method, eval_clients=5, full_eval_every=2)
+    assert rounds["evaluated_clients"].tolist() == [5, CLIENTS, 5, CLIENTS]
+    for r, expected in zip(range(1, 5), [5, CLIENTS, 5, CLIENTS]):
+        for split in ("test", "train"):
+            assert len(metrics[(metrics["round"] == r) & (metrics["split"] == split)]) == expected
+        assert len(clusters[clusters["round"] == r]) == CLIENTS  # the clustering is always everyone's
+    first, third = (set(metrics.loc[metrics["round"] == r, "client"]) for r in (1, 3))
+    assert first != third  # seeded by round
+
+    # Training does not see evaluation: the full run's figures for the sampled clients are the
+    # sampled round's (two evaluation paths: rows applied in other chunks, so to rounding).
+    _, full_rounds, full_metrics, full_clusters = run(tmp_path / "full", method)
+    assert "evaluated_clients" not in full_rounds.columns
+    pd.testing.assert_frame_equal(clusters, full_clusters)
+    for r in (1, 3):
+        sampled = metrics[metrics["round"] == r].sort_values(["split", "client"]).reset_index(drop=True)
+        whole = full_metrics[(full_metrics["round"] == r) & full_metrics["client"].isin(sampled["client"])]
+        whole = whole.sort_values(["split", "client"]).reset_index(drop=True)
+        assert (sampled[["client", "split", "model", "group", "n"]] == whole[["client", "split", "model", "group",
+                                                                               "n"]]).all().all()
+        np.testing.assert_allclose(sampled["loss"], whole["loss"], rtol=1e-5)
+        assert np.abs(sampled["acc"] - whole["acc"]).max() * sampled["n"].max() <= 1.0  # a tie at most
+    for r in (2, 4):
+        pd.testing.assert_frame_equal(metrics[metrics["round"] == r].reset_index(drop=True),
+                                      full_metrics[full_metrics["round"] == r].reset_index(drop=True),
+                                      check_exact=False, rtol=1e-5)
+
+
+def test_the_best_accuracy_is_the_best_full_evaluation_and_reruns_are_identical(tmp_path):
+    result, rounds, metrics, _ = run(tmp_path / "a", eval_clients=3)
+    full = rounds[rounds["evaluated_clients"] == CLIENTS]
+    assert full["round"].tolist() == [4]
+    summary = json.loads((result.run_dir / "summary.json").read_text())
+    assert summary["best_acc_macro"] == pytest.approx(full["acc_macro"].max())
+    again, *_ = run(tmp_path / "b", eval_clients=3)
+    for name in ("rounds.parquet", "metrics.parquet", "clusters.parquet"):
+        assert (result.run_dir / name).read_bytes() == (again.run_dir / name).read_bytes()
+
+
+def test_a_sample_as_large_as_the_clients_is_a_full_evaluation(tmp_path):
+    _, rounds, metrics, _ = run(tmp_path, eval_clients=CLIENTS + 5)
+    assert rounds["evaluated_clients"].tolist() == [CLIENTS] * 4
+
+
+def test_full_evaluations_off_the_eval_every_grid_are_still_held(tmp_path):
+    _, rounds, _, _ = run(tmp_path, eval_every=4, eval_clients=4, full_eval_every=3)
+    assert rounds.dropna(subset=["acc_macro"])["round"].tolist() == [3, 4]
+
+
+def test_runs_without_a_sample_keep_their_config(tmp_path):
+    result, *_ = run(tmp_path)
+    config = yaml.safe_load((result.run_dir / "config.yaml").read_text())
+    assert "eval_clients" not in config["training"] and "full_eval_every" not in config["training"]
+
+
+def test_full_eval_every_without_a_sample_is_one_line(tmp_path):
+    with pytest.raises(SpecError) as info:
+        parse_spec(spec_dict(tmp_path, full_eval_every=2))
+    assert str(info.value) == "training: full_eval_every needs eval_clients (without a sample every evaluation is full)"
