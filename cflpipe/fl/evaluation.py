@@ -46,10 +46,11 @@ def evaluate(ctx: Context, method: Method, data: FederatedData, eval_batch_size:
              round_number: int, clients: np.ndarray | None = None) -> Evaluation:
     """The round's figures from every client, or from the clients in `clients` (sorted ids: a
     sampled evaluation): then the metrics rows, personalized figures, global and intra/inter
-    accuracy are those clients' and their pooled data's, while the clustering (a server fact,
-    free to read) is still every client's."""
+    accuracy are those clients' and their pooled data's, while the clustering is still every
+    client's assignment as the method holds it (IFCA: the sampled clients choose again by loss,
+    the others keep their last choice)."""
     everyone = data
-    models, client_model = method.eval_models()
+    models, client_model = method.eval_models() if clients is None else method.eval_models_of(clients)
     mixture = method.eval_mixture()
     client_ids = np.arange(data.num_clients)
     if clients is not None:
@@ -68,10 +69,14 @@ def evaluate(ctx: Context, method: Method, data: FederatedData, eval_batch_size:
                       for h in range(n_groups)]
             model_for_group = np.tile(np.array(chosen, dtype=np.int64), (m, 1))
     n_models = len(models)
-    scored = np.arange(n_models)
-    if n_models > MAX_GLOBAL_MODELS:
+    # The models the evaluated clients use; a sampled evaluation scores only these (a mixture's
+    # clients use every component).
+    used = np.arange(n_models) if clients is None or mixture is not None else np.unique(
+        client_model if model_for_group is None else np.concatenate([client_model, model_for_group.ravel()]))
+    scored = used
+    if len(used) > MAX_GLOBAL_MODELS:
         scored = np.sort(rng(seed, round_number, 0x61).choice(
-            n_models, MAX_GLOBAL_MODELS, replace=False))
+            n_models if clients is None else used, MAX_GLOBAL_MODELS, replace=False))
     scored_set = set(scored.tolist())
     global_acc, group_acc = [], np.full((n_models, max(n_groups, 1)), np.nan)
     figures: dict[str, Any] = {}
@@ -118,7 +123,7 @@ def evaluate(ctx: Context, method: Method, data: FederatedData, eval_batch_size:
     figures["global_acc_std"] = float(np.std(global_acc))
     figures["global_models"] = len(global_acc)
     figures["models"] = n_models
-    if n_groups and len(scored) == n_models:
+    if n_groups and len(scored) == len(used):
         figures["intra_acc"], figures["inter_acc"] = intra_inter_accuracy(
             group_acc, client_model if model_for_group is None else model_for_group, groups)
     else:

@@ -417,6 +417,12 @@ class Method:
             index[c] = seen[key]
         return models, index
 
+    def eval_models_of(self, clients: np.ndarray) -> tuple[list[torch.Tensor], np.ndarray]:
+        """A sampled evaluation's models (training.eval_clients): as eval_models, of which only
+        the index entries of `clients` are read. A method whose evaluation models cost work per
+        client (IFCA's choice by loss, Per-FedAvg's fine-tuning) does it for these clients only."""
+        return self.eval_models()
+
     def eval_mixture(self) -> np.ndarray | None:
         """(clients × models) weights when each client is evaluated with a mixture of the models
         of eval_models (FedEM: Σ_k π_ik·softmax(model_k(x)), rows summing to 1); None: each client

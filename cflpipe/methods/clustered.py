@@ -104,6 +104,10 @@ class ClusterModels(Method):
     def cluster_eval_models(self) -> tuple[list[torch.Tensor], np.ndarray]:
         return list(self.centers), self.clusters.copy()
 
+    def cluster_eval_models_of(self, clients: np.ndarray) -> tuple[list[torch.Tensor], np.ndarray]:
+        """A sampled evaluation's cluster models (see Method.eval_models_of)."""
+        return self.cluster_eval_models()
+
     # ------------------------------------------------------------------ the engine's hooks
 
     def payload(self, client: int) -> Payload:
@@ -132,7 +136,12 @@ class ClusterModels(Method):
             self._cluster_means = None
 
     def eval_models(self) -> tuple[list[torch.Tensor], np.ndarray]:
-        models = self.cluster_eval_models()
+        return self._evaluated(self.cluster_eval_models())
+
+    def eval_models_of(self, clients: np.ndarray) -> tuple[list[torch.Tensor], np.ndarray]:
+        return self._evaluated(self.cluster_eval_models_of(clients))
+
+    def _evaluated(self, models: tuple[list[torch.Tensor], np.ndarray]) -> tuple[list[torch.Tensor], np.ndarray]:
         if self.mcfl:
             # Assignments may change at evaluation (IFCA re-picks by loss): recompute the means
             # once per evaluation, not once per test set.

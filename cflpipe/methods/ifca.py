@@ -52,12 +52,14 @@ def sample_losses(apply, models: torch.Tensor, x: torch.Tensor, y: torch.Tensor)
     return torch.stack([F.cross_entropy(out, y, reduction="none") for out in logits]).double().cpu().numpy()
 
 
-def train_losses(ctx: Context, models: torch.Tensor) -> np.ndarray:
-    """Mean training loss of every model on every client's training set, (clients × K)."""
-    split = ctx.data.train
+def train_losses(ctx: Context, models: torch.Tensor, clients: np.ndarray | None = None) -> np.ndarray:
+    """Mean training loss of every model on every client's training set, (clients × K); of the
+    given clients only (in their order) when `clients` is given."""
+    split = ctx.data.train if clients is None else ctx.data.train.subset(clients)
     losses = sample_losses(ctx.apply, models, split.x, split.y)
     owner = split.owner.cpu().numpy()
-    return np.stack([per_client_mean(owner, loss, ctx.num_clients) for loss in losses], axis=1)
+    count = ctx.num_clients if clients is None else len(clients)
+    return np.stack([per_client_mean(owner, loss, count) for loss in losses], axis=1)
 
 
 def lowest(losses: np.ndarray) -> np.ndarray:
@@ -179,7 +181,16 @@ class IFCA(ClusterModels):
         return self.centers[self.best_track * self.hp.clusters + self.clusters[client]]
 
     def cluster_eval_models(self) -> tuple[list[torch.Tensor], np.ndarray]:
-        k = self.hp.clusters
-        models = self.centers[self.best_track * k:(self.best_track + 1) * k]
+        models = self._best_models()
         self.clusters = lowest(train_losses(self.ctx, models))
         return list(models), self.clusters.copy()
+
+    def cluster_eval_models_of(self, clients: np.ndarray) -> tuple[list[torch.Tensor], np.ndarray]:
+        # Only the sampled clients choose again; the others keep the cluster they last chose.
+        models = self._best_models()
+        self.clusters[clients] = lowest(train_losses(self.ctx, models, clients))
+        return list(models), self.clusters.copy()
+
+    def _best_models(self) -> torch.Tensor:
+        k = self.hp.clusters
+        return self.centers[self.best_track * k:(self.best_track + 1) * k]

@@ -83,3 +83,13 @@ class PerFedAvg(FedAvg):
         plan = self.fine_tuning()
         tuned = self.ctx.run({client: plan for client in range(m)})
         return [tuned[client].vector for client in range(m)], np.arange(m)
+
+    def eval_models_of(self, clients: np.ndarray) -> tuple[list[torch.Tensor], np.ndarray]:
+        if self.hp.eval_steps == 0:
+            return self.eval_models()
+        plan = self.fine_tuning()
+        tuned = self.ctx.run({int(client): plan for client in clients})
+        # A model per client as in a full evaluation, so a client's `model` is its own id; the
+        # others' entries (the global model) are never read.
+        m = self.ctx.num_clients
+        return [tuned[c].vector if c in tuned else self.global_model for c in range(m)], np.arange(m)
