@@ -51,6 +51,18 @@ class Dataset:
             source = np.concatenate([self.source_train, self.source_test])
         return x, y, source
 
+    def pool_rows(self, which: str, rows: np.ndarray) -> np.ndarray:
+        """Inputs of the given pool indices, in their order, without building the pool (a copy of
+        the whole dataset under "all")."""
+        if which == "train":
+            return self.x_train[rows]
+        n = len(self.x_train)
+        out = np.empty((len(rows), *self.x_train.shape[1:]), dtype=self.x_train.dtype)
+        in_train = rows < n
+        out[in_train] = self.x_train[rows[in_train]]
+        out[~in_train] = self.x_test[rows[~in_train] - n]
+        return out
+
     def pool_labels(self, which: str = "all") -> np.ndarray:
         if which == "train":
             return self.y_train

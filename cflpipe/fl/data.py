@@ -99,9 +99,11 @@ def build_federated_data(spec: Spec, scenario: str, device: torch.device) -> Fed
     if sc.public is not None and partition.public is None:
         raise PartitionError(f"{out}: the partition has no {PUBLIC_FILE} although scenario {scenario} has "
                              f"`public:`; run `cflpipe partition --config FILE --scenario {scenario}` again")
-    x_pool, y_pool, _ = dataset.pool(sc.pool)
+    # Memory follows the data (#32 item 8): each client's rows are gathered, standardized and
+    # transformed on their own and written into the split's one array, never a copy of the whole
+    # pool (the concatenated pool, its standardized copy and per-client pieces held 4× the data).
+    y_pool = dataset.pool_labels(sc.pool)
     standardize = _standardizer(dataset)
-    x_pool = standardize(x_pool)
     public = None
     if sc.public is not None:
         public = torch.from_numpy(np.ascontiguousarray(standardize(dataset.x_test[partition.public]),
@@ -113,22 +115,23 @@ def build_federated_data(spec: Spec, scenario: str, device: torch.device) -> Fed
     transforms = [str(t) for t in stats.loc[clients, "transform"]]
     splits = {}
     for split in ("train", "test"):
-        xs, ys = [], []
-        for c, transform in zip(clients, transforms):
-            idx = indices[c][split]
-            x, y = apply_transform(x_pool[idx], y_pool[idx], transform)
-            xs.append(np.ascontiguousarray(x, dtype=np.float32))
-            ys.append(np.asarray(y, dtype=np.int64))
-        sizes = np.array([len(y) for y in ys])
+        sizes = np.array([len(indices[c][split]) for c in clients], dtype=np.int64)
         offsets = np.concatenate([[0], np.cumsum(sizes)])
+        x_all = np.empty((int(offsets[-1]), *dataset.input_shape), dtype=np.float32)
+        y_all = np.empty(int(offsets[-1]), dtype=np.int64)
+        for i, (c, transform) in enumerate(zip(clients, transforms)):
+            idx = np.asarray(indices[c][split])
+            x, y = apply_transform(standardize(dataset.pool_rows(sc.pool, idx)), y_pool[idx], transform)
+            x_all[offsets[i]:offsets[i + 1]] = x
+            y_all[offsets[i]:offsets[i + 1]] = y
         splits[split] = SplitData(
-            x=torch.from_numpy(np.concatenate(xs)).to(device),
-            y=torch.from_numpy(np.concatenate(ys)).to(device),
+            x=torch.from_numpy(x_all).to(device),
+            y=torch.from_numpy(y_all).to(device),
             offsets=offsets,
             owner=torch.from_numpy(np.repeat(np.arange(len(clients)), sizes)).to(device),
         )
     return FederatedData(splits["train"], splits["test"], groups, partition.num_classes,
-                         tuple(x_pool.shape[1:]), transforms, public)
+                         tuple(dataset.input_shape), transforms, public)
 
 
 def _standardizer(dataset):
