@@ -17,6 +17,7 @@ from cflpipe.fl.data import (
     DIGESTS,
     FederatedData,
     SplitData,
+    _channel_std,
     _fingerprint,
     _standardizer,
     build_federated_data,
@@ -176,6 +177,21 @@ def test_standardized_images_stay_float32():
     standardized = _standardizer(ds)(ds.x_train)
     assert standardized.dtype == np.float32
     np.testing.assert_allclose(standardized.mean(), 0, atol=1e-5)
+
+
+def test_channel_std_in_chunks_is_numpys_std():
+    x = (np.random.default_rng(3).random((1000, 3, 5, 5), dtype=np.float32) * 255)
+    mean = x.mean(axis=(0, 2, 3), dtype=np.float64)[None, :, None, None]
+    np.testing.assert_allclose(_channel_std(x, mean, rows_at_once=64), x.std(axis=(0, 2, 3), dtype=np.float64),
+                               rtol=1e-12)
+
+
+def test_pool_rows_gather_from_both_splits_in_order():
+    ds = Dataset("d", np.arange(5, dtype=np.float32)[:, None], np.zeros(5, dtype=np.int64),
+                 np.arange(10, 13, dtype=np.float32)[:, None], np.zeros(3, dtype=np.int64), 2)
+    rows = np.array([6, 0, 7, 4, 5])
+    assert ds.pool_rows("all", rows)[:, 0].tolist() == ds.pool("all")[0][rows][:, 0].tolist() == [11, 0, 12, 4, 10]
+    assert ds.pool_rows("train", np.array([3, 1]))[:, 0].tolist() == [3, 1]
 
 
 def test_federated_data_follows_the_written_partition(tmp_path):

@@ -134,6 +134,16 @@ def build_federated_data(spec: Spec, scenario: str, device: torch.device) -> Fed
                          tuple(dataset.input_shape), transforms, public)
 
 
+def _channel_std(x: np.ndarray, mean: np.ndarray, rows_at_once: int = 4096) -> np.ndarray:
+    """Per-channel population std of (N, C, H, W) images around `mean` (1, C, 1, 1), float64,
+    over chunks of rows: np.std holds a float64 copy of the whole array (twice the data)."""
+    squares = np.zeros(x.shape[1], dtype=np.float64)
+    for i in range(0, len(x), rows_at_once):
+        deviation = x[i:i + rows_at_once] - mean
+        squares += np.einsum("nchw,nchw->c", deviation, deviation)
+    return np.sqrt(squares / max(x.shape[0] * x.shape[2] * x.shape[3], 1))
+
+
 def _standardizer(dataset):
     """Per-channel standardization of images with the dataset's train-split statistics (the
     usual fixed MNIST/CIFAR constants, computed rather than hard-coded); transforms such as
@@ -141,7 +151,7 @@ def _standardizer(dataset):
     if not dataset.is_image:
         return lambda x: x
     mean = dataset.x_train.mean(axis=(0, 2, 3), dtype=np.float64)[None, :, None, None]
-    std = dataset.x_train.std(axis=(0, 2, 3), dtype=np.float64)[None, :, None, None]
+    std = _channel_std(dataset.x_train, mean)[None, :, None, None]
     # float32 statistics keep the arithmetic in float32 (no float64 copy of the pool).
     mean, std = mean.astype(np.float32), np.maximum(std, 1e-8).astype(np.float32)
     return lambda x: (x - mean) / std
