@@ -84,14 +84,14 @@ def test_plans_with_different_settings_train_in_separate_groups(tmp_path):
         run = tiny_run(tmp_path, trainer)
         start = run.ctx.init
         plans = {0: ClientPlan(start, lr=0.1), 1: ClientPlan(start, lr=0.1), 2: ClientPlan(start, lr=0.01),
-                 3: ClientPlan(start, lr=0.01, steps=5)}
+                 3: ClientPlan(start, lr=0.01, steps=7)}
         trained = run.ctx.run(plans)
         outcomes[trainer] = trained
-        if trainer == "batched":  # {0, 1} form a group; 2 and 3 are alone and train sequentially
+        if trainer == "batched":  # {0, 1} form a group; 2 and 3 (more than 2× its steps) are alone
             assert run.trainer.counts == {"batched": 2, "sequential": 2}
     for c in range(4):
         a, b = outcomes["sequential"][c], outcomes["batched"][c]
-        assert a.result.steps == b.result.steps == (5 if c == 3 else 3)
+        assert a.result.steps == b.result.steps == (7 if c == 3 else 3)
         assert float((a.vector - b.vector).abs().max()) <= 1e-5 * float(a.vector.abs().max())
 
 
@@ -291,6 +291,47 @@ def test_plans_without_momentum_or_weight_decay_take_the_runs(tmp_path):
     assert torch.equal(default, trained(momentum=0.5, weight_decay=0.05))
     assert not torch.equal(default, trained(momentum=0.0))
     assert not torch.equal(default, trained(weight_decay=0.0))
+
+
+@pytest.mark.parametrize("rule", ["sgd", "moreau"])
+def test_plans_of_up_to_twice_the_steps_train_in_one_group_as_sequentially(tmp_path, rule):
+    """local_epochs over clients of unequal size: steps 2, 3, 4 and 8 train as one group of three
+    (the shorter clients' extra steps undone) and 8 alone, equal to the sequential trainer with
+    momentum, and a rule's companion vector ends where the client's own steps leave it."""
+    outcomes = {}
+    for trainer in ("sequential", "batched"):
+        run = tiny_run(tmp_path, trainer)
+        start = run.ctx.init
+        kind = {"rule": MoreauStep(lam=15.0, inner_steps=2, personal_lr=0.05),
+                "companions": {"local": start.clone()}} if rule == "moreau" else {}
+        plans = {c: ClientPlan(start, lr=0.1, momentum=0.5, steps=steps, **kind)
+                 for c, steps in enumerate([2, 3, 4, 8])}
+        outcomes[trainer] = run.ctx.run(plans)
+        if trainer == "batched":
+            assert run.trainer.counts == {"batched": 3, "sequential": 1}
+    for c, steps in enumerate([2, 3, 4, 8]):
+        a, b = outcomes["sequential"][c], outcomes["batched"][c]
+        assert (a.result.steps, a.result.samples) == (b.result.steps, b.result.samples) == (steps, steps * 8)
+        assert float((a.vector - b.vector).abs().max()) <= 1e-5 * float(a.vector.abs().max())
+        assert abs(a.result.loss - b.result.loss) <= 1e-5 * abs(a.result.loss)
+        for name, vector in a.companions.items():
+            assert float((vector - b.companions[name]).abs().max()) <= 1e-5 * float(vector.abs().max())
+
+
+def test_a_group_over_the_memory_budget_trains_in_chunks_as_sequentially(tmp_path, monkeypatch):
+    from cflpipe.fl import trainers
+
+    outcomes = {}
+    for trainer in ("sequential", "batched"):
+        run = tiny_run(tmp_path, trainer, clients=6)
+        per_client = run.space.flat.numel() * trainers.BYTES_PER_PARAMETER
+        monkeypatch.setitem(trainers.GROUP_MEMORY_BUDGET, "cpu", 2 * per_client)  # two clients at a time
+        outcomes[trainer] = run.ctx.run({c: ClientPlan(run.ctx.init, lr=0.1) for c in range(5)})
+        if trainer == "batched":
+            assert run.trainer.counts == {"batched": 4, "sequential": 1}  # chunks of 2, 2 and 1
+    for c in range(5):
+        a, b = outcomes["sequential"][c].vector, outcomes["batched"][c].vector
+        assert float((a - b).abs().max()) <= 1e-5 * float(a.abs().max())
 
 
 def test_local_epochs_set_each_clients_steps_from_its_data(tmp_path):

@@ -250,17 +250,31 @@ def step_config(weights: torch.Tensor, lr: float, momentum: float, weight_decay:
 
 def run_loop(weights: torch.Tensor, batches: torch.Tensor, fetch: Callable[[torch.Tensor], tuple],
              gradient: Gradient, rule: StepRule, config: StepConfig, companions: dict[str, torch.Tensor],
-             total: torch.Tensor) -> torch.Tensor:
+             total: torch.Tensor, active: torch.Tensor | None = None) -> torch.Tensor:
     """The local loop shared by both trainers: `batches` is (steps × batches_per_step × …) of
-    index batches, `fetch` turns one into (x, y). Returns the summed step losses in `total`."""
+    index batches, `fetch` turns one into (x, y). Returns the summed step losses in `total`.
+
+    `active` (steps × clients, batched only) marks the steps each client takes: a client with
+    fewer steps than the group (local_epochs over unequal data) has the rest computed and undone,
+    its weights and companions put back and its loss not counted, so it ends where its own
+    steps leave it. Its steps come first, so a finished client never steps again."""
     if not rule.takes_anchors and (config.pulls or config.keep is not None):
         raise ValueError(f"{type(rule).__name__} does not apply anchors or a trainable mask; "
                          f"a plan with this rule must have neither")
     state = LoopState(rule.velocity_like(weights, companions) if config.momentum else None, companions)
-    for step_batches in batches:
+    for s, step_batches in enumerate(batches):
+        done = None if active is None or bool(active[s].all()) else ~active[s]
+        if done is not None:
+            kept = weights[done].clone(), {k: v[done].clone() for k, v in companions.items()}
         loss = rule.step(weights, [fetch(b) for b in step_batches], gradient, state, config)
         with torch.no_grad():
-            total += loss.detach()
+            if done is None:
+                total += loss.detach()
+            else:
+                weights[done] = kept[0]
+                for k, v in kept[1].items():
+                    companions[k][done] = v
+                total += torch.where(done, 0.0, loss.detach())
     return total
 
 

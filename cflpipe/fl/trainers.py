@@ -4,8 +4,12 @@ plan of a round that shares its settings at once with torch.func (functional_cal
 over a (clients × P) matrix of flat vectors), drawing each client's batches from the same seeded
 generator the sequential trainer uses, so the two agree to float rounding.
 
-Plans are grouped by what must be equal inside one vmapped loop: network, steps, batch size, lr,
+Plans are grouped by what must be equal inside one vmapped loop: network, batch size, lr,
 momentum, weight decay, loss, step rule, anchor strengths and masks, trainable mask, companions.
+Step counts may differ within a group by up to 2× (local_epochs over clients of unequal size): a
+client with fewer steps has the group's extra steps undone (run_loop's `active`), so a round is
+a few vmapped loops rather than one per distinct step count. A group larger than the memory
+budget (GROUP_MEMORY_BUDGET) is trained in chunks of clients.
 A group of one or a client without data is trained sequentially as a matter of course; a group
 the batched path fails on (a loss that is not vmappable, say) is trained sequentially too, and the
 first such failure of a run is said once on stderr. timing.json counts the plans each path trained."""
@@ -32,6 +36,17 @@ if TYPE_CHECKING:
     from cflpipe.fl.method import Context
 
 TRAINERS = ("auto", "sequential", "batched")
+
+# Bytes a batched group may take, by device type; a CUDA device's share of its total memory.
+# A client costs about BYTES_PER_PARAMETER per model parameter in a vmapped loop (its weights,
+# per-tensor and flat gradients, velocity, anchors and the activations of a typical batch: a
+# rough figure, so that hundreds of ResNet-sized clients are trained in chunks, never at once).
+GROUP_MEMORY_BUDGET = {"cpu": 2 << 30}
+CUDA_MEMORY_SHARE = 0.5
+BYTES_PER_PARAMETER = 32
+# The most steps a group's longest client may take per step of its shortest: the work undone
+# for shorter clients stays below the work done.
+STEP_SPREAD = 2.0
 
 
 Inputs = tuple[torch.Tensor, ...]
@@ -126,7 +141,7 @@ class BatchedTrainer(Trainer):
         # Objects that must be the same in a group are keyed by identity: masks are shared
         # tensors (ParamSpace.body/head), losses and rules module-level or frozen dataclasses.
         anchors = tuple((float(a.strength), None if a.mask is None else id(a.mask)) for a in item.anchors)
-        return (item.network, item.steps, min(item.batch_size, n), (item.lr, item.momentum, item.weight_decay),
+        return (item.network, min(item.batch_size, n), (item.lr, item.momentum, item.weight_decay),
                 item.rule, id(item.loss), anchors, None if item.trainable is None else id(item.trainable),
                 tuple(sorted(item.companions)), item.source is not None, item.dropout_seed is not None)
 
@@ -136,7 +151,9 @@ class BatchedTrainer(Trainer):
         for i, item in enumerate(items):
             key = self.group_key(item)
             groups[("alone", i) if key is None else key].append(i)
-        for key, members in groups.items():
+        chunks = [chunk for members in groups.values() for bucket in self.step_buckets(items, members)
+                  for chunk in self.memory_chunks(spaces, items, bucket)]
+        for members in chunks:
             if len(members) > 1:
                 try:
                     trained = self.group(spaces, [items[i] for i in members])
@@ -149,6 +166,30 @@ class BatchedTrainer(Trainer):
             for i in members:
                 results[i] = self.one(spaces, items[i])
         return results  # type: ignore[return-value]
+
+    @staticmethod
+    def step_buckets(items: list[WorkItem], members: list[int]) -> list[list[int]]:
+        """Members split by step count into buckets whose longest is at most STEP_SPREAD times
+        their shortest (in the members' order within each)."""
+        buckets: list[list[int]] = []
+        shortest = None
+        for i in sorted(members, key=lambda i: items[i].steps):
+            if shortest is None or items[i].steps > STEP_SPREAD * shortest:
+                buckets.append([])
+                shortest = items[i].steps
+            buckets[-1].append(i)
+        return [sorted(bucket) for bucket in buckets]
+
+    @staticmethod
+    def memory_chunks(spaces: dict[str, ParamSpace], items: list[WorkItem], members: list[int]) -> list[list[int]]:
+        """Members in chunks that fit the device's GROUP_MEMORY_BUDGET."""
+        flat = spaces[items[members[0]].network].flat
+        if flat.device.type == "cuda":
+            budget = CUDA_MEMORY_SHARE * torch.cuda.get_device_properties(flat.device).total_memory
+        else:
+            budget = GROUP_MEMORY_BUDGET.get(flat.device.type, GROUP_MEMORY_BUDGET["cpu"])
+        size = max(1, int(budget // (flat.numel() * BYTES_PER_PARAMETER)))
+        return [members[i:i + size] for i in range(0, len(members), size)]
 
     def say_fallback(self, exc: Exception, what: str = "run some client plans", instead: str = "training them") -> None:
         if not self.fallback_said:
@@ -235,7 +276,7 @@ class BatchedTrainer(Trainer):
         space = spaces[first.network]
         model = space.model
         streams = [item.generator() for item in items]
-        steps, per_step = first.steps, first.rule.batches_per_step
+        steps, per_step = max(item.steps for item in items), first.rule.batches_per_step
         batch = min(first.batch_size, len(first.y))
         # Rows of every client's batches in one concatenation of the group's data: for the
         # clients' own rows that is the split itself (no copy), indexed at the clients' offsets.
@@ -246,9 +287,14 @@ class BatchedTrainer(Trainer):
             sizes = np.cumsum([0] + [len(item.y) for item in items])
             offsets = sizes[:-1].tolist()
             x_all, y_all = torch.cat([item.x for item in items]), torch.cat([item.y for item in items])
-        rows = torch.stack([batch_indices(len(item.y), first.batch_size, steps * per_step, g) + offset
+        # A client with fewer steps than the group repeats its last batch in the steps it undoes.
+        rows = torch.stack([_padded(batch_indices(len(item.y), first.batch_size, item.steps * per_step, g),
+                                    steps * per_step) + offset
                             for item, g, offset in zip(items, streams, offsets)])  # (C × steps·k × B)
         rows = rows.view(len(items), steps, per_step, batch).permute(1, 2, 0, 3).to(y_all.device)
+        own_steps = torch.tensor([item.steps for item in items], device=y_all.device)
+        active = None if bool((own_steps == steps).all()) else \
+            torch.arange(steps, device=y_all.device)[:, None] < own_steps[None, :]  # (steps × C)
 
         weights = torch.stack([item.start for item in items]).to(space.flat.dtype)
         companions = {k: torch.stack([item.companions[k] for item in items]) for k in first.companions}
@@ -258,13 +304,21 @@ class BatchedTrainer(Trainer):
         gradient = self.gradient_function(space, first.loss, first.dropout_seed is not None)
         total = torch.zeros(len(items), dtype=weights.dtype, device=weights.device)
         model.train()
-        run_loop(weights, rows, lambda b: (x_all[b], y_all[b]), gradient, first.rule, config, companions, total)
+        run_loop(weights, rows, lambda b: (x_all[b], y_all[b]), gradient, first.rule, config, companions, total,
+                 active)
         losses = total.cpu().tolist()
         self.counts["batched"] += len(items)
-        samples = steps * per_step * batch
-        results = [LocalResult(losses[i] / steps, steps, samples) for i in range(len(items))]
+        results = [LocalResult(losses[i] / item.steps, item.steps, item.steps * per_step * batch)
+                   for i, item in enumerate(items)]
         return [Trained(trained_into(item, weights[i], result), result, {k: v[i] for k, v in companions.items()})
                 for i, (item, result) in enumerate(zip(items, results))]
+
+
+def _padded(rows: torch.Tensor, length: int) -> torch.Tensor:
+    """(steps × B) index batches extended to `length` rows by repeating the last one."""
+    if len(rows) == length:
+        return rows
+    return torch.cat([rows, rows[-1:].expand(length - len(rows), -1)])
 
 
 # Models the batched trainer is measured faster for on a CPU (cflpipe bench --part trainers,
