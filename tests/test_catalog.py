@@ -39,7 +39,7 @@ def test_every_built_in_implementation_agrees_with_its_declaration(name):
 
 
 def test_every_built_in_is_declared():
-    assert len(BUILT_IN) == 44 and {"fedavg", "fcca_per_prox", "awcfl", "ifca_mcfl", "fedrc"} <= set(BUILT_IN)
+    assert len(BUILT_IN) == 45 and {"fedavg", "fcca_per_prox", "awcfl", "ifca_mcfl", "fedrc"} <= set(BUILT_IN)
 
 
 @pytest.fixture

@@ -86,7 +86,7 @@ def evaluate(ctx: Context, method: Method, data: FederatedData, eval_batch_size:
     for split_name, split in (("test", data.test), ("train", data.train)):
         owner = split.owner.cpu().numpy()
         if mixture is not None:
-            preds, losses = _mixture_predictions(ctx, models, mixture, split, eval_batch_size)
+            preds, losses = _mixture_predictions(ctx, method, models, mixture, split, client_ids, eval_batch_size)
             if split_name == "test":
                 for j in scored:
                     correct = (_whole(ctx, models[j], split, eval_batch_size)[0] == split.y).cpu().numpy()
@@ -173,12 +173,15 @@ def _whole(ctx: Context, model: torch.Tensor, split: Split, chunk: int) -> tuple
     return pred, loss
 
 
-def _mixture_predictions(ctx: Context, models: list[torch.Tensor], mixture: np.ndarray, split: Split,
-                         chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _mixture_predictions(ctx: Context, method: Method, models: list[torch.Tensor], mixture: np.ndarray,
+                         split: Split, client_ids: np.ndarray, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row predicted by its client's mixture Σ_k π_ik·softmax(model_k(x)) (FedEM's
-    prediction), and its negative log-likelihood under that mixture."""
+    prediction; π_ik per row where the method's weights depend on the input, FedGMM's), and its
+    negative log-likelihood under that mixture."""
     logits = ctx.apply(models, split.x, chunk=chunk)  # (K × rows × classes)
-    weights = torch.as_tensor(mixture, dtype=logits.dtype, device=logits.device)[split.owner]  # (rows × K)
+    rows = method.row_mixture(split.x, client_ids[split.owner.cpu().numpy()])
+    weights = (torch.as_tensor(mixture, device=logits.device)[split.owner] if rows is None else rows)
+    weights = weights.to(dtype=logits.dtype, device=logits.device)  # (rows × K)
     probabilities = torch.einsum("nk,knc->nc", weights, logits.softmax(dim=-1))
     preds = probabilities.argmax(dim=1)
     picked = probabilities.gather(1, split.y[:, None])[:, 0]

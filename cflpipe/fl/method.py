@@ -429,6 +429,12 @@ class Method:
         with its one model."""
         return None
 
+    def row_mixture(self, x: torch.Tensor, clients: np.ndarray) -> torch.Tensor | None:
+        """(rows × models) weights of each row's mixture where they depend on the input (FedGMM:
+        the posterior of its input components), `clients` the client of each row; None: every
+        row of a client takes its eval_mixture row."""
+        return None
+
     def assignment(self) -> np.ndarray | None:
         """Cluster of every client (for clusters.parquet); None for non-clustered methods."""
         return None

@@ -327,6 +327,20 @@ class FedEMParams(HyperParams):
                                                  "experiments: 3)")
 
 
+# --- methods/fedgmm.py
+
+class FedGMMParams(HyperParams):
+    # Named `clusters` as every method's K (the classifiers carry the concept shift a scenario's
+    # groups are made of), so that a scenario's `hyperparams: {clusters: K}` reaches it.
+    clusters: int = Field(3, ge=1, description="M2: shared classifiers (the authors' n_learners: 3)")
+    gmm_components: int = Field(3, ge=1, description="M1: Gaussian components of the embedded inputs (the "
+                                                     "authors' n_gmm: 3)")
+    embedding: int = Field(32, ge=1, description="dimensions of the inputs' embedding the Gaussians live on (the "
+                                                 "authors' embedding_dimension: 32; at most the input size)")
+    covariance_floor: float = Field(0.1, gt=0, description="added to each Gaussian's covariance diagonal (the "
+                                                           "authors' eps: 0.1)")
+
+
 # --- methods/fedsoft.py
 
 class FedSoftParams(HyperParams):
@@ -442,6 +456,9 @@ declare("fedem", FedEMParams, "cflpipe.methods.fedem:FedEM",
 declare("fedrc", FedEMParams, "cflpipe.methods.fedem:FedRC",
         "FedRC (Guo, Tang and Lin 2024): FedEM whose E-step divides by each cluster's label distribution, to "
         "cluster by concept shift.", _SOFT_K)
+declare("fedgmm", FedGMMParams, "cflpipe.methods.fedgmm:FedGMM",
+        "FedGMM: M1 Gaussians over the inputs and M2 shared classifiers, a weight per client and pair (m1, m2), "
+        "EM on the clients.", _SOFT_K)
 declare("fedsoft", FedSoftParams, "cflpipe.methods.fedsoft:FedSoft",
         "FedSoft: soft clusters; local models pulled to every center by the client's share in it.", _SOFT_K)
 declare("stocfl", StoCFLParams, "cflpipe.methods.stocfl:StoCFL",
