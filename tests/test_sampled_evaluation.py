@@ -104,3 +104,9 @@ def test_full_eval_every_without_a_sample_is_one_line(tmp_path):
     with pytest.raises(SpecError) as info:
         parse_spec(spec_dict(tmp_path, full_eval_every=2))
     assert str(info.value) == "training: full_eval_every needs eval_clients (without a sample every evaluation is full)"
+
+
+def test_without_the_train_split_only_test_rows_are_written(tmp_path):
+    _, rounds, metrics, _ = run(tmp_path, eval_train=False)
+    assert set(metrics["split"]) == {"test"} and len(metrics) == 4 * CLIENTS
+    assert "train_acc_macro" not in rounds.columns and rounds["acc_macro"].notna().all()

@@ -306,7 +306,7 @@ class Run:
     def evaluate(self, round_number: int) -> dict[str, Any]:
         clients = self.evaluation_sample(round_number)
         result = evaluate(self.ctx, self.method, self.data, self.training.eval_batch_size, self.seed, round_number,
-                          clients)
+                          clients, self.training.eval_train)
         if self.training.eval_clients is not None:  # so every figure of the round says what it read
             result.figures["evaluated_clients"] = self.data.num_clients if clients is None else len(clients)
         for name, columns in result.tables.items():

@@ -43,12 +43,12 @@ class Evaluation:
 
 
 def evaluate(ctx: Context, method: Method, data: FederatedData, eval_batch_size: int, seed: int,
-             round_number: int, clients: np.ndarray | None = None) -> Evaluation:
+             round_number: int, clients: np.ndarray | None = None, train_split: bool = True) -> Evaluation:
     """The round's figures from every client, or from the clients in `clients` (sorted ids: a
     sampled evaluation): then the metrics rows, personalized figures, global and intra/inter
     accuracy are those clients' and their pooled data's, while the clustering is still every
     client's assignment as the method holds it (IFCA: the sampled clients choose again by loss,
-    the others keep their last choice)."""
+    the others keep their last choice). Without `train_split` only the test split is read."""
     everyone = data
     models, client_model = method.eval_models() if clients is None else method.eval_models_of(clients)
     mixture = method.eval_mixture()
@@ -83,7 +83,7 @@ def evaluate(ctx: Context, method: Method, data: FederatedData, eval_batch_size:
     tables: dict[str, dict[str, np.ndarray]] = {"metrics": {}}
     if mixture is not None:  # a client's model is its mixture; its `model` column the largest share
         client_model = np.argmax(mixture, axis=1).astype(np.int64)
-    for split_name, split in (("test", data.test), ("train", data.train)):
+    for split_name, split in (("test", data.test), ("train", data.train))[:2 if train_split else 1]:
         owner = split.owner.cpu().numpy()
         if mixture is not None:
             preds, losses = _mixture_predictions(ctx, method, models, mixture, split, client_ids, eval_batch_size)

@@ -153,8 +153,9 @@ class FedGMM(Method):
         if len(y):
             z = flat.double() @ payload.tensors["embedding"]
             log_density = gaussian_log_density(z, means, covs)
-            r = joint_responsibilities(np.log(pi.cpu().numpy()), log_density.cpu().numpy(),
-                                       sample_losses(view.apply, models, x, y))
+            with np.errstate(divide="ignore"):  # a pair the client's EM gave up on: log 0 = −inf, weight 0
+                log_pi = np.log(pi.cpu().numpy())
+            r = joint_responsibilities(log_pi, log_density.cpu().numpy(), sample_losses(view.apply, models, x, y))
             new_pi = torch.as_tensor(r.mean(axis=2), dtype=pi.dtype, device=pi.device)
             statistics = _gaussian_statistics(z, torch.as_tensor(r.sum(axis=1), dtype=z.dtype, device=z.device))
             weights = r.sum(axis=0)  # (M2 × rows)

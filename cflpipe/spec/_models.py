@@ -57,6 +57,9 @@ class Training(Strict):
         None, ge=1, description="evaluate a seeded sample of this many clients (and their pooled test data) at "
                                 "evaluation rounds that are not full ones; the clustering is always every "
                                 "client's (null: every evaluation is full)")
+    eval_train: bool = Field(
+        True, description="also evaluate each client's model on its training split (metrics rows with split "
+                          "train, train_acc_macro); false: the test split only, about half the evaluation's cost")
     full_eval_every: int | None = Field(
         None, ge=1, description="with eval_clients: evaluate every client every N rounds (and in the last "
                                 "round, always); null: only in the last round")
@@ -141,7 +144,7 @@ TRAINING_KEYS = tuple(Training.model_fields)
 TRAINING_NOT_IN_RUN = ("keep_state",)
 # Training keys added after runs were first recorded, with their defaults: left out of a run's
 # definition while at their default.
-LATER_TRAINING_DEFAULTS = {"eval_clients": None, "full_eval_every": None}
+LATER_TRAINING_DEFAULTS = {"eval_clients": None, "full_eval_every": None, "eval_train": True}
 
 
 def merge_training(layers: list[dict[str, Any]]) -> dict[str, Any]:
