@@ -334,6 +334,35 @@ def test_a_group_over_the_memory_budget_trains_in_chunks_as_sequentially(tmp_pat
         assert float((a - b).abs().max()) <= 1e-5 * float(a.abs().max())
 
 
+def test_bf16_trains_both_trainers_alike_and_apart_from_float32(tmp_path):
+    outcomes = {}
+    for trainer in ("sequential", "batched"):
+        for precision in ("float32", "bf16", "tf32"):
+            run = tiny_run(tmp_path / precision, trainer, precision=precision)
+            outcomes[trainer, precision] = run.ctx.run({c: ClientPlan(run.ctx.init, lr=0.1) for c in range(4)})
+    for c in range(4):
+        exact, bf16 = outcomes["sequential", "float32"][c].vector, outcomes["sequential", "bf16"][c].vector
+        batched = outcomes["batched", "bf16"][c].vector
+        assert not torch.equal(exact, bf16)  # bfloat16 products move the result…
+        assert float((exact - bf16).abs().max()) <= 0.05 * float(exact.abs().max())  # …a little
+        assert float((bf16 - batched).abs().max()) <= 0.05 * float(bf16.abs().max())
+        # TensorFloat-32 is a CUDA setting: on a CPU the float32 path itself
+        assert torch.equal(outcomes["sequential", "tf32"][c].vector, exact)
+
+
+def test_the_tf32_scope_puts_cudas_flags_back():
+    from cflpipe.fl.local import precision_scope
+
+    matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        with precision_scope("tf32", "cuda"):
+            assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+        assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
+
+
 def test_local_epochs_set_each_clients_steps_from_its_data(tmp_path):
     run = tiny_run(tmp_path, "sequential", local_epochs=0.1)
     trained = run.ctx.run({c: ClientPlan(run.ctx.init) for c in range(4)})

@@ -10,9 +10,11 @@ sequential path always used, so it stays bit for bit what it was."""
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -248,6 +250,26 @@ def step_config(weights: torch.Tensor, lr: float, momentum: float, weight_decay:
     return StepConfig(lr, momentum, weight_decay, pulls, keep)
 
 
+@contextmanager
+def precision_scope(precision: str, device_type: str) -> Iterator[None]:
+    """Where a local step's forward and backward run: float32 as is (bit for bit); bf16 under
+    torch.autocast(bfloat16) on the step's device; tf32 with CUDA's matmuls and convolutions in
+    TensorFloat-32 (the flags put back afterwards; nothing changes on a CPU). Neither of the two
+    is bit-identical to float32; both are reproducible on one machine."""
+    if precision == "bf16":
+        with torch.autocast(device_type, dtype=torch.bfloat16):
+            yield
+    elif precision == "tf32" and device_type == "cuda":
+        before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+        try:
+            yield
+        finally:
+            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+    else:
+        yield
+
+
 def run_loop(weights: torch.Tensor, batches: torch.Tensor, fetch: Callable[[torch.Tensor], tuple],
              gradient: Gradient, rule: StepRule, config: StepConfig, companions: dict[str, torch.Tensor],
              total: torch.Tensor, active: torch.Tensor | None = None) -> torch.Tensor:
@@ -282,7 +304,7 @@ def sgd(space: ParamSpace, x: torch.Tensor, y: torch.Tensor, *, steps: int, batc
         lr: float, generator: torch.Generator, momentum: float = 0.0, weight_decay: float = 0.0,
         anchors: tuple[Anchor, ...] | list[Anchor] = (), trainable: torch.Tensor | None = None,
         loss: Callable[..., torch.Tensor] = cross_entropy, rule: StepRule = SGD,
-        companions: dict[str, torch.Tensor] | None = None) -> LocalResult:
+        companions: dict[str, torch.Tensor] | None = None, precision: str = "float32") -> LocalResult:
     """Train the model currently loaded in `space` in place (read the result with space.read()).
 
     `loss(model, x, y)` is the local objective (cross-entropy by default) and `rule` the step
@@ -299,8 +321,9 @@ def sgd(space: ParamSpace, x: torch.Tensor, y: torch.Tensor, *, steps: int, batc
 
     def gradient(weights: torch.Tensor, xb: torch.Tensor, yb: torch.Tensor):
         grad.zero_()
-        value = loss(model, xb, yb)
-        value.backward()
+        with precision_scope(precision, flat.device.type):
+            value = loss(model, xb, yb)
+            value.backward()
         return value.detach(), grad
 
     total = torch.zeros((), dtype=flat.dtype, device=flat.device)

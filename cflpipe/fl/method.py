@@ -203,7 +203,7 @@ class Context:
             weight_decay=t.weight_decay if plan.weight_decay is None else plan.weight_decay,
             stream_seed=mix_seed(self.seed, self.round, client, *plan.stream), dropout_seed=dropout,
             loss=plan.loss, rule=plan.rule, anchors=plan.anchors, trainable=plan.trainable,
-            companions=plan.companions, source=source, into=plan.into)
+            companions=plan.companions, source=source, into=plan.into, precision=t.precision)
 
     def execute(self, jobs: list[tuple[int, ClientPlan]]) -> list[Trained]:
         """Train (client, plan) jobs, then all their follow-ups together (recursively)."""

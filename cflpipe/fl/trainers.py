@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from cflpipe.errors import SpecError
-from cflpipe.fl.local import LocalResult, batch_indices, run_loop, sgd, step_config
+from cflpipe.fl.local import LocalResult, batch_indices, precision_scope, run_loop, sgd, step_config
 from cflpipe.fl.params import ParamSpace
 from cflpipe.fl.plan import Trained, trained_into
 from cflpipe.fl.work import WorkItem
@@ -85,7 +85,7 @@ class Trainer:
         result = sgd(space, item.x, item.y, steps=item.steps, batch_size=item.batch_size, lr=item.lr,
                      generator=item.generator(), momentum=item.momentum, weight_decay=item.weight_decay,
                      anchors=item.anchors, trainable=item.trainable, loss=item.loss, rule=item.rule,
-                     companions=companions)
+                     companions=companions, precision=item.precision)
         vector = space.flat.detach() if item.into is not None and not result.diverged else space.read()
         return Trained(trained_into(item, vector, result), result, companions)
 
@@ -143,7 +143,8 @@ class BatchedTrainer(Trainer):
         anchors = tuple((float(a.strength), None if a.mask is None else id(a.mask)) for a in item.anchors)
         return (item.network, min(item.batch_size, n), (item.lr, item.momentum, item.weight_decay),
                 item.rule, id(item.loss), anchors, None if item.trainable is None else id(item.trainable),
-                tuple(sorted(item.companions)), item.source is not None, item.dropout_seed is not None)
+                tuple(sorted(item.companions)), item.source is not None, item.dropout_seed is not None,
+                item.precision)
 
     def train(self, spaces, items):
         results: list[Trained | None] = [None] * len(items)
@@ -247,7 +248,7 @@ class BatchedTrainer(Trainer):
         return out if shared else [out[j, :n] for j, n in enumerate(lengths)]
 
     @staticmethod
-    def gradient_function(space: ParamSpace, loss, dropout: bool):
+    def gradient_function(space: ParamSpace, loss, dropout: bool, precision: str = "float32"):
         """(C × P) rows, (C × B …) inputs and labels -> (each row's loss, its (C × P) gradient),
         one vmap over the rows. The gradient is taken with respect to each parameter tensor (a
         (C × …) view of the rows' columns) and written into the (C × P) matrix by one cat: taken
@@ -266,7 +267,8 @@ class BatchedTrainer(Trainer):
         def gradient(w: torch.Tensor, xb: torch.Tensor, yb: torch.Tensor):
             clients = len(w)
             views = {s.name: w[:, s.offset:s.offset + s.numel].view(clients, *s.shape) for s in slots}
-            grads, values = batched(views, xb, yb)
+            with precision_scope(precision, w.device.type):
+                grads, values = batched(views, xb, yb)
             return values.detach(), torch.cat([grads[s.name].reshape(clients, -1) for s in slots], dim=1)
 
         return gradient
@@ -301,7 +303,7 @@ class BatchedTrainer(Trainer):
         anchors = [type(a)(torch.stack([item.anchors[j].vector for item in items]), a.strength, a.mask)
                    for j, a in enumerate(first.anchors)]
         config = step_config(weights, first.lr, first.momentum, first.weight_decay, anchors, first.trainable)
-        gradient = self.gradient_function(space, first.loss, first.dropout_seed is not None)
+        gradient = self.gradient_function(space, first.loss, first.dropout_seed is not None, first.precision)
         total = torch.zeros(len(items), dtype=weights.dtype, device=weights.device)
         model.train()
         run_loop(weights, rows, lambda b: (x_all[b], y_all[b]), gradient, first.rule, config, companions, total,

@@ -34,6 +34,7 @@ class WorkItem:
     dropout_seed:   seed of torch's global RNG before training, for dropout; None without dropout
     source:         (split inputs, split targets, offset) when x, y are the client's own rows
     into:           where an in-process trainer writes the trained vector (see ClientPlan.into)
+    precision:      float32, tf32 or bf16: where its forward and backward passes run (local.precision_scope)
     """
 
     client: int
@@ -55,6 +56,7 @@ class WorkItem:
     companions: dict[str, torch.Tensor] = field(default_factory=dict)
     source: tuple[torch.Tensor, torch.Tensor, int] | None = None
     into: torch.Tensor | None = None
+    precision: str = "float32"
 
     def generator(self) -> torch.Generator:
         """The batch stream (and, where the network has dropout, torch's global seed for it)."""

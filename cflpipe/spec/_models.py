@@ -71,6 +71,11 @@ class Training(Strict):
                             "where it is measured faster; sequential otherwise); or a plugin's trainer "
                             "(entry point group cflpipe.trainers) or a module:Class reference")
     eval_batch_size: int = Field(256, ge=1, description="samples per forward pass in evaluation")
+    precision: Literal["float32", "tf32", "bf16"] = Field(
+        "float32", description="local training's forward and backward passes: float32 (bit-identical "
+                               "reruns on one machine), tf32 (CUDA matmuls and convolutions in TensorFloat-32; "
+                               "no effect on a CPU) or bf16 (torch.autocast to bfloat16); tf32 and bf16 are "
+                               "not bit-identical to float32, reproducible per machine; evaluation stays float32")
     on_divergence: Literal["stop", "skip"] = Field(
         "stop", description="NaN/inf loss: stop the run, or skip that client's update"
     )
@@ -144,7 +149,8 @@ TRAINING_KEYS = tuple(Training.model_fields)
 TRAINING_NOT_IN_RUN = ("keep_state",)
 # Training keys added after runs were first recorded, with their defaults: left out of a run's
 # definition while at their default.
-LATER_TRAINING_DEFAULTS = {"eval_clients": None, "full_eval_every": None, "eval_train": True}
+LATER_TRAINING_DEFAULTS = {"eval_clients": None, "full_eval_every": None, "eval_train": True,
+                           "precision": "float32"}
 
 
 def merge_training(layers: list[dict[str, Any]]) -> dict[str, Any]:
