@@ -35,7 +35,27 @@ def test_every_built_in_implementation_agrees_with_its_declaration(name):
     cls = info.cls
     assert f"{cls.__module__}:{cls.__qualname__}" == info.implementation
     assert cls.name == (info.base or name)
-    assert cls.capabilities is info.capabilities
+    assert cls.capabilities is info.capabilities is methods.DECLARED[name].capabilities
+    assert info == methods.DECLARED[name]  # what the catalog says, not what the class inherits
+
+
+def test_a_built_in_registered_again_stays_declared(registry):
+    from cflpipe.methods.catalog import CFLParams
+    from cflpipe.methods.cfl import CFL
+
+    before = dict(methods.METHODS)
+    register("cfl", CFLParams)(CFL)  # a module executed twice (a reload) registers its class again
+    assert methods.METHODS == before and CFL.capabilities is methods.DECLARED["cfl"].capabilities
+
+
+def test_a_plugin_subclass_inherits_its_ancestors_clustering_start(registry):
+    from cflpipe.methods.catalog import CFLParams, FLHCParams
+    from cflpipe.methods.cfl import CFL
+
+    Sub = type("Sub", (CFL,), {"__module__": __name__, "__qualname__": "Sub", "__doc__": "Sub: a CFL."})
+    register("cfl_sub", CFLParams)(Sub)
+    assert methods.METHODS["cfl_sub"].clustering_starts(CFLParams(warmup=7)) == ("warmup", 7)
+    assert Sub.clustering_starts(FLHCParams()) is None  # parameters without CFL's warm-up: no start to tell
 
 
 def test_every_built_in_is_declared():

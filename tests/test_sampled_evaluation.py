@@ -104,7 +104,12 @@ def test_runs_without_a_sample_keep_their_config(tmp_path):
 def test_full_eval_every_without_a_sample_is_one_line(tmp_path):
     with pytest.raises(SpecError) as info:
         parse_spec(spec_dict(tmp_path, full_eval_every=2))
-    assert str(info.value) == "training: full_eval_every needs eval_clients (without a sample every evaluation is full)"
+    assert str(info.value) == ("training.full_eval_every: needs eval_clients (without a sample every evaluation is "
+                               "full), got 2")
+    # the sample may come from another layer: the rule holds for each run's merged training
+    raw = spec_dict(tmp_path, full_eval_every=2)
+    raw["methods"]["ifca"]["training"] = {"eval_clients": 4}
+    assert parse_spec(raw).resolved_training("s", "ifca").eval_clients == 4
 
 
 def test_without_the_train_split_only_test_rows_are_written(tmp_path):

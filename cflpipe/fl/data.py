@@ -72,11 +72,14 @@ class FederatedData:
     def client(self, c: int, split: str = "train") -> tuple[torch.Tensor, torch.Tensor]:
         return (self.train if split == "train" else self.test).of(c)
 
-    def subset(self, clients: np.ndarray) -> "FederatedData":
+    def subset(self, clients: np.ndarray, train: bool = True) -> "FederatedData":
         """The given clients alone (their rows copied), numbered 0..len(clients)-1 in that order:
-        what an evaluation of a client sample reads."""
-        return FederatedData(self.train.subset(clients), self.test.subset(clients), self.groups[clients],
-                             self.num_classes, self.input_shape, self.transforms, self.public)
+        what an evaluation of a client sample reads; without `train`, their training split is
+        left empty (not copied)."""
+        empty = SplitData(self.train.x[:0], self.train.y[:0], np.zeros(len(clients) + 1, dtype=np.int64),
+                          self.train.owner[:0])
+        return FederatedData(self.train.subset(clients) if train else empty, self.test.subset(clients),
+                             self.groups[clients], self.num_classes, self.input_shape, self.transforms, self.public)
 
 
 def build_federated_data(spec: Spec, scenario: str, device: torch.device) -> FederatedData:

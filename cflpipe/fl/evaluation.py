@@ -50,11 +50,11 @@ def evaluate(ctx: Context, method: Method, data: FederatedData, eval_batch_size:
     client's assignment as the method holds it (IFCA: the sampled clients choose again by loss,
     the others keep their last choice). Without `train_split` only the test split is read."""
     everyone = data
-    models, client_model = method.eval_models() if clients is None else method.eval_models_of(clients)
+    models, client_model = method.eval_models() if clients is None else _sampled_models(method, clients)
     mixture = method.eval_mixture()
     client_ids = np.arange(data.num_clients)
     if clients is not None:
-        data, client_ids = data.subset(clients), np.asarray(clients)
+        data, client_ids = data.subset(clients, train=train_split), np.asarray(clients)
         client_model = np.asarray(client_model)[clients]
         mixture = None if mixture is None else mixture[clients]
     m = data.num_clients
@@ -124,8 +124,11 @@ def evaluate(ctx: Context, method: Method, data: FederatedData, eval_batch_size:
     figures["global_models"] = len(global_acc)
     figures["models"] = n_models
     if n_groups and len(scored) == len(used):
+        # A sample may miss a group: it is scored on the groups its clients come from.
+        present = np.unique(groups)
+        chosen = client_model if model_for_group is None else model_for_group[:, present]
         figures["intra_acc"], figures["inter_acc"] = intra_inter_accuracy(
-            group_acc, client_model if model_for_group is None else model_for_group, groups)
+            group_acc[:, present], chosen, np.searchsorted(present, groups))
     else:
         figures["intra_acc"] = figures["inter_acc"] = float("nan")
     assignment = method.assignment()
@@ -140,6 +143,20 @@ def evaluate(ctx: Context, method: Method, data: FederatedData, eval_batch_size:
         length = len(next(iter(columns.values()))) if columns else 0
         own[name] = {"round": np.full(length, round_number), **columns}
     return Evaluation(figures, tables, own)
+
+
+def _sampled_models(method: Method, clients: np.ndarray) -> tuple[list[torch.Tensor], np.ndarray]:
+    """eval_models_of(clients), unless a subclass overrides eval_models below the class that
+    gives eval_models_of (a plugin's): then eval_models, which it meant to be used."""
+    return method.eval_models_of(clients) if sampled_hook_applies(type(method), "eval_models_of", "eval_models") \
+        else method.eval_models()
+
+
+def sampled_hook_applies(cls: type, sampled: str, full: str) -> bool:
+    """Whether the class defining `sampled` is the one defining `full` or below it: a sampled
+    variant written for an eval hook that a subclass has since replaced would bypass it."""
+    where = {name: next(c for c in cls.__mro__ if name in vars(c)) for name in (sampled, full)}
+    return issubclass(where[sampled], where[full])
 
 
 def _split_figures(tables: dict, split_name: str, split: Split, data: FederatedData, owner: np.ndarray,

@@ -254,7 +254,8 @@ def step_config(weights: torch.Tensor, lr: float, momentum: float, weight_decay:
 def precision_scope(precision: str, device_type: str) -> Iterator[None]:
     """Where a local step's forward and backward run: float32 as is (bit for bit); bf16 under
     torch.autocast(bfloat16) on the step's device; tf32 with CUDA's matmuls and convolutions in
-    TensorFloat-32 (the flags put back afterwards; nothing changes on a CPU). Neither of the two
+    TensorFloat-32 (the flags put back afterwards; cuDNN's is on by PyTorch's default anyway;
+    nothing changes on a CPU). Neither of the two
     is bit-identical to float32; both are reproducible on one machine."""
     if precision == "bf16":
         with torch.autocast(device_type, dtype=torch.bfloat16):

@@ -465,8 +465,11 @@ class Method:
     def clustering_starts(cls, hp: Any) -> tuple[str, int] | None:
         """The hyper-parameter that delays clustering and the first round (0-based) in which the
         method may form more than one cluster with these hyper-parameters; None: from the start.
-        `cflpipe validate` warns when that round is at or past the run's last one."""
-        return None
+        `cflpipe validate` warns when that round is at or past the run's last one. A built-in's
+        is declared in cflpipe.methods.catalog; a subclass inherits its nearest ancestor's."""
+        from cflpipe.methods import declared_starts
+
+        return declared_starts(cls, hp)
 
     def gate_note(self, rounds: Any) -> str | None:
         """After a run: "never clustered: <why>" when a gate of its own stayed shut (e.g. FedTSDP's

@@ -104,6 +104,8 @@ class MethodInfo:
 
 
 METHODS: dict[str, MethodInfo] = {}
+# What `declare` said of each built-in method and variant (METHODS holds them too).
+DECLARED: dict[str, MethodInfo] = {}
 # The registered classes by "module:Qualname" (a declared method's once its module is imported).
 _CLASSES: dict[str, type] = {}
 
@@ -131,10 +133,26 @@ def declare(name: str, params: type[HyperParams], implementation: str, descripti
     """Declare a method without importing it: its hyper-parameters, capabilities, when its
     clustering may start, its variants (each the same class with the variant's parameters) and
     the `module:Class` that implements it, whose @register must agree."""
-    _add(MethodInfo(name, params, description, capabilities, implementation, starts=starts))
-    for variant, extra, what in variants:
-        _add(MethodInfo(variant, _variant_params(params, extra), _variant_description(description, what),
-                        capabilities, implementation, base=name, starts=starts))
+    infos = [MethodInfo(name, params, description, capabilities, implementation, starts=starts)]
+    infos += [MethodInfo(variant, _variant_params(params, extra), _variant_description(description, what),
+                         capabilities, implementation, base=name, starts=starts) for variant, extra, what in variants]
+    for info in infos:
+        _add(info)
+        DECLARED[info.name] = info
+
+
+def declared_starts(cls: type, hp: Any) -> tuple[str, int] | None:
+    """The clustering start of the nearest declared class in `cls`'s ancestry (a plugin's
+    subclass of CFL delays its clustering as CFL does), or None."""
+    for base in cls.__mro__:
+        where = f"{base.__module__}:{base.__qualname__}"
+        info = next((i for i in DECLARED.values() if i.implementation == where and i.base is None), None)
+        if info is not None:
+            try:
+                return info.starts(hp) if info.starts is not None else None
+            except AttributeError:  # a subclass whose parameters lack the ancestor's key
+                return None
+    return None
 
 
 # Runs at import, before mutmut picks a mutant: its mutants could never run (docs/testing.md).
@@ -151,8 +169,8 @@ def register(name: str, params: type[HyperParams] = HyperParams):  # pragma: no 
         _load_all()  # the declarations first: a built-in imported early must still be bound to its own
         cls.name = name
         where = f"{cls.__module__}:{cls.__qualname__}"
-        declared = METHODS.get(name)
-        if declared is not None and declared.implementation == where and where not in _CLASSES:
+        declared = DECLARED.get(name)
+        if declared is not None and declared.implementation == where:  # its declaration, however often imported
             _check_declared(declared, cls, params)
             cls.capabilities = declared.capabilities
             _CLASSES[where] = cls
@@ -176,7 +194,8 @@ def _check_declared(declared: MethodInfo, cls: type, params: type[HyperParams]) 
     if params is not declared.params:
         raise ValueError(f"method {declared.name!r}: {declared.implementation} registers with "
                          f"{params.__qualname__}, its declaration with {declared.params.__qualname__}")
-    own = [key for key in ("capabilities", "clustering_starts", "variants") if key in vars(cls)]
+    own = [key for key in ("capabilities", "clustering_starts", "variants") if key in vars(cls)
+           and not (key == "capabilities" and vars(cls)[key] is declared.capabilities)]  # bound before
     if own:
         raise ValueError(f"method {declared.name!r}: {declared.implementation} sets {own[0]!r}, which its "
                          f"declaration in cflpipe.methods.catalog holds")

@@ -139,6 +139,10 @@ class ClusterModels(Method):
         return self._evaluated(self.cluster_eval_models())
 
     def eval_models_of(self, clients: np.ndarray) -> tuple[list[torch.Tensor], np.ndarray]:
+        from cflpipe.fl.evaluation import sampled_hook_applies
+
+        if not sampled_hook_applies(type(self), "cluster_eval_models_of", "cluster_eval_models"):
+            return self.eval_models()  # a subclass replaced cluster_eval_models, not its sampled form
         return self._evaluated(self.cluster_eval_models_of(clients))
 
     def _evaluated(self, models: tuple[list[torch.Tensor], np.ndarray]) -> tuple[list[torch.Tensor], np.ndarray]:

@@ -36,12 +36,27 @@ from cflpipe.seeds import seed32
 _MODELS, _KMEANS = 0xF6A, 0xF6B
 
 
+# Rows converted to float64 at once (the embedding's Gram matrix, embedded inputs, densities).
+ROWS_AT_ONCE = 4096
+
+
 def uncentered_pca(x_flat: torch.Tensor, dimension: int) -> torch.Tensor:
     """(D × d) the top-d right singular vectors of the (rows × D) inputs, not centred (the
-    authors' embedding: an SVD of the features as they are); d is at most D."""
-    gram = (x_flat.T.double() @ x_flat.double())
+    authors' embedding: an SVD of the features as they are); d is at most D. The Gram matrix is
+    summed in float64 over chunks of rows (no float64 copy of the inputs)."""
+    gram = torch.zeros(x_flat.shape[1], x_flat.shape[1], dtype=torch.float64, device=x_flat.device)
+    for i in range(0, len(x_flat), ROWS_AT_ONCE):
+        chunk = x_flat[i:i + ROWS_AT_ONCE].double()
+        gram += chunk.T @ chunk
     values, vectors = torch.linalg.eigh(gram)  # ascending
     return vectors[:, torch.argsort(values, descending=True)[:min(dimension, x_flat.shape[1])]]
+
+
+def embed(x: torch.Tensor, embedding: torch.Tensor) -> torch.Tensor:
+    """(rows × d) float64 embedded inputs, converted chunk by chunk."""
+    flat = x.reshape(len(x), -1)
+    return torch.cat([flat[i:i + ROWS_AT_ONCE].double() @ embedding for i in range(0, len(flat), ROWS_AT_ONCE)]) \
+        if len(flat) else flat.new_zeros((0, embedding.shape[1]), dtype=torch.float64)
 
 
 def gaussian_log_density(z: torch.Tensor, mean: torch.Tensor, cov: torch.Tensor) -> torch.Tensor:
@@ -124,7 +139,7 @@ class FedGMM(Method):
         train = ctx.data.train
         flat = train.x.reshape(len(train.x), -1)
         self.embedding = uncentered_pca(flat, hp.embedding).to(flat.device)
-        z = (flat.double() @ self.embedding).cpu().numpy()
+        z = embed(flat, self.embedding).cpu().numpy()
         km = KMeans(n_clusters=min(m1, len(z)), n_init=10, random_state=seed32(ctx.seed, _KMEANS)).fit(z)
         dim = z.shape[1]
         means, covs = np.zeros((m1, dim)), np.tile(np.eye(dim), (m1, 1, 1))
@@ -151,7 +166,7 @@ class FedGMM(Method):
         m1, m2 = pi.shape
         flat = x.reshape(len(x), -1)
         if len(y):
-            z = flat.double() @ payload.tensors["embedding"]
+            z = embed(flat, payload.tensors["embedding"])
             log_density = gaussian_log_density(z, means, covs)
             with np.errstate(divide="ignore"):  # a pair the client's EM gave up on: log 0 = −inf, weight 0
                 log_pi = np.log(pi.cpu().numpy())
@@ -218,9 +233,13 @@ class FedGMM(Method):
         return self.pi().sum(axis=1)  # each client's weight of each classifier
 
     def row_mixture(self, x: torch.Tensor, clients: np.ndarray) -> torch.Tensor:
-        z = x.reshape(len(x), -1).double() @ self.embedding
-        log_pi = torch.log(self.ctx.clients["pi"][torch.as_tensor(clients, device=self.ctx.device)])
-        return input_weights(log_pi, gaussian_log_density(z, self.means, self.covs))
+        pi = self.ctx.clients["pi"]
+        rows = torch.as_tensor(clients, device=pi.device)
+        return torch.cat([input_weights(torch.log(pi[rows[i:i + ROWS_AT_ONCE]]),
+                                        gaussian_log_density(embed(x[i:i + ROWS_AT_ONCE], self.embedding),
+                                                             self.means, self.covs))
+                          for i in range(0, len(x), ROWS_AT_ONCE)]) if len(x) else \
+            torch.zeros((0, self.hp.clusters), dtype=torch.float64, device=pi.device)
 
     def assignment(self) -> np.ndarray:
         return lowest(-self.eval_mixture())

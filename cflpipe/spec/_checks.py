@@ -204,6 +204,11 @@ def _check_training(spec: Spec, data: dict, scenario: str, method: str | None) -
             where = next((w for w, layer in reversed(layers) if "model" in layer), "training")
             return [f"{where}.model: {training.model} needs images, but scenario {scenario}'s dataset "
                     f"{dataset} has feature vectors; use mlp"]
+    # Across layers: a run's merged training (a method's layer may add the sample).
+    if method is not None and training.full_eval_every is not None and training.eval_clients is None:
+        where = next((w for w, layer in reversed(layers) if "full_eval_every" in layer), "training")
+        return [f"{where}.full_eval_every: needs eval_clients (without a sample every evaluation is full), "
+                f"got {training.full_eval_every}"]
     clients = spec.scenarios[scenario].clients
     if training.clients_per_round > clients:
         where = next((w for w, layer in reversed(layers) if "clients_per_round" in layer), "training")

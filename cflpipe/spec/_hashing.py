@@ -3,7 +3,7 @@ without its thread count."""
 
 from __future__ import annotations
 
-from cflpipe.spec._models import TRAINING_NOT_IN_RUN
+from cflpipe.spec._models import LATER_TRAINING_DEFAULTS, TRAINING_NOT_IN_RUN
 from cflpipe.spec._spec import Spec
 from cflpipe.spec._yaml import dump_yaml
 
@@ -22,6 +22,9 @@ def spec_sha256(spec: Spec) -> str:
     data = spec.model_dump(mode="json", exclude=set(SPEC_HASH_EXCLUDES))
     for key in TRAINING_NOT_IN_RUN:
         data["training"].pop(key, None)
+    for key, default in LATER_TRAINING_DEFAULTS.items():  # so specs written before them keep their hash
+        if data["training"].get(key) == default:
+            data["training"].pop(key)
     for key in ("scenarios", "methods"):
         for entry in data[key].values():
             entry.pop("label", None)

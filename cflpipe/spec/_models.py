@@ -73,9 +73,11 @@ class Training(Strict):
     eval_batch_size: int = Field(256, ge=1, description="samples per forward pass in evaluation")
     precision: Literal["float32", "tf32", "bf16"] = Field(
         "float32", description="local training's forward and backward passes: float32 (bit-identical "
-                               "reruns on one machine), tf32 (CUDA matmuls and convolutions in TensorFloat-32; "
-                               "no effect on a CPU) or bf16 (torch.autocast to bfloat16); tf32 and bf16 are "
-                               "not bit-identical to float32, reproducible per machine; evaluation stays float32")
+                               "reruns on one machine; cuDNN's convolutions use TF32 by PyTorch's default), "
+                               "tf32 (CUDA matmuls in TensorFloat-32 too; no effect on a CPU) or bf16 "
+                               "(torch.autocast to bfloat16); tf32 and bf16 are not bit-identical to float32, "
+                               "reproducible per machine; evaluation's forward passes stay float32 (a method's "
+                               "training before evaluation, Per-FedAvg's fine-tuning, follows precision)")
     on_divergence: Literal["stop", "skip"] = Field(
         "stop", description="NaN/inf loss: stop the run, or skip that client's update"
     )
@@ -118,8 +120,6 @@ class Training(Strict):
     def _one_local_budget(self) -> "Training":
         if (self.local_steps is None) == (self.local_epochs is None):
             raise ValueError("give exactly one of local_steps and local_epochs")
-        if self.full_eval_every is not None and self.eval_clients is None:
-            raise ValueError("full_eval_every needs eval_clients (without a sample every evaluation is full)")
         return self
 
     def definition(self) -> dict[str, Any]:
