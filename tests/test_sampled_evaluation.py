@@ -116,3 +116,29 @@ def test_without_the_train_split_only_test_rows_are_written(tmp_path):
     _, rounds, metrics, _ = run(tmp_path, eval_train=False)
     assert set(metrics["split"]) == {"test"} and len(metrics) == 4 * CLIENTS
     assert "train_acc_macro" not in rounds.columns and rounds["acc_macro"].notna().all()
+
+
+def test_a_sample_missing_a_group_scores_intra_and_inter_accuracy_on_the_groups_it_holds(tmp_path):
+    raw = spec_dict(tmp_path, "oracle", eval_clients=3)
+    raw["scenarios"]["s"]["partition"][1]["groups"] = 4  # 3 sampled clients of 12 miss a group
+    result = train_run(parse_spec(raw), "s", "oracle", 0, progress=False)
+    rounds = pd.read_parquet(result.run_dir / "rounds.parquet")
+    sampled = rounds[rounds["evaluated_clients"] == 3]
+    assert len(sampled) == 3 and np.isfinite(sampled[["intra_acc", "inter_acc"]].to_numpy()).all()
+
+
+def test_a_subclass_that_replaces_the_evaluation_models_keeps_them_when_sampled():
+    from cflpipe.fl.evaluation import sampled_hook_applies
+    from cflpipe.methods.ifca import IFCA
+
+    class Own(IFCA):
+        def cluster_eval_models(self):
+            return super().cluster_eval_models()
+
+    class Both(Own):
+        def cluster_eval_models_of(self, clients):
+            return super().cluster_eval_models_of(clients)
+
+    assert sampled_hook_applies(IFCA, "cluster_eval_models_of", "cluster_eval_models")
+    assert not sampled_hook_applies(Own, "cluster_eval_models_of", "cluster_eval_models")
+    assert sampled_hook_applies(Both, "cluster_eval_models_of", "cluster_eval_models")
