@@ -634,3 +634,42 @@ def test_per_tensor_gradients_equal_the_gradient_with_respect_to_the_flat_vector
     ours = item_grad(w, x, y)[1]
     assert ours.shape == reference.shape == (clients, space.size)
     torch.testing.assert_close(ours, reference, rtol=1e-6, atol=1e-7)
+
+
+def test_the_processes_trainer_is_the_sequential_one_bit_for_bit(tmp_path):
+    """Plans of several settings (anchors, a companion vector, other step counts) spread over two
+    worker processes: every trained vector, companion and loss record is the sequential trainer's."""
+    outcomes = {}
+    for trainer in ("sequential", "processes"):
+        run = tiny_run(tmp_path, trainer, clients=6, workers=2)
+        start, space = run.ctx.init, run.space
+        anchor = Anchor(start + 0.01, 0.5, space.body)
+        plans = {0: ClientPlan(start, lr=0.1), 1: ClientPlan(start, (anchor,), momentum=0.5, lr=0.1),
+                 2: ClientPlan(start, lr=0.1, steps=7),
+                 3: ClientPlan(start, lr=0.1, rule=MoreauStep(lam=15.0, inner_steps=2, personal_lr=0.05),
+                               companions={"local": start.clone()}),
+                 4: ClientPlan(start, lr=0.05), 5: ClientPlan(start, lr=0.1, steps=0)}
+        try:
+            outcomes[trainer] = run.ctx.run(plans)
+        finally:
+            run.trainer.close()
+        if trainer == "processes":
+            assert run.trainer.counts == {"sequential": 6, "batched": 0} and run.trainer.pool is None
+    for c in range(6):
+        a, b = outcomes["sequential"][c], outcomes["processes"][c]
+        assert torch.equal(a.vector, b.vector) and a.result == b.result
+        assert a.companions.keys() == b.companions.keys()
+        assert all(torch.equal(a.companions[k], b.companions[k]) for k in a.companions)
+
+
+def test_work_is_cut_into_contiguous_shards_of_about_equal_cost():
+    from cflpipe.fl.trainers import _shards
+
+    assert _shards([1] * 5, 2) == [[0, 1, 2], [3, 4]]
+    assert _shards([8, 1, 1, 1, 1], 2) == [[0], [1, 2, 3, 4]]
+    assert _shards([1], 3) == [[0], [], []]
+
+
+def test_the_processes_trainer_is_for_cpus():
+    with pytest.raises(Exception, match="training.trainer: processes spreads training over CPU processes"):
+        build_trainer("processes", torch.device("cuda"))

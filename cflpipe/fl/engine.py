@@ -137,7 +137,7 @@ class Run:
         name = self.training.trainer
         batches = name in ("auto", "batched")
         self.trainer = build_trainer(name if info.capabilities.batchable or not batches else "sequential",
-                                     self.device, self.training.model)
+                                     self.device, self.training.model, workers=self.training.workers)
         self.ctx = Context(self.data, self.space, self.training, hp, self.seed, self.space.read(),
                            self.scenario, self.method_name, self.trainer)
         self.training_clients = self.held_out_check(info)
@@ -180,6 +180,13 @@ class Run:
     # ------------------------------------------------------------------ loop
 
     def execute(self, resume: bool, progress: bool) -> RunResult:
+        try:
+            return self._execute(resume, progress)
+        finally:
+            if hasattr(self, "trainer"):
+                self.trainer.close()
+
+    def _execute(self, resume: bool, progress: bool) -> RunResult:
         self.setup()
         if resume:
             self.try_resume()

@@ -35,7 +35,7 @@ from cflpipe.seeds import mix_seed  # noqa: F401  (its old home; plugins import 
 if TYPE_CHECKING:
     from cflpipe.fl.method import Context
 
-TRAINERS = ("auto", "sequential", "batched")
+TRAINERS = ("auto", "sequential", "batched", "processes")
 
 # Bytes a batched group may take, by device type; a CUDA device's share of its total memory.
 # A client costs about BYTES_PER_PARAMETER per model parameter in a vmapped loop (its weights,
@@ -75,6 +75,9 @@ class Trainer:
 
     def train(self, spaces: dict[str, ParamSpace], items: list[WorkItem]) -> list[Trained]:
         raise NotImplementedError
+
+    def close(self) -> None:
+        """Let go of what the trainer holds for the run (worker processes); called when it ends."""
 
     def one(self, spaces: dict[str, ParamSpace], item: WorkItem) -> Trained:
         """Train one item on its network's flat parameter space."""
@@ -323,6 +326,74 @@ def _padded(rows: torch.Tensor, length: int) -> torch.Tensor:
     return torch.cat([rows, rows[-1:].expand(length - len(rows), -1)])
 
 
+def _train_in_worker(networks: bytes, items: bytes, threads: int) -> bytes:
+    """In a worker process: rebuild each network's parameter space and train the items one by
+    one, as the sequential trainer does in the run's process."""
+    import pickle
+
+    torch.set_num_threads(threads)
+    spaces = {name: ParamSpace(module) for name, module in pickle.loads(networks).items()}
+    trained = SequentialTrainer().train(spaces, pickle.loads(items))
+    return pickle.dumps([(t.vector, t.result, t.companions) for t in trained])
+
+
+class ProcessesTrainer(Trainer):
+    """The sequential trainer spread over `workers` processes of the CPU: a round's work items
+    are cut into one contiguous shard per worker (by their steps × batch size), pickled with the
+    networks, trained one by one in the workers (each with the run's torch threads) and sent back.
+    An item is trained by the very code of the sequential trainer, so the results are its own,
+    bit for bit on one machine. The workers start with the run's first round (spawned: a few
+    seconds to import torch) and stay until it ends. For CPUs: models are applied in the run's
+    process, as the sequential trainer does."""
+
+    name = "processes"
+
+    def __init__(self, workers: int) -> None:
+        super().__init__()
+        self.workers = workers
+        self.pool = None
+
+    def train(self, spaces, items):
+        import multiprocessing
+        import pickle
+        from concurrent.futures import ProcessPoolExecutor
+
+        if not items:
+            return []
+        shards = [shard for shard in _shards([item.steps * item.batch_size for item in items], self.workers) if shard]
+        if len(shards) == 1:
+            return [self.one(spaces, item) for item in items]
+        if self.pool is None:
+            self.pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"))
+        networks = pickle.dumps({name: spaces[name].model for name in {item.network for item in items}})
+        threads = torch.get_num_threads()
+        futures = [self.pool.submit(_train_in_worker, networks, pickle.dumps([items[i] for i in shard]), threads)
+                   for shard in shards]
+        results: list[Trained | None] = [None] * len(items)
+        for shard, future in zip(shards, futures):
+            for i, (vector, result, companions) in zip(shard, pickle.loads(future.result())):
+                # What stayed behind (`into`, a server table) is written here, as in-process trainers do.
+                results[i] = Trained(trained_into(items[i], vector, result), result, companions)
+        self.counts["sequential"] += len(items)
+        return results  # type: ignore[return-value]
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+            self.pool = None
+
+
+def _shards(costs: list[int], parts: int) -> list[list[int]]:
+    """Indices 0..n-1 cut into at most `parts` contiguous runs of about equal total cost."""
+    total, shards, current, done = sum(costs), [[] for _ in range(parts)], 0, 0
+    for i, cost in enumerate(costs):
+        if current < parts - 1 and shards[current] and done >= total * (current + 1) / parts:
+            current += 1
+        shards[current].append(i)
+        done += cost
+    return shards
+
+
 # Models the batched trainer is measured faster for on a CPU (cflpipe bench --part trainers,
 # docs/performance.md, per-tensor gradients): the cnn 2.0–3.4× on digits and 1.1–1.3× at 28×28,
 # the mlp 1.0–1.5×, at 10–100 sampled clients; resnet18 0.6× at 32×32, so it stays sequential, as
@@ -330,8 +401,8 @@ def _padded(rows: torch.Tensor, length: int) -> torch.Tensor:
 CPU_BATCHED_MODELS = ("cnn", "mlp")
 
 
-def build_trainer(name: str, device: torch.device, model: str | None = None, where: str = "training.trainer"
-                  ) -> Trainer:
+def build_trainer(name: str, device: torch.device, model: str | None = None, where: str = "training.trainer",
+                  workers: int | None = None) -> Trainer:
     """The trainer `name` names: built in (auto picks sequential or batched), an installed
     plugin's (entry point group cflpipe.trainers) or a `module:Class` reference."""
     from cflpipe.plugins import (TRAINERS_GROUP, describe_object, entry_point_names, is_reference,
@@ -340,6 +411,10 @@ def build_trainer(name: str, device: torch.device, model: str | None = None, whe
     if name == "auto":
         # On a GPU one vmapped loop replaces many small kernels; on a CPU only where measured.
         name = "batched" if device.type == "cuda" or model in CPU_BATCHED_MODELS else "sequential"
+    if name == "processes":
+        if device.type == "cuda":
+            raise SpecError(f"{where}: processes spreads training over CPU processes; on a GPU use auto or batched")
+        return ProcessesTrainer(workers or _usable_cpus())
     builtin = {"sequential": SequentialTrainer, "batched": BatchedTrainer}
     if name in builtin:
         return builtin[name]()
@@ -348,8 +423,14 @@ def build_trainer(name: str, device: torch.device, model: str | None = None, whe
     elif name in entry_point_names(TRAINERS_GROUP):
         factory = load_entry_point(TRAINERS_GROUP, name, where)
     else:
-        raise SpecError(f"{where}: unknown trainer {name!r}; allowed: auto, sequential, batched, "
+        raise SpecError(f"{where}: unknown trainer {name!r}; allowed: auto, sequential, batched, processes, "
                         f"{', '.join(entry_point_names(TRAINERS_GROUP))} or a module:Class reference")
     if not (isinstance(factory, type) and issubclass(factory, Trainer)):
         raise SpecError(f"{where}: {name!r} is {describe_object(factory)}, not a cflpipe.fl.trainers.Trainer subclass")
     return factory()
+
+
+def _usable_cpus() -> int:
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

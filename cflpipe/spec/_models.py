@@ -26,7 +26,7 @@ class Strict(BaseModel):
 
 # cflpipe.models' built-in networks (that module imports torch, this one must not).
 MODEL_NAMES = ("mlp", "cnn", "cnn_tsdp", "cnn_pfl", "resnet18")
-BUILTIN_TRAINERS = ("auto", "sequential", "batched")
+BUILTIN_TRAINERS = ("auto", "sequential", "batched", "processes")
 MAX_MLP_DEPTH = 64
 
 
@@ -66,10 +66,14 @@ class Training(Strict):
     checkpoint_every: int = Field(10, ge=1, description="save resumable state every N rounds")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     trainer: str = Field(
-        "auto", description="how client plans are executed: one client after the other, or all of a round's "
-                            "clients at once with torch.func (auto: batched on CUDA and for the cnn on CPU, "
-                            "where it is measured faster; sequential otherwise); or a plugin's trainer "
-                            "(entry point group cflpipe.trainers) or a module:Class reference")
+        "auto", description="how client plans are executed: one client after the other (sequential), all of a "
+                            "round's clients at once with torch.func (batched), or one after the other in "
+                            "`workers` CPU processes (processes: bit-identical to sequential); auto: batched on "
+                            "CUDA and for the cnn and mlp on CPU, where it is measured faster, sequential otherwise; "
+                            "or a plugin's trainer (entry point group cflpipe.trainers) or a module:Class reference")
+    workers: int | None = Field(
+        None, ge=1, description="trainer processes: the worker processes a round's clients are spread over "
+                                "(default: the CPUs this process may use); results do not depend on it")
     eval_batch_size: int = Field(256, ge=1, description="samples per forward pass in evaluation")
     precision: Literal["float32", "tf32", "bf16"] = Field(
         "float32", description="local training's forward and backward passes: float32 (bit-identical "
@@ -145,8 +149,8 @@ class Training(Strict):
 
 
 TRAINING_KEYS = tuple(Training.model_fields)
-# Training keys that change what is kept of a run, not its results.
-TRAINING_NOT_IN_RUN = ("keep_state",)
+# Training keys that change what is kept of a run, or how fast it runs, not its results.
+TRAINING_NOT_IN_RUN = ("keep_state", "workers")
 # Training keys added after runs were first recorded, with their defaults: left out of a run's
 # definition while at their default.
 LATER_TRAINING_DEFAULTS = {"eval_clients": None, "full_eval_every": None, "eval_train": True,
