@@ -344,7 +344,9 @@ class ProcessesTrainer(Trainer):
     An item is trained by the very code of the sequential trainer, so the results are its own,
     bit for bit on one machine. The workers start with the run's first round (spawned: a few
     seconds to import torch) and stay until it ends. For CPUs: models are applied in the run's
-    process, as the sequential trainer does."""
+    process, as the sequential trainer does. The workers are spawned, so a script of one's own
+    that trains with it needs the usual `if __name__ == "__main__":` guard (the `cflpipe`
+    command has it)."""
 
     name = "processes"
 
