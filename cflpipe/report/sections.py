@@ -331,7 +331,7 @@ def _step_text(step) -> str:
 
 
 def _evaluation_text(t: Training) -> str:
-    text = f"{t.eval_every} rounds" + ("" if t.eval_train else " (test splits only)")
+    text = ("round" if t.eval_every == 1 else f"{t.eval_every} rounds") + ("" if t.eval_train else " (test splits only)")
     if t.eval_clients is None:
         return text
     full = f"every {t.full_eval_every} rounds and the last" if t.full_eval_every else "the last round"
