@@ -9,19 +9,9 @@ import multiprocessing
 import pickle
 from concurrent.futures import ProcessPoolExecutor
 
-import torch
 
-from cflpipe.fl.params import ParamSpace
 from cflpipe.fl.plan import Trained, trained_into
-from cflpipe.fl.trainers import SequentialTrainer, Trainer
-
-
-def train_elsewhere(networks: bytes, items: bytes) -> bytes:
-    """In the worker: rebuild each network's parameter space and train the items one by one."""
-    torch.set_num_threads(1)
-    spaces = {name: ParamSpace(module) for name, module in pickle.loads(networks).items()}
-    trained = SequentialTrainer().train(spaces, pickle.loads(items))
-    return pickle.dumps([(t.vector, t.result, t.companions) for t in trained])
+from cflpipe.fl.trainers import Trainer, portable_module, train_pickled
 
 
 class ProcessTrainer(Trainer):
@@ -35,10 +25,11 @@ class ProcessTrainer(Trainer):
     def train(self, spaces, items):
         if self.pool is None:
             self.pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
-        networks = pickle.dumps({name: spaces[name].model for name in {item.network for item in items}})
+        names = {item.network for item in items}
+        networks = pickle.dumps({name: portable_module(spaces[name].model) for name in names})
         payload = pickle.dumps(items)
         type(self).pickled_items += len(items)
-        returned = pickle.loads(self.pool.submit(train_elsewhere, networks, payload).result())
+        returned = pickle.loads(self.pool.submit(train_pickled, networks, payload, 1).result())
         self.counts["sequential"] += len(items)
         # What stayed behind (`into`, the server's table) is written here, as in-process trainers do.
         return [Trained(trained_into(item, vector, result), result, companions)

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from cflpipe.fl.data import FederatedData, SplitData as Split
-from cflpipe.fl.method import Context, Method
+from cflpipe.fl.method import Context, Method, sampled_hook_applies
 from cflpipe.seeds import rng
 from cflpipe.metrics import (clustering_scores, device_f1, f1_macro_over_classes, intra_inter_accuracy,
                              per_client_accuracy, per_client_f1, per_client_mean, personalized_summary)
@@ -150,13 +150,6 @@ def _sampled_models(method: Method, clients: np.ndarray) -> tuple[list[torch.Ten
     gives eval_models_of (a plugin's): then eval_models, which it meant to be used."""
     return method.eval_models_of(clients) if sampled_hook_applies(type(method), "eval_models_of", "eval_models") \
         else method.eval_models()
-
-
-def sampled_hook_applies(cls: type, sampled: str, full: str) -> bool:
-    """Whether the class defining `sampled` is the one defining `full` or below it: a sampled
-    variant written for an eval hook that a subclass has since replaced would bypass it."""
-    where = {name: next(c for c in cls.__mro__ if name in vars(c)) for name in (sampled, full)}
-    return issubclass(where[sampled], where[full])
 
 
 def _split_figures(tables: dict, split_name: str, split: Split, data: FederatedData, owner: np.ndarray,

@@ -306,6 +306,14 @@ def divergence_error(round_index: int, client: int, method: str, loss: float) ->
                            f"{loss}; lower training.lr or set training.on_divergence: skip")
 
 
+def sampled_hook_applies(cls: type, sampled: str, full: str) -> bool:
+    """Whether the class defining `sampled` (eval_models_of) is the one defining `full`
+    (eval_models) or below it: a sampled form written for an evaluation hook that a subclass has
+    since replaced would bypass the replacement."""
+    where = {name: next(c for c in cls.__mro__ if name in vars(c)) for name in (sampled, full)}
+    return issubclass(where[sampled], where[full])
+
+
 class Method:
     """Base class. Subclasses register with methods.register, declare their capabilities and the
     server attributes to checkpoint, and override the hooks. A round, as the engine drives it:

@@ -326,9 +326,10 @@ def _padded(rows: torch.Tensor, length: int) -> torch.Tensor:
     return torch.cat([rows, rows[-1:].expand(length - len(rows), -1)])
 
 
-def _train_in_worker(networks: bytes, items: bytes, threads: int) -> bytes:
-    """In a worker process: rebuild each network's parameter space and train the items one by
-    one, as the sequential trainer does in the run's process."""
+def train_pickled(networks: bytes, items: bytes, threads: int) -> bytes:
+    """In a worker process (of the processes trainer, or a plugin's): rebuild each network's
+    parameter space from pickled `portable_module`s and train the pickled items one by one, as
+    the sequential trainer does in the run's process; the outcomes come back pickled."""
     import pickle
 
     torch.set_num_threads(threads)
@@ -370,10 +371,10 @@ class ProcessesTrainer(Trainer):
             self.pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"))
         names = tuple(sorted({item.network for item in items}))
         if names not in self._networks:
-            self._networks[names] = pickle.dumps({name: _compact_module(spaces[name].model) for name in names})
+            self._networks[names] = pickle.dumps({name: portable_module(spaces[name].model) for name in names})
         networks = self._networks[names]
         threads = torch.get_num_threads()
-        futures = [self.pool.submit(_train_in_worker, networks, pickle.dumps([items[i] for i in shard]), threads)
+        futures = [self.pool.submit(train_pickled, networks, pickle.dumps([items[i] for i in shard]), threads)
                    for shard in shards]
         results: list[Trained | None] = [None] * len(items)
         for shard, future in zip(shards, futures):
@@ -389,7 +390,7 @@ class ProcessesTrainer(Trainer):
             self.pool = None
 
 
-def _compact_module(module: nn.Module) -> nn.Module:
+def portable_module(module: nn.Module) -> nn.Module:
     """A copy whose parameters and buffers own their elements: a parameter space's are views of
     one flat vector, and pickling a view writes its whole storage (62 × 45 MB for ResNet-18)."""
     import copy

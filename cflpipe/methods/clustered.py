@@ -17,7 +17,8 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from cflpipe.fl.method import Capabilities, ClientView, Context, Method, Payload, Update, stack_updates
+from cflpipe.fl.method import (Capabilities, ClientView, Context, Method, Payload, Update, sampled_hook_applies,
+                               stack_updates)
 from cflpipe.fl.params import cluster_average
 from cflpipe.fl.plan import ClientPlan, Results
 from cflpipe.fl.local import Anchor
@@ -139,8 +140,6 @@ class ClusterModels(Method):
         return self._evaluated(self.cluster_eval_models())
 
     def eval_models_of(self, clients: np.ndarray) -> tuple[list[torch.Tensor], np.ndarray]:
-        from cflpipe.fl.evaluation import sampled_hook_applies
-
         if not sampled_hook_applies(type(self), "cluster_eval_models_of", "cluster_eval_models"):
             return self.eval_models()  # a subclass replaced cluster_eval_models, not its sampled form
         return self._evaluated(self.cluster_eval_models_of(clients))
