@@ -196,6 +196,31 @@ def bench_trainers(workloads=TRAINER_WORKLOADS, rounds: int = 6, repeats: int = 
     return rows
 
 
+def bench_steps(rounds: int = 8, repeats: int = 3, device: str = "cpu") -> list[dict]:
+    """Batched vs sequential trainer where clients' step counts differ: digits in 20 Dirichlet(0.3)
+    clients (18 to 170 training rows), all sampled, one local epoch of batch 16 (2 to 11 steps),
+    so the batched trainer groups clients by step count within 2x and undoes the extra steps of
+    the shorter ones. Median training seconds per round, fastest of `repeats` alternating runs."""
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for model in ("mlp", "cnn"):
+            seconds = {"sequential": [], "batched": []}
+            for _ in range(repeats):
+                for trainer in seconds:
+                    data = _fedavg_spec(Path(tmp) / trainer, model, 20, rounds, trainer=trainer, device=device,
+                                        local_epochs=1, batch_size=16)
+                    data["training"].pop("local_steps")
+                    data["scenarios"]["bench"].update(clients=20, partition=[{"kind": "dirichlet", "alpha": 0.3}])
+                    seconds[trainer].append(_median_timing(parse_spec(data), "train_seconds", drop_last=True))
+            seq, bat = min(seconds["sequential"]), min(seconds["batched"])
+            rows.append({"model": model, "device": device, "clients_per_round": 20,
+                         "sequential_ms_per_round": seq * 1000, "batched_ms_per_round": bat * 1000,
+                         "speedup": seq / bat})
+            print(f"steps     {model:8s} dirichlet(0.3) 20 clients, 1 epoch  sequential {seq * 1000:8.1f} ms/round  "
+                  f"batched {bat * 1000:8.1f} ms/round  speed-up ×{seq / bat:.2f}", flush=True)
+    return rows
+
+
 def bench_eval(rounds: int = 6, repeats: int = 3) -> list[dict]:
     """Evaluation in one forward pass per split (8192) vs chunks of 256: the engine's median
     evaluation time per round on the digits cnn workload (8×8 inputs), and `predict` alone on
@@ -382,26 +407,27 @@ def _yardstick_dataset(folder: Path, data_dir: str, users: int) -> dict:
 
 
 def bench_yardstick(rounds: int = 10, device: str = "cpu", trainers=("sequential", "batched"),
-                    users: int = YARDSTICK["users"], data_dir: str = "resources/datasets") -> list[dict]:
+                    users: int = YARDSTICK["users"], data_dir: str = "resources/datasets",
+                    precisions=("float32",)) -> list[dict]:
     """FedAvg on pfl-research's CIFAR-10 benchmark shape (YARDSTICK) with each trainer: rounds/s,
     client-steps/s and samples/s from the median round (the first, warming up, and the last, which
     evaluates every client, left out), the final evaluation's time, and on CUDA the mean GPU
     utilisation and peak GPU memory; peak RSS is the process's so far (it includes the runs
-    before)."""
+    before). Each trainer runs once per entry of `precisions` (training.precision)."""
     users_per_round = min(YARDSTICK["users_per_round"], users)
     steps_per_client = YARDSTICK["images_per_user"] // YARDSTICK["batch_size"]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         dataset = _yardstick_dataset(Path(tmp), data_dir, users)
-        for trainer in trainers:
+        for trainer, precision in [(t, p) for t in trainers for p in precisions]:
             spec = parse_spec({
                 "seeds": [0],
                 "training": {"model": YARDSTICK["model"], "rounds": rounds, "clients_per_round": users_per_round,
                              "local_epochs": YARDSTICK["local_epochs"], "batch_size": YARDSTICK["batch_size"],
                              "lr": 0.05, "eval_every": rounds + 1, "checkpoint_every": rounds + 1,
-                             "device": device, "trainer": trainer},
+                             "device": device, "trainer": trainer, "precision": precision},
                 "scenarios": {"yardstick": {"dataset": dataset, "clients": users, "partition": [{"kind": "iid"}]}},
-                "methods": {"fedavg": {}}, "results_dir": str(Path(tmp) / trainer), "data_dir": data_dir})
+                "methods": {"fedavg": {}}, "results_dir": str(Path(tmp) / f"{trainer}-{precision}"), "data_dir": data_dir})
             on = torch.device(device if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
             if on.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(on)
@@ -412,7 +438,7 @@ def bench_yardstick(rounds: int = 10, device: str = "cpu", trainers=("sequential
             timing = pd.read_parquet(result.run_dir / "timing.parquet")
             middle = timing.iloc[1:-1] if len(timing) > 2 else timing
             per_round = float(np.median(middle["seconds"]))
-            row = {"trainer": trainer, "device": str(on), "data": dataset["name"], "users": users,
+            row = {"trainer": trainer, "precision": precision, "device": str(on), "data": dataset["name"], "users": users,
                    "users_per_round": users_per_round, "rounds": rounds,
                    "seconds_per_round": per_round, "rounds_per_second": 1 / per_round,
                    "client_steps_per_second": users_per_round * steps_per_client / per_round,
@@ -425,7 +451,7 @@ def bench_yardstick(rounds: int = 10, device: str = "cpu", trainers=("sequential
             rows.append(row)
             extra = (f"  GPU {row['gpu_utilisation_percent'] or float('nan'):.0f}% busy, "
                      f"{row['gpu_peak_memory_mib']:.0f} MiB peak" if on.type == "cuda" else "")
-            print(f"yardstick {trainer:10s} {row['device']:6s} {dataset['name']:7s} {per_round * 1000:9.1f} ms/round  "
+            print(f"yardstick {trainer:10s} {precision:7s} {row['device']:6s} {dataset['name']:7s} {per_round * 1000:9.1f} ms/round  "
                   f"{row['rounds_per_second']:7.2f} rounds/s  {row['client_steps_per_second']:8.0f} client-steps/s  "
                   f"{row['samples_per_second']:9.0f} samples/s  final evaluation {row['final_eval_seconds']:.1f} s  "
                   f"peak RSS {row['peak_rss_mib']:.0f} MiB{extra}", flush=True)
@@ -435,7 +461,7 @@ def bench_yardstick(rounds: int = 10, device: str = "cpu", trainers=("sequential
 def run_bench(workloads: list[str] | None = None, rounds: int = 10, output: str | None = None,
               repeats: int = 3, parts: list[str] | None = None, device: str = "cpu",
               trainers: list[str] | None = None, users: int = YARDSTICK["users"],
-              data_dir: str = "resources/datasets") -> dict:
+              data_dir: str = "resources/datasets", precisions: list[str] | None = None) -> dict:
     # The yardstick trains minutes per run on a CPU: it runs only when asked for.
     parts = parts or ["overhead", "trainers", "eval", "apply"]
     figures: dict = {"torch_threads": torch.get_num_threads(), "torch": torch.__version__}
@@ -445,6 +471,8 @@ def run_bench(workloads: list[str] | None = None, rounds: int = 10, output: str 
         figures["results"] = bench_overhead(workloads, rounds, repeats)
     if "trainers" in parts:
         figures["trainers"] = bench_trainers(repeats=repeats, device=device)
+    if "steps" in parts:
+        figures["steps"] = bench_steps(repeats=repeats, device=device)
     if "eval" in parts:
         figures["eval"] = bench_eval(repeats=repeats)
     if "apply" in parts:
@@ -452,7 +480,8 @@ def run_bench(workloads: list[str] | None = None, rounds: int = 10, output: str 
     if "scale" in parts:
         figures["scale"] = bench_scale(repeats=repeats, device=device)
     if "yardstick" in parts:
-        figures["yardstick"] = bench_yardstick(rounds, device, trainers or ["sequential", "batched"], users, data_dir)
+        figures["yardstick"] = bench_yardstick(rounds, device, trainers or ["sequential", "batched"], users, data_dir,
+                                               precisions or ["float32"])
     if output:
         from cflpipe.store import write_text
 

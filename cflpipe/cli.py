@@ -332,7 +332,8 @@ def cmd_bench(args) -> int:
 
         torch.set_num_threads(max(1, args.threads))
     run_bench(workloads=args.workload, rounds=args.rounds, output=args.output, repeats=args.repeats,
-              parts=args.part, device=args.device, trainers=args.trainer, users=args.users, data_dir=args.data_dir)
+              parts=args.part, device=args.device, trainers=args.trainer, users=args.users, data_dir=args.data_dir,
+              precisions=args.precision)
     return 0
 
 
@@ -489,17 +490,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="alternating repeats; the fastest counts (default 3)")
     p.add_argument("--threads", type=int, default=None, metavar="N", help="CPU threads for torch (default: torch's)")
     p.add_argument("--output", default=None, metavar="FILE", help="also write the figures as JSON")
-    p.add_argument("--part", action="append", choices=["overhead", "trainers", "eval", "apply", "scale",
+    p.add_argument("--part", action="append", choices=["overhead", "trainers", "steps", "eval", "apply", "scale",
                                                        "yardstick"],
                    default=None,
                    help="what to measure (repeatable; default all but scale and yardstick): engine overhead, "
-                        "batched vs sequential trainer, evaluation chunking, models applied one by one vs batched "
+                        "batched vs sequential trainer, the same where clients' step counts differ (steps), evaluation chunking, models applied one by one vs batched "
                         "in evaluation, one evaluation at 1,000 and 10,000 clients full vs a sample of 100 "
                         "(scale), pfl-research's CIFAR-10 benchmark shape (yardstick; --rounds rounds)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
-                   help="device of the trainers, apply, scale and yardstick parts (default cpu)")
+                   help="device of the trainers, steps, apply, scale and yardstick parts (default cpu)")
     p.add_argument("--trainer", action="append", choices=["sequential", "batched"], default=None,
                    help="yardstick: trainers to time (repeatable; default both)")
+    p.add_argument("--precision", action="append", choices=["float32", "tf32", "bf16"], default=None,
+                   help="yardstick: training.precision of each trainer's run (repeatable; default float32)")
     p.add_argument("--users", type=_positive("--users"), default=1000, metavar="N",
                    help="yardstick: users of 50 images (default 1000, pfl-research's; 50 sampled per round)")
     p.add_argument("--data-dir", default="resources/datasets", metavar="DIR",
