@@ -673,3 +673,14 @@ def test_work_is_cut_into_contiguous_shards_of_about_equal_cost():
 def test_the_processes_trainer_is_for_cpus():
     with pytest.raises(Exception, match="training.trainer: processes spreads training over CPU processes"):
         build_trainer("processes", torch.device("cuda"))
+
+
+def test_dropout_seeding_draws_what_torch_manual_seed_draws():
+    """WorkItem.generator seeds dropout through seed_default_generators, torch.manual_seed's
+    cheap part: the same CPU draws (CUDA's generators are seeded alike where CUDA has started)."""
+    from cflpipe.fl.work import seed_default_generators
+
+    seed_default_generators(12345)
+    ours = torch.rand(5)
+    torch.manual_seed(12345)
+    assert torch.equal(ours, torch.rand(5))
