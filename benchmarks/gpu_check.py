@@ -57,9 +57,11 @@ def _differing_files(a: Path, b: Path) -> list[str]:
             or (a / f).read_bytes() != (b / f).read_bytes()]
 
 
-def check(name: str, workdir: Path, device: str, rounds: int, skip: tuple[str, ...] = ()) -> dict:
-    first, fig, seconds = _run(workdir / "first", name, rounds, device=device)
-    again, _, _ = _run(workdir / "again", name, rounds, device=device)
+def check(name: str, workdir: Path, device: str, rounds: int, skip: tuple[str, ...] = (),
+          compiled: bool = False) -> dict:
+    extra = {"compile": True, "trainer": "batched"} if compiled else {}
+    first, fig, seconds = _run(workdir / "first", name, rounds, device=device, **extra)
+    again, _, _ = _run(workdir / "again", name, rounds, device=device, **extra)
     nan = {"acc_macro": float("nan"), "ari": float("nan"), "n_clusters": None}
     _, seq, seq_seconds = (_run(workdir / "sequential", name, rounds, device=device, trainer="sequential")
                            if "sequential" not in skip else (None, nan, float("nan")))
@@ -84,6 +86,8 @@ def main() -> int:
     parser.add_argument("--scenario", default=None)
     parser.add_argument("--skip", action="append", choices=["sequential", "cpu"], default=[],
                         help="leave out the sequential-trainer or the CPU run")
+    parser.add_argument("--compile", action="store_true",
+                        help="the two device runs with training.compile (batched trainer, compiled step)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     if args.config:
@@ -97,7 +101,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
             try:
-                row = check(name, Path(tmp) / name, args.device, args.rounds, tuple(args.skip))
+                row = check(name, Path(tmp) / name, args.device, args.rounds, tuple(args.skip), args.compile)
             except Exception as exc:  # one method's failure must not hide the others'
                 failures[name] = traceback.format_exc()
                 row = {"method": name, "error": f"{type(exc).__name__}: {exc}".splitlines()[0][:300]}

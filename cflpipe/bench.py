@@ -408,12 +408,14 @@ def _yardstick_dataset(folder: Path, data_dir: str, users: int) -> dict:
 
 def bench_yardstick(rounds: int = 10, device: str = "cpu", trainers=("sequential", "batched"),
                     users: int = YARDSTICK["users"], data_dir: str = "resources/datasets",
-                    precisions=("float32",)) -> list[dict]:
+                    precisions=("float32",), compiled: bool = False) -> list[dict]:
     """FedAvg on pfl-research's CIFAR-10 benchmark shape (YARDSTICK) with each trainer: rounds/s,
     client-steps/s and samples/s from the median round (the first, warming up, and the last, which
     evaluates every client, left out), the final evaluation's time, and on CUDA the mean GPU
     utilisation and peak GPU memory; peak RSS is the process's so far (it includes the runs
-    before). Each trainer runs once per entry of `precisions` (training.precision)."""
+    before). Each trainer runs once per entry of `precisions` (training.precision); `compiled`
+    sets training.compile for the batched trainer (its compilation falls in the first round,
+    which is left out of the median, and in wall_seconds)."""
     users_per_round = min(YARDSTICK["users_per_round"], users)
     steps_per_client = YARDSTICK["images_per_user"] // YARDSTICK["batch_size"]
     rows = []
@@ -425,7 +427,8 @@ def bench_yardstick(rounds: int = 10, device: str = "cpu", trainers=("sequential
                 "training": {"model": YARDSTICK["model"], "rounds": rounds, "clients_per_round": users_per_round,
                              "local_epochs": YARDSTICK["local_epochs"], "batch_size": YARDSTICK["batch_size"],
                              "lr": 0.05, "eval_every": rounds + 1, "checkpoint_every": rounds + 1,
-                             "device": device, "trainer": trainer, "precision": precision},
+                             "device": device, "trainer": trainer, "precision": precision,
+                             "compile": compiled and trainer == "batched"},
                 "scenarios": {"yardstick": {"dataset": dataset, "clients": users, "partition": [{"kind": "iid"}]}},
                 "methods": {"fedavg": {}}, "results_dir": str(Path(tmp) / f"{trainer}-{precision}"), "data_dir": data_dir})
             on = torch.device(device if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -438,7 +441,8 @@ def bench_yardstick(rounds: int = 10, device: str = "cpu", trainers=("sequential
             timing = pd.read_parquet(result.run_dir / "timing.parquet")
             middle = timing.iloc[1:-1] if len(timing) > 2 else timing
             per_round = float(np.median(middle["seconds"]))
-            row = {"trainer": trainer, "precision": precision, "device": str(on), "data": dataset["name"], "users": users,
+            row = {"trainer": trainer, "precision": precision, "compiled": compiled and trainer == "batched",
+                   "device": str(on), "data": dataset["name"], "users": users,
                    "users_per_round": users_per_round, "rounds": rounds,
                    "seconds_per_round": per_round, "rounds_per_second": 1 / per_round,
                    "client_steps_per_second": users_per_round * steps_per_client / per_round,
@@ -451,7 +455,7 @@ def bench_yardstick(rounds: int = 10, device: str = "cpu", trainers=("sequential
             rows.append(row)
             extra = (f"  GPU {row['gpu_utilisation_percent'] or float('nan'):.0f}% busy, "
                      f"{row['gpu_peak_memory_mib']:.0f} MiB peak" if on.type == "cuda" else "")
-            print(f"yardstick {trainer:10s} {precision:7s} {row['device']:6s} {dataset['name']:7s} {per_round * 1000:9.1f} ms/round  "
+            print(f"yardstick {trainer + (' compiled' if row['compiled'] else ''):19s} {precision:7s} {row['device']:6s} {dataset['name']:7s} {per_round * 1000:9.1f} ms/round  "
                   f"{row['rounds_per_second']:7.2f} rounds/s  {row['client_steps_per_second']:8.0f} client-steps/s  "
                   f"{row['samples_per_second']:9.0f} samples/s  final evaluation {row['final_eval_seconds']:.1f} s  "
                   f"peak RSS {row['peak_rss_mib']:.0f} MiB{extra}", flush=True)
@@ -461,7 +465,8 @@ def bench_yardstick(rounds: int = 10, device: str = "cpu", trainers=("sequential
 def run_bench(workloads: list[str] | None = None, rounds: int = 10, output: str | None = None,
               repeats: int = 3, parts: list[str] | None = None, device: str = "cpu",
               trainers: list[str] | None = None, users: int = YARDSTICK["users"],
-              data_dir: str = "resources/datasets", precisions: list[str] | None = None) -> dict:
+              data_dir: str = "resources/datasets", precisions: list[str] | None = None,
+              compiled: bool = False) -> dict:
     # The yardstick trains minutes per run on a CPU: it runs only when asked for.
     parts = parts or ["overhead", "trainers", "eval", "apply"]
     figures: dict = {"torch_threads": torch.get_num_threads(), "torch": torch.__version__}
@@ -481,7 +486,7 @@ def run_bench(workloads: list[str] | None = None, rounds: int = 10, output: str 
         figures["scale"] = bench_scale(repeats=repeats, device=device)
     if "yardstick" in parts:
         figures["yardstick"] = bench_yardstick(rounds, device, trainers or ["sequential", "batched"], users, data_dir,
-                                               precisions or ["float32"])
+                                               precisions or ["float32"], compiled)
     if output:
         from cflpipe.store import write_text
 

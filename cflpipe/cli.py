@@ -333,7 +333,7 @@ def cmd_bench(args) -> int:
         torch.set_num_threads(max(1, args.threads))
     run_bench(workloads=args.workload, rounds=args.rounds, output=args.output, repeats=args.repeats,
               parts=args.part, device=args.device, trainers=args.trainer, users=args.users, data_dir=args.data_dir,
-              precisions=args.precision)
+              precisions=args.precision, compiled=args.compile)
     return 0
 
 
@@ -503,6 +503,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="yardstick: trainers to time (repeatable; default both)")
     p.add_argument("--precision", action="append", choices=["float32", "tf32", "bf16"], default=None,
                    help="yardstick: training.precision of each trainer's run (repeatable; default float32)")
+    p.add_argument("--compile", action="store_true",
+                   help="yardstick: the batched trainer's step compiled (training.compile)")
     p.add_argument("--users", type=_positive("--users"), default=1000, metavar="N",
                    help="yardstick: users of 50 images (default 1000, pfl-research's; 50 sampled per round)")
     p.add_argument("--data-dir", default="resources/datasets", metavar="DIR",

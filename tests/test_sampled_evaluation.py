@@ -97,7 +97,7 @@ def test_full_evaluations_off_the_eval_every_grid_are_still_held(tmp_path):
 def test_runs_without_a_sample_keep_their_config(tmp_path):
     result, *_ = run(tmp_path)
     config = yaml.safe_load((result.run_dir / "config.yaml").read_text())
-    later = {"eval_clients", "full_eval_every", "eval_train", "precision"}  # settings added after runs existed
+    later = {"eval_clients", "full_eval_every", "eval_train", "precision", "compile"}  # added after runs existed
     assert not later & set(config["training"])
 
 

@@ -137,7 +137,8 @@ class Run:
         name = self.training.trainer
         batches = name in ("auto", "batched")
         self.trainer = build_trainer(name if info.capabilities.batchable or not batches else "sequential",
-                                     self.device, self.training.model, workers=self.training.workers)
+                                     self.device, self.training.model, workers=self.training.workers,
+                                     compiled=self.training.compile)
         self.ctx = Context(self.data, self.space, self.training, hp, self.seed, self.space.read(),
                            self.scenario, self.method_name, self.trainer)
         self.training_clients = self.held_out_check(info)

@@ -130,11 +130,16 @@ class SequentialTrainer(Trainer):
 
 
 class BatchedTrainer(Trainer):
+    """Trains a round's work items in groups, each group one vmapped loop over its clients.
+    `compiled`: the vmapped step goes through torch.compile (training.compile); TorchDynamo
+    caches it per code and shapes, so a run compiles once per distinct group shape."""
+
     name = "batched"
 
-    def __init__(self) -> None:
+    def __init__(self, compiled: bool = False) -> None:
         super().__init__()
         self.fallback_said = False
+        self.compiled = compiled
 
     @staticmethod
     def group_key(item: WorkItem) -> tuple | None:
@@ -307,6 +312,8 @@ class BatchedTrainer(Trainer):
                    for j, a in enumerate(first.anchors)]
         config = step_config(weights, first.lr, first.momentum, first.weight_decay, anchors, first.trainable)
         gradient = self.gradient_function(space, first.loss, first.dropout_seed is not None, first.precision)
+        if self.compiled:
+            gradient = torch.compile(gradient)
         total = torch.zeros(len(items), dtype=weights.dtype, device=weights.device)
         model.train()
         run_loop(weights, rows, lambda b: (x_all[b], y_all[b]), gradient, first.rule, config, companions, total,
@@ -421,22 +428,24 @@ CPU_BATCHED_MODELS = ("cnn", "mlp")
 
 
 def build_trainer(name: str, device: torch.device, model: str | None = None, where: str = "training.trainer",
-                  workers: int | None = None) -> Trainer:
-    """The trainer `name` names: built in (auto picks sequential or batched), an installed
-    plugin's (entry point group cflpipe.trainers) or a `module:Class` reference."""
+                  workers: int | None = None, compiled: bool = False) -> Trainer:
+    """The trainer `name` names: built in (auto picks sequential or batched; batched wherever
+    the step is `compiled`), an installed plugin's (entry point group cflpipe.trainers) or a
+    `module:Class` reference."""
     from cflpipe.plugins import (TRAINERS_GROUP, describe_object, entry_point_names, is_reference,
                                  load_entry_point, load_reference)
 
     if name == "auto":
         # On a GPU one vmapped loop replaces many small kernels; on a CPU only where measured.
-        name = "batched" if device.type == "cuda" or model in CPU_BATCHED_MODELS else "sequential"
+        name = "batched" if compiled or device.type == "cuda" or model in CPU_BATCHED_MODELS else "sequential"
     if name == "processes":
         if device.type == "cuda":
             raise SpecError(f"{where}: processes spreads training over CPU processes; on a GPU use auto or batched")
         return ProcessesTrainer(workers or _usable_cpus())
-    builtin = {"sequential": SequentialTrainer, "batched": BatchedTrainer}
-    if name in builtin:
-        return builtin[name]()
+    if name == "batched":
+        return BatchedTrainer(compiled)
+    if name == "sequential":
+        return SequentialTrainer()
     if is_reference(name):
         factory = load_reference(name, where)
     elif name in entry_point_names(TRAINERS_GROUP):
