@@ -106,3 +106,17 @@ def test_a_declared_method_whose_module_registers_nothing_says_so(registry):
     declare("declared_z", Declared, "cflpipe.seeds:Nothing", "Z: nothing.")
     with pytest.raises(ImportError, match="cflpipe.seeds does not register method 'declared_z'"):
         methods.METHODS["declared_z"].cls
+
+
+def test_a_plugin_subclass_of_fcca_gets_its_variants_under_its_own_name(registry):
+    from cflpipe.methods.catalog import FCCAParams
+    from cflpipe.methods.fcca import FCCA
+
+    Sub = type("Sub", (FCCA,), {"__module__": __name__, "__qualname__": "Sub", "__doc__": "Sub: an FCCA."})
+    register("fcca_sub", FCCAParams)(Sub)
+    variants = {name: info for name, info in methods.METHODS.items() if info.base == "fcca_sub"}
+    assert set(variants) == {"fcca_sub_per", "fcca_sub_prox", "fcca_sub_per_prox"}
+    per, prox, both = (variants[f"fcca_sub_{v}"].params() for v in ("per", "prox", "per_prox"))
+    assert (per.personal, per.mu) == (True, 0.0) and (prox.personal, prox.mu) == (False, 0.01)
+    assert (both.personal, both.mu) == (True, 0.01)
+    assert all(info.cls is Sub for info in variants.values())

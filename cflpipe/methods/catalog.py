@@ -373,6 +373,13 @@ def cluster_options(name: str, awcfl: str = "{name}_awcfl", mcfl: str = "{name}_
             (mcfl.format(name=name), MCFLParams, "MCFL multi-model selection by feature means"))
 
 
+def fcca_options(name: str) -> tuple:
+    """FCCA's +Per, +Prox and +Per+Prox (methods/fcca.py), for FCCA and a plugin's subclass of it."""
+    return ((f"{name}_per", FCCAPerParams, "personal classifier (FedPer style)"),
+            (f"{name}_prox", FCCAProxParams, "FedProx term μ"),
+            (f"{name}_per_prox", FCCAPerProxParams, "personal classifier and FedProx term μ"))
+
+
 def _cfl_starts(hp: CFLParams) -> tuple[str, int]:
     return "warmup", hp.warmup  # a split is decided from 0-based round `warmup` on
 
@@ -441,9 +448,7 @@ declare("pacfl", PACFLParams, "cflpipe.methods.pacfl:PACFL",
 # The other clustered methods.
 declare("fcca", FCCAParams, "cflpipe.methods.fcca:FCCA",
         "FCCA: global encoder, cluster-wise classifiers, clients clustered by their cINNs' reconstructions.",
-        _CLUSTERED_K, variants=(("fcca_per", FCCAPerParams, "personal classifier (FedPer style)"),
-                                ("fcca_prox", FCCAProxParams, "FedProx term μ"),
-                                ("fcca_per_prox", FCCAPerProxParams, "personal classifier and FedProx term μ")))
+        _CLUSTERED_K, variants=fcca_options("fcca"))
 declare("fedac", FedACParams, "cflpipe.methods.fedac:FedAC",
         "FedAC: personalized models pulled to cluster centers (μ) and a global embedding (λ); LrCos EM "
         "clustering; CNT.", _PERSONAL_CLUSTERED_K)

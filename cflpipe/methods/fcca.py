@@ -128,7 +128,7 @@ from cflpipe.fl.params import cluster_average, weighted_average
 from cflpipe.fl.plan import ClientPlan, Trained
 from cflpipe.seeds import mix_seed
 from cflpipe.methods import register
-from cflpipe.methods.catalog import FCCAParams
+from cflpipe.methods.catalog import FCCAParams, fcca_options
 
 # Purposes of the seeded randomness (server noise, k-means, the clients' z' draws, the flow's
 # batch stream and its initialization).
@@ -202,8 +202,19 @@ def reconstructions(apply: Callable[..., torch.Tensor], module: "ConditionalFlow
     return both[:, 0], both[:, 1]
 
 
+class _FCCAVariants:
+    """A plugin's subclass of FCCA gets +Per, +Prox and +Per+Prox under its own name (@register
+    reads them here, as ClusteredMethod's AWCFL/MCFL; the built-in FCCA's are declared in the
+    catalog, and a declared class may not state them itself)."""
+
+    # Called by @register while the class is being defined, before mutmut's trampoline exists.
+    @classmethod
+    def variants(cls, name: str) -> tuple:  # pragma: no mutate block
+        return fcca_options(name)
+
+
 @register("fcca", FCCAParams)
-class FCCA(Method):
+class FCCA(_FCCAVariants, Method):
     """FCCA: global encoder, cluster-wise classifiers, clients clustered by their cINNs' reconstructions."""
 
     @classmethod
