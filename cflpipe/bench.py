@@ -10,6 +10,7 @@ population sizes with the same number of sampled clients: it should not grow wit
 Trainers: FedAvg on digits (100 clients, 5 local steps of batch 8) with the mlp and the cnn,
 10, 25 and 100 sampled clients per round, `trainer: sequential` against `trainer: batched`:
 median training ms per round (evaluation only at the last round, left out) and their ratio.
+Steps: the same where clients' step counts differ (`local_epochs` over Dirichlet(0.3) clients).
 
 Evaluation: `eval_batch_size` 8192 (one forward pass per split, as before chunking) against the
 default 256, in the engine on the digits cnn workload and for `predict` at MNIST/CIFAR shapes.
@@ -19,6 +20,9 @@ applied one by one against one vmap over the stacked models (Trainer.apply).
 
 Scale (`--part scale`, not run by default): one evaluation round of FedAvg and IFCA at 1,000 and
 10,000 clients, every client against a seeded sample of 100 (training.eval_clients).
+
+Yardstick (`--part yardstick`, not run by default): pfl-research's CIFAR-10 benchmark shape, per
+trainer and, with --precision and --compile, per training.precision and compiled step.
 """
 
 from __future__ import annotations
@@ -468,7 +472,7 @@ def run_bench(workloads: list[str] | None = None, rounds: int = 10, output: str 
               data_dir: str = "resources/datasets", precisions: list[str] | None = None,
               compiled: bool = False) -> dict:
     # The yardstick trains minutes per run on a CPU: it runs only when asked for.
-    parts = parts or ["overhead", "trainers", "eval", "apply"]
+    parts = parts or ["overhead", "trainers", "steps", "eval", "apply"]
     figures: dict = {"torch_threads": torch.get_num_threads(), "torch": torch.__version__}
     if torch.device(device).type == "cuda":
         figures["gpu"] = torch.cuda.get_device_name()
