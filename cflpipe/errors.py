@@ -33,6 +33,11 @@ class DivergenceError(CflpipeError):
     exit_code = 4
 
 
+class CompileError(CflpipeError):
+    """training.compile could not compile the batched trainer's step (no C++ compiler or Triton,
+    a backend failure, too many distinct group shapes)."""
+
+
 class BusyError(CflpipeError):
     """Another process is writing the same output (a second `cflpipe train` of one run)."""
 

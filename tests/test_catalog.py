@@ -120,3 +120,17 @@ def test_a_plugin_subclass_of_fcca_gets_its_variants_under_its_own_name(registry
     assert (per.personal, per.mu) == (True, 0.0) and (prox.personal, prox.mu) == (False, 0.01)
     assert (both.personal, both.mu) == (True, 0.01)
     assert all(info.cls is Sub for info in variants.values())
+
+
+def test_fcca_variants_keep_their_defaults_over_a_plugins_own_parameters(registry):
+    """A plugin's parameters that subclass FCCA's inherit FCCA's personal=False and mu=0; the
+    variant's own defaults must still win, or each variant would train as plain FCCA."""
+    from cflpipe.methods.catalog import FCCAParams
+    from cflpipe.methods.fcca import FCCA
+
+    SubParams = type("SubParams", (FCCAParams,), {"__annotations__": {"knob": int}, "knob": 3})
+    Sub = type("Sub", (FCCA,), {"__module__": __name__, "__qualname__": "Sub", "__doc__": "Sub: an FCCA."})
+    register("fcca_own", SubParams)(Sub)
+    per, prox, both = (methods.METHODS[f"fcca_own_{v}"].params() for v in ("per", "prox", "per_prox"))
+    assert (per.personal, per.mu, prox.personal, prox.mu, both.personal, both.mu) == (True, 0.0, False, 0.01, True, 0.01)
+    assert per.knob == prox.knob == both.knob == 3

@@ -684,3 +684,16 @@ def test_dropout_seeding_draws_what_torch_manual_seed_draws():
     ours = torch.rand(5)
     torch.manual_seed(12345)
     assert torch.equal(ours, torch.rand(5))
+
+
+def test_dropout_seeding_seeds_every_cuda_generator_once_cuda_has_started(monkeypatch):
+    from cflpipe.fl.work import seed_default_generators
+
+    devices = (torch.Generator(), torch.Generator())  # stand-ins for two GPUs' default generators
+    monkeypatch.setattr(torch.cuda, "default_generators", devices)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    seed_default_generators(99)
+    assert [g.initial_seed() for g in devices] != [99, 99]
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    seed_default_generators(99)
+    assert [g.initial_seed() for g in devices] == [99, 99]

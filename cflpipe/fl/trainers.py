@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import sys
 from collections import defaultdict
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import torch
 
 from torch import nn
 
-from cflpipe.errors import SpecError
+from cflpipe.errors import CompileError, SpecError
 from cflpipe.fl.local import LocalResult, batch_indices, precision_scope, run_loop, sgd, step_config
 from cflpipe.fl.params import ParamSpace
 from cflpipe.fl.plan import Trained, trained_into
@@ -129,10 +129,19 @@ class SequentialTrainer(Trainer):
         return [self.one(spaces, item) for item in items]
 
 
+# training.compile: distinct compiled graphs of the batched step one process may hold (TorchDynamo
+# counts them per code object, so every group shape, network and loss of every run in the process
+# adds to it). Past it TorchDynamo would silently run the step uncompiled, which would change a
+# run's bits with what the process ran before: it is an error instead.
+COMPILE_LIMIT = 128
+
+
 class BatchedTrainer(Trainer):
     """Trains a round's work items in groups, each group one vmapped loop over its clients.
-    `compiled`: the vmapped step goes through torch.compile (training.compile); TorchDynamo
-    caches it per code and shapes, so a run compiles once per distinct group shape."""
+    `compiled`: the vmapped step goes through torch.compile (training.compile), specialised to
+    each group's shapes (dynamic=False): a group of a given shape gets the same kernels whatever
+    the process compiled before, so reruns and resumed runs keep their bits. TorchDynamo keeps
+    the compiled graphs for the process, so each distinct shape compiles once per process."""
 
     name = "batched"
 
@@ -166,6 +175,8 @@ class BatchedTrainer(Trainer):
             if len(members) > 1:
                 try:
                     trained = self.group(spaces, [items[i] for i in members])
+                except CompileError:
+                    raise  # training.compile was asked for: never train uncompiled instead
                 except Exception as exc:  # noqa: BLE001 - any failure of vmap: train these plans one by one
                     self.say_fallback(exc)
                 else:
@@ -313,7 +324,7 @@ class BatchedTrainer(Trainer):
         config = step_config(weights, first.lr, first.momentum, first.weight_decay, anchors, first.trainable)
         gradient = self.gradient_function(space, first.loss, first.dropout_seed is not None, first.precision)
         if self.compiled:
-            gradient = torch.compile(gradient)
+            gradient = compiled_step(gradient)
         total = torch.zeros(len(items), dtype=weights.dtype, device=weights.device)
         model.train()
         run_loop(weights, rows, lambda b: (x_all[b], y_all[b]), gradient, first.rule, config, companions, total,
@@ -324,6 +335,28 @@ class BatchedTrainer(Trainer):
                    for i, item in enumerate(items)]
         return [Trained(trained_into(item, weights[i], result), result, {k: v[i] for k, v in companions.items()})
                 for i, (item, result) in enumerate(zip(items, results))]
+
+
+def compiled_step(gradient: Callable) -> Callable:
+    """`gradient` through torch.compile, specialised to each shape; a failure to compile (no C++
+    compiler or Triton, a backend error, more than COMPILE_LIMIT graphs) is a CompileError."""
+    import torch._dynamo
+    from torch._dynamo.exc import BackendCompilerFailed, FailOnRecompileLimitHit
+    from torch._inductor.exc import InductorError
+
+    compiled = torch.compile(gradient, dynamic=False)
+
+    def step(*args: torch.Tensor):
+        try:
+            with torch._dynamo.config.patch(recompile_limit=COMPILE_LIMIT, fail_on_recompile_limit_hit=True):
+                return compiled(*args)
+        except (BackendCompilerFailed, InductorError, FailOnRecompileLimitHit) as exc:
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise CompileError(f"training.compile: torch.compile failed on the batched step ({type(exc).__name__}: "
+                               f"{reason[:200]}); allowed: compile: false, or a machine with a C++ compiler "
+                               f"(CPU) or Triton (CUDA)") from exc
+
+    return step
 
 
 def _padded(rows: torch.Tensor, length: int) -> torch.Tensor:

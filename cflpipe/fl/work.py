@@ -77,7 +77,9 @@ def seed_default_generators(seed: int) -> None:
     """What `torch.manual_seed` does for the CPU and CUDA, the devices a run trains on, at a
     hundredth of its cost: torch.manual_seed also queues a seed for every device type not yet
     started (CUDA on a CPU run, XPU, MTIA), formatting a stack trace each time, about 0.1 ms on a
-    CPU and more on the GPU machine measured, paid once per client with dropout."""
+    CPU and more on the GPU machine measured, paid once per client with dropout. CUDA's
+    generators are seeded only once CUDA has started, which it has in a CUDA run (the run puts
+    its data on the device before any client trains); torch.manual_seed would queue the seed."""
     torch.default_generator.manual_seed(seed)
     if torch.cuda.is_initialized():
         for generator in torch.cuda.default_generators:

@@ -119,7 +119,13 @@ def _variant_params(params: type[HyperParams], extra: type[HyperParams]) -> type
     # with other defaults (FCCA+Per: personal=True).
     if params is HyperParams or issubclass(extra, params):
         return extra
-    return type(f"{params.__name__}{extra.__name__}", (params, extra), {})
+    # A plugin's parameters that subclass the ones the variant subclasses (its FCCA's, say):
+    # the variant's defaults come first, or the inherited ones would win and the variant would
+    # be the method itself. A mixin comes after, as the field order of existing runs has it.
+    shared = any(issubclass(extra, base) for base in params.__mro__[1:]
+                 if isinstance(base, type) and issubclass(base, HyperParams) and base is not HyperParams)
+    bases = (extra, params) if shared else (params, extra)
+    return type(f"{params.__name__}{extra.__name__}", bases, {})
 
 
 def _variant_description(description: str, what: str) -> str:

@@ -84,7 +84,7 @@ class Training(Strict):
                                "training before evaluation, Per-FedAvg's fine-tuning, follows precision)")
     compile: bool = Field(
         False, description="batched trainer: compile its vmapped step with torch.compile (Inductor), fewer and "
-                           "fused kernels; the first steps of each shape pay the compilation (seconds to a "
+                           "fused kernels; each distinct group shape compiles once per process (seconds to a "
                            "minute); not bit-identical to the uncompiled step, reproducible per machine; methods "
                            "that train one client at a time run uncompiled; needs trainer batched or auto")
     on_divergence: Literal["stop", "skip"] = Field(
@@ -129,9 +129,13 @@ class Training(Strict):
     def _one_local_budget(self) -> "Training":
         if (self.local_steps is None) == (self.local_epochs is None):
             raise ValueError("give exactly one of local_steps and local_epochs")
-        if self.compile and self.trainer in ("sequential", "processes"):
+        return self
+
+    @model_validator(mode="after")
+    def _compile_needs_the_batched_step(self) -> "Training":
+        if self.compile and self.trainer not in ("batched", "auto"):
             raise ValueError(f"compile: true compiles the batched trainer's step; trainer is {self.trainer!r}, "
-                             f"allowed with compile: batched, auto or a plugin's trainer")
+                             f"allowed with compile: batched or auto")
         return self
 
     def definition(self) -> dict[str, Any]:
