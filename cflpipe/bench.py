@@ -426,13 +426,14 @@ def bench_yardstick(rounds: int = 10, device: str = "cpu", trainers=("sequential
     with tempfile.TemporaryDirectory() as tmp:
         dataset = _yardstick_dataset(Path(tmp), data_dir, users)
         for trainer, precision in [(t, p) for t in trainers for p in precisions]:
+            compile_step = compiled and trainer == "batched"  # the sequential trainer has no step to compile
             spec = parse_spec({
                 "seeds": [0],
                 "training": {"model": YARDSTICK["model"], "rounds": rounds, "clients_per_round": users_per_round,
                              "local_epochs": YARDSTICK["local_epochs"], "batch_size": YARDSTICK["batch_size"],
                              "lr": 0.05, "eval_every": rounds + 1, "checkpoint_every": rounds + 1,
                              "device": device, "trainer": trainer, "precision": precision,
-                             "compile": compiled and trainer == "batched"},
+                             "compile": compile_step},
                 "scenarios": {"yardstick": {"dataset": dataset, "clients": users, "partition": [{"kind": "iid"}]}},
                 "methods": {"fedavg": {}}, "results_dir": str(Path(tmp) / f"{trainer}-{precision}"), "data_dir": data_dir})
             on = torch.device(device if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -445,7 +446,7 @@ def bench_yardstick(rounds: int = 10, device: str = "cpu", trainers=("sequential
             timing = pd.read_parquet(result.run_dir / "timing.parquet")
             middle = timing.iloc[1:-1] if len(timing) > 2 else timing
             per_round = float(np.median(middle["seconds"]))
-            row = {"trainer": trainer, "precision": precision, "compiled": compiled and trainer == "batched",
+            row = {"trainer": trainer, "precision": precision, "compiled": compile_step,
                    "device": str(on), "data": dataset["name"], "users": users,
                    "users_per_round": users_per_round, "rounds": rounds,
                    "seconds_per_round": per_round, "rounds_per_second": 1 / per_round,
