@@ -123,14 +123,27 @@ def cmd_partition(args) -> int:
 
 
 def cmd_train(args) -> int:
-    from cflpipe.fl.engine import train_run
-
     cpus = os.cpu_count() or 1
     if not 1 <= args.threads <= cpus:
         raise SpecError(f"--threads: must lie in [1, {cpus}] (the CPUs of this machine), got {args.threads}")
     import torch
 
     torch.set_num_threads(args.threads)
+    from cflpipe.fl.distributed import launched, serve, stop_workers
+
+    rank, world = launched()
+    if rank > 0:  # started by torchrun: rank 0 runs the job, the others train what it sends
+        return serve()
+    try:
+        return _train_runs(args)
+    finally:
+        if world > 1:
+            stop_workers()
+
+
+def _train_runs(args) -> int:
+    from cflpipe.fl.engine import train_run
+
     spec = _load(args)
     scenario = _scenario(spec, args.scenario)
     methods = [_method(spec, method) for method in args.method]

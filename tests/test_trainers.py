@@ -697,3 +697,53 @@ def test_dropout_seeding_seeds_every_cuda_generator_once_cuda_has_started(monkey
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     seed_default_generators(99)
     assert [g.initial_seed() for g in devices] == [99, 99]
+
+
+def test_the_distributed_trainer_without_torchrun_is_the_sequential_one(tmp_path, monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    outcomes = {}
+    for trainer in ("sequential", "distributed"):
+        run = tiny_run(tmp_path, trainer, clients=4)
+        outcomes[trainer] = run.ctx.run({c: ClientPlan(run.ctx.init, lr=0.1) for c in range(4)})
+    assert run.trainer.counts == {"sequential": 4, "batched": 0, "on_other_ranks": 0}
+    assert all(torch.equal(outcomes["sequential"][c].vector, outcomes["distributed"][c].vector) for c in range(4))
+
+
+def test_the_distributed_trainer_is_for_cpus():
+    with pytest.raises(Exception, match="training.trainer: distributed spreads training over the CPU processes "
+                                        "torchrun starts; on a GPU use auto or batched"):
+        build_trainer("distributed", torch.device("cuda"))
+
+
+@pytest.mark.slow
+def test_a_run_over_three_torchrun_ranks_is_the_sequential_run_byte_for_byte(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    import yaml
+
+    outputs = {}
+    for trainer in ("sequential", "distributed"):
+        spec = {"seeds": [0], "results_dir": str(tmp_path / trainer),
+                "training": {"model": "mlp", "rounds": 4, "clients_per_round": 6, "local_steps": 3, "batch_size": 8,
+                             "eval_every": 2, "device": "cpu", "trainer": trainer},
+                "scenarios": {"s": {"dataset": "digits", "clients": 8,
+                                    "partition": [{"kind": "iid"}, {"kind": "label_swap", "groups": 2}]}},
+                "methods": {"fedavg": {}, "ifca": {"clusters": 2}, "ditto": {}}}
+        (tmp_path / f"{trainer}.yaml").write_text(yaml.safe_dump(spec))
+        launch = ([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "3"]
+                  if trainer == "distributed" else [sys.executable])
+        done = subprocess.run([*launch, "-m", "cflpipe", "train", "--config", str(tmp_path / f"{trainer}.yaml"),
+                               "--scenario", "s", "--method", "fedavg", "ifca", "ditto", "--seed", "0", "--quiet"],
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+        for method in ("fedavg", "ifca", "ditto"):
+            run_dir = tmp_path / trainer / "runs" / "s" / method / "seed0"
+            outputs[trainer, method] = {name: (run_dir / name).read_bytes()
+                                        for name in ("metrics.parquet", "rounds.parquet", "clusters.parquet")}
+            if trainer == "distributed":
+                trained = json.loads((run_dir / "timing.json").read_text())["plans_trained"]
+                assert 0 < trained["on_other_ranks"] < trained["sequential"]  # ranks 1 and 2 trained, rank 0 too
+    for method in ("fedavg", "ifca", "ditto"):
+        assert outputs["sequential", method] == outputs["distributed", method]

@@ -35,7 +35,7 @@ from cflpipe.seeds import mix_seed  # noqa: F401  (its old home; plugins import 
 if TYPE_CHECKING:
     from cflpipe.fl.method import Context
 
-TRAINERS = ("auto", "sequential", "batched", "processes")
+TRAINERS = ("auto", "sequential", "batched", "processes", "distributed")
 
 # Bytes a batched group may take, by device type; a CUDA device's share of its total memory.
 # A client costs about BYTES_PER_PARAMETER per model parameter in a vmapped loop (its weights,
@@ -372,8 +372,16 @@ def train_pickled(networks: bytes, items: bytes, threads: int) -> bytes:
     the sequential trainer does in the run's process; the outcomes come back pickled."""
     import pickle
 
-    torch.set_num_threads(threads)
     spaces = {name: ParamSpace(module) for name, module in pickle.loads(networks).items()}
+    return train_items(spaces, items, threads)
+
+
+def train_items(spaces: dict[str, ParamSpace], items: bytes, threads: int) -> bytes:
+    """Pickled work items trained one by one on `spaces`, as the sequential trainer does in the
+    run's process; the outcomes pickled (a worker of the processes or distributed trainer)."""
+    import pickle
+
+    torch.set_num_threads(threads)
     trained = SequentialTrainer().train(spaces, pickle.loads(items))
     return pickle.dumps([(t.vector, t.result, t.companions) for t in trained])
 
@@ -475,6 +483,13 @@ def build_trainer(name: str, device: torch.device, model: str | None = None, whe
         if device.type == "cuda":
             raise SpecError(f"{where}: processes spreads training over CPU processes; on a GPU use auto or batched")
         return ProcessesTrainer(workers or _usable_cpus())
+    if name == "distributed":
+        if device.type == "cuda":
+            raise SpecError(f"{where}: distributed spreads training over the CPU processes torchrun starts; "
+                            f"on a GPU use auto or batched")
+        from cflpipe.fl.distributed import DistributedTrainer
+
+        return DistributedTrainer()
     if name == "batched":
         return BatchedTrainer(compiled)
     if name == "sequential":
@@ -484,7 +499,7 @@ def build_trainer(name: str, device: torch.device, model: str | None = None, whe
     elif name in entry_point_names(TRAINERS_GROUP):
         factory = load_entry_point(TRAINERS_GROUP, name, where)
     else:
-        raise SpecError(f"{where}: unknown trainer {name!r}; allowed: auto, sequential, batched, processes, "
+        raise SpecError(f"{where}: unknown trainer {name!r}; allowed: auto, sequential, batched, processes, distributed, "
                         f"{', '.join(entry_point_names(TRAINERS_GROUP))} or a module:Class reference")
     if not (isinstance(factory, type) and issubclass(factory, Trainer)):
         raise SpecError(f"{where}: {name!r} is {describe_object(factory)}, not a cflpipe.fl.trainers.Trainer subclass")

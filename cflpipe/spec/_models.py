@@ -26,7 +26,7 @@ class Strict(BaseModel):
 
 # cflpipe.models' built-in networks (that module imports torch, this one must not).
 MODEL_NAMES = ("mlp", "cnn", "cnn_tsdp", "cnn_pfl", "resnet18")
-BUILTIN_TRAINERS = ("auto", "sequential", "batched", "processes")
+BUILTIN_TRAINERS = ("auto", "sequential", "batched", "processes", "distributed")
 MAX_MLP_DEPTH = 64
 
 
@@ -68,7 +68,8 @@ class Training(Strict):
     trainer: str = Field(
         "auto", description="how client plans are executed: one client after the other (sequential), all of a "
                             "round's clients at once with torch.func (batched), or one after the other in "
-                            "`workers` CPU processes (processes: bit-identical to sequential); auto: batched on "
+                            "`workers` CPU processes (processes: bit-identical to sequential) or in the CPU "
+                            "processes torchrun starts, on one machine or several (distributed: likewise); auto: batched on "
                             "CUDA and for the cnn and mlp on CPU, where it is measured faster, sequential otherwise; "
                             "or a plugin's trainer (entry point group cflpipe.trainers) or a module:Class reference")
     workers: int | None = Field(
