@@ -129,11 +129,12 @@ def cmd_train(args) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    from cflpipe.fl.distributed import launched, serve, stop_workers
+    from cflpipe.fl.distributed import launched, serve, start_job, stop_workers
 
     rank, world = launched()
     if rank > 0:  # started by torchrun: rank 0 runs the job, the others train what it sends
         return serve()
+    start_job()
     try:
         return _train_runs(args)
     finally:

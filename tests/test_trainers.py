@@ -711,7 +711,8 @@ def test_the_distributed_trainer_without_torchrun_is_the_sequential_one(tmp_path
 
 def test_the_distributed_trainer_is_for_cpus():
     with pytest.raises(Exception, match="training.trainer: distributed spreads training over the CPU processes "
-                                        "torchrun starts; on a GPU use auto or batched"):
+                                        "torchrun starts, and this run's device is cuda; allowed: device: cpu, "
+                                        "or trainer auto or batched on the GPU"):
         build_trainer("distributed", torch.device("cuda"))
 
 
@@ -747,3 +748,34 @@ def test_a_run_over_three_torchrun_ranks_is_the_sequential_run_byte_for_byte(tmp
                 assert 0 < trained["on_other_ranks"] < trained["sequential"]  # ranks 1 and 2 trained, rank 0 too
     for method in ("fedavg", "ifca", "ditto"):
         assert outputs["sequential", method] == outputs["distributed", method]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("failing", [0, 1])
+def test_a_rank_that_fails_mid_round_ends_the_job_instead_of_hanging_it(tmp_path, failing):
+    """Rank 0's own shard (the other ranks already sent theirs) or another rank's: the job ends
+    with an error, promptly, and leaves no rank waiting to be heard."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    spec = {"seeds": [0], "results_dir": str(tmp_path / "results"),
+            "training": {"model": "mlp", "rounds": 3, "clients_per_round": 6, "local_steps": 2, "batch_size": 8,
+                         "eval_every": 3, "device": "cpu", "trainer": "distributed"},
+            "scenarios": {"s": {"dataset": "digits", "clients": 6, "partition": [{"kind": "iid"}]}},
+            "methods": {"fedavg": {}}}
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
+    fail = (f"import os\nfrom cflpipe.fl import trainers\n"
+            f"def broken(self, spaces, item):\n    raise RuntimeError('injected failure')\n"
+            f"if os.environ['RANK'] == '{failing}':\n    trainers.Trainer.one = broken\n")
+    script = tmp_path / "fail.py"
+    script.write_text(fail + "from cflpipe.cli import main\nraise SystemExit(main(['train', '--config', %r, "
+                             "'--scenario', 's', '--method', 'fedavg', '--seed', '0', '--quiet']))\n"
+                      % str(tmp_path / "spec.yaml"))
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           str(script)], capture_output=True, text=True, timeout=240)
+    assert done.returncode != 0
+    assert "injected failure" in done.stderr
+    if failing == 1:
+        assert "rank 1 failed to train its clients: RuntimeError: injected failure" in done.stderr

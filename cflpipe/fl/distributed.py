@@ -1,16 +1,22 @@
-"""`trainer: distributed`: one run's clients spread over the processes `torchrun` starts, on one
-machine or several (`torchrun --nnodes N --nproc_per_node K -m cflpipe train …`).
+"""`trainer: distributed`: one run's clients spread over the CPU processes `torchrun` starts
+(`torchrun --nproc_per_node K -m cflpipe train …`; on several machines with torchrun's
+`--nnodes` and a rendezvous, untested here).
 
-Rank 0 is the run: it samples, plans, aggregates, evaluates and writes, as in a single process.
-Each round it cuts the work items into one contiguous shard per rank (by steps × batch size, as
-the processes trainer does), trains its own shard and sends each other rank its shard over
-torch.distributed (gloo), pickled with the networks (sent once per run to each rank). The other
-ranks only train: each item by the sequential trainer's code, so a run's results are those of
-`trainer: sequential`, bit for bit on machines with the same CPU kernels. Every client's trained
-vector comes back to rank 0, not one all-reduced sum: clustered methods need each client's
-upload, and the server's sums stay the single process's, in its order. CPU processes only; a
-run's GPU is one process's (`batched`). Without torchrun (no WORLD_SIZE) it is the sequential
-trainer in one process, so a spec that names it runs anywhere.
+Rank 0 is the job: it runs every run as a single process would (sampling, plans, aggregation,
+evaluation, writing). Each round it cuts the work items into one contiguous shard per rank (by
+steps × batch size, as the processes trainer does), sends each other rank its shard over
+torch.distributed (gloo; the items pickled, the networks once per run and rank), trains its own
+shard and receives the others' trained vectors. The other ranks only train, each item by the
+sequential trainer's code, so a run's results are `trainer: sequential`'s, bit for bit where every
+rank has the same CPU kernels (one machine, or nodes of one instruction set). Every client's
+trained vector comes back to rank 0, not one all-reduced sum: clustered methods need each upload,
+and the server's sums stay the single process's, in its order. CPU processes only; a run's GPU
+is one process's (`batched`). Without torchrun (no WORLD_SIZE) it is the sequential trainer in one
+process, said once on stderr.
+
+On several machines: results_dir and data_dir on a file system every node sees (rank 0 may land
+on any node), cflpipe and any plugins installed on every node (items are unpickled there), and
+GLOO_SOCKET_IFNAME where a node has several networks.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 import itertools
 import os
 import pickle
+import sys
 from datetime import timedelta
 
 import torch
@@ -25,14 +32,15 @@ import torch
 from cflpipe.fl.plan import Trained, trained_into
 from cflpipe.fl.trainers import Trainer, _shards, portable_module, train_items
 
-# A rank waits for rank 0 while it runs a round's server step and evaluation, which can take long
-# at scale: a wait is not a failure, so the group's timeout is generous.
-_TIMEOUT = timedelta(hours=24)
-_STOP, _IDLE, _TRAIN = "stop", "idle", "train"
+# A rank waits for rank 0 while it runs a round's server step and evaluation, or runs that do
+# not use the ranks: a long wait is not a failure (a rank that dies ends the job through torchrun).
+_TIMEOUT = timedelta(days=30)
+_STOP, _TRAIN = 0, 1
 # Networks are sent to a rank once per (run, set of networks): a key for each, and what each rank
 # last received, across the runs of one `cflpipe train` job (the ranks outlive each run's trainer).
 _KEYS = itertools.count(1)
 _SENT: dict[int, int] = {}
+_JOB = {"used": False, "alone_said": False}
 
 
 def launched() -> tuple[int, int]:
@@ -40,11 +48,29 @@ def launched() -> tuple[int, int]:
     return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def _join() -> None:
+def join() -> None:
     import torch.distributed as dist
 
     if not dist.is_initialized():
         dist.init_process_group("gloo", timeout=_TIMEOUT)
+
+
+def _send(payload: bytes, to: int) -> None:
+    import torch.distributed as dist
+
+    data = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+    dist.send(torch.tensor([len(data)], dtype=torch.int64), to)
+    dist.send(data, to)
+
+
+def _receive(source: int) -> bytes:
+    import torch.distributed as dist
+
+    size = torch.zeros(1, dtype=torch.int64)
+    dist.recv(size, source)
+    data = torch.empty(int(size), dtype=torch.uint8)
+    dist.recv(data, source)
+    return data.numpy().tobytes()
 
 
 class DistributedTrainer(Trainer):
@@ -55,80 +81,97 @@ class DistributedTrainer(Trainer):
         self.rank, self.world = launched()
         self.counts["on_other_ranks"] = 0  # of the items counted as sequential (timing.json)
         self._networks: dict[tuple[str, ...], tuple[int, bytes]] = {}
+        if self.world == 1 and not _JOB["alone_said"]:
+            _JOB["alone_said"] = True
+            print("cflpipe: trainer distributed without torchrun (WORLD_SIZE unset): training in this process "
+                  "only, as trainer sequential", file=sys.stderr)
 
     def train(self, spaces, items):
-        import torch.distributed as dist
-
         if not items:
             return []
         if self.world == 1:
             return [self.one(spaces, item) for item in items]
-        _join()
+        join()
+        _JOB["used"] = True
         shards = _shards([item.steps * item.batch_size for item in items], self.world)
         names = tuple(sorted({item.network for item in items}))
         if names not in self._networks:
             self._networks[names] = (next(_KEYS), pickle.dumps({n: portable_module(spaces[n].model) for n in names}))
         key, networks = self._networks[names]
         threads = torch.get_num_threads()
-        messages: list = [None]
-        for rank, shard in enumerate(shards[1:], start=1):
-            if not shard:
-                messages.append((_IDLE,))
-                continue
-            messages.append((_TRAIN, key, None if _SENT.get(rank) == key else networks,
-                             pickle.dumps([items[i] for i in shard]), threads))
+        busy = [rank for rank in range(1, self.world) if shards[rank]]
+        for rank in busy:
+            fresh = _SENT.get(rank) != key
+            _send(pickle.dumps((_TRAIN, key, networks if fresh else None,
+                                pickle.dumps([items[i] for i in shards[rank]]), threads)), rank)
             _SENT[rank] = key
-        dist.scatter_object_list([None], messages, src=0)
-        own = [self.one(spaces, items[i]) for i in shards[0]]
-        replies: list = [None] * self.world
-        dist.gather_object(None, replies, dst=0)
+        # The other ranks train meanwhile; their replies are read whatever happens here, so that
+        # an error in rank 0's own shard leaves no rank waiting to be heard.
+        try:
+            own = [self.one(spaces, items[i]) for i in shards[0]]
+        finally:
+            replies = {rank: pickle.loads(_receive(rank)) for rank in busy}
         results: list[Trained | None] = [None] * len(items)
         for i, trained in zip(shards[0], own):
             results[i] = trained
-        self.counts["sequential"] -= len(own)  # self.one counted them; all are counted below
-        for shard, reply in zip(shards[1:], replies[1:]):
-            for i, (vector, result, companions) in zip(shard, pickle.loads(reply) if shard else []):
+        for rank in busy:
+            if isinstance(replies[rank], str):
+                raise RuntimeError(f"rank {rank} failed to train its clients: {replies[rank]}")
+            for i, (vector, result, companions) in zip(shards[rank], replies[rank]):
                 # What stayed behind (`into`, a server table) is written here, as in-process trainers do.
                 results[i] = Trained(trained_into(items[i], vector, result), result, companions)
-        self.counts["sequential"] += len(items)
+        self.counts["sequential"] += len(items) - len(own)  # self.one counted rank 0's own
         self.counts["on_other_ranks"] += len(items) - len(own)
         return results  # type: ignore[return-value]
 
 
 def serve() -> int:
-    """A rank other than 0: train the shards rank 0 sends until it says stop."""
+    """A rank other than 0: train the shards rank 0 sends until it says stop. A failure in one
+    shard is sent back as its message (rank 0 raises it), so no rank is left waiting."""
     import torch.distributed as dist
 
     from cflpipe.fl.params import ParamSpace
 
-    _join()
+    join()
     spaces, key = None, None
     while True:
-        box: list = [None]
-        dist.scatter_object_list(box, None, src=0)
-        message = box[0]
+        message = pickle.loads(_receive(0))
         if message[0] == _STOP:
             break
-        reply = None
-        if message[0] == _TRAIN:
-            _, sent_key, networks, items, threads = message
+        _, sent_key, networks, items, threads = message
+        try:
             if networks is not None:
                 spaces, key = {n: ParamSpace(m) for n, m in pickle.loads(networks).items()}, sent_key
-            assert key == sent_key, "rank 0 sent work for networks this rank never received"
-            reply = train_items(spaces, items, threads)
-        dist.gather_object(reply, None, dst=0)
+            if key != sent_key:
+                raise RuntimeError(f"work for networks {sent_key}, but this rank holds networks {key}")
+            reply = pickle.loads(train_items(spaces, items, threads))
+        except Exception as exc:  # noqa: BLE001 - reported to rank 0, which raises it
+            reply = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        _send(pickle.dumps(reply), 0)
     dist.destroy_process_group()
     return 0
 
 
+def start_job() -> None:
+    """Rank 0 at the start of a `cflpipe train` job under torchrun: join the other ranks, which
+    joined when they started, so none waits on a group that rank 0 might never form."""
+    if launched()[1] > 1:
+        join()
+
+
 def stop_workers() -> None:
-    """Rank 0, when its job ends (whether or not a run used the ranks): let the others go."""
+    """Rank 0 when its job ends, whether or not a run used the ranks: let the others go."""
     import torch.distributed as dist
 
     rank, world = launched()
     if world == 1 or rank != 0:
         return
-    _join()
-    dist.scatter_object_list([None], [(_STOP,)] * world, src=0)
+    join()
+    for other in range(1, world):
+        _send(pickle.dumps((_STOP,)), other)
     dist.destroy_process_group()
     _SENT.clear()
+    if not _JOB["used"]:
+        idle = "rank 1" if world == 2 else f"ranks 1 to {world - 1}"
+        print(f"cflpipe: torchrun started {world} ranks, but no run of this job used trainer: distributed; "
+              f"{idle} stayed idle", file=sys.stderr)

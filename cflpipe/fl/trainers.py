@@ -485,8 +485,8 @@ def build_trainer(name: str, device: torch.device, model: str | None = None, whe
         return ProcessesTrainer(workers or _usable_cpus())
     if name == "distributed":
         if device.type == "cuda":
-            raise SpecError(f"{where}: distributed spreads training over the CPU processes torchrun starts; "
-                            f"on a GPU use auto or batched")
+            raise SpecError(f"{where}: distributed spreads training over the CPU processes torchrun starts, "
+                            f"and this run's device is cuda; allowed: device: cpu, or trainer auto or batched on the GPU")
         from cflpipe.fl.distributed import DistributedTrainer
 
         return DistributedTrainer()

@@ -69,7 +69,8 @@ class Training(Strict):
         "auto", description="how client plans are executed: one client after the other (sequential), all of a "
                             "round's clients at once with torch.func (batched), or one after the other in "
                             "`workers` CPU processes (processes: bit-identical to sequential) or in the CPU "
-                            "processes torchrun starts, on one machine or several (distributed: likewise); auto: batched on "
+                            "processes torchrun starts (distributed: likewise where every rank has the same CPU kernels; "
+                            "without torchrun, sequential); auto: batched on "
                             "CUDA and for the cnn and mlp on CPU, where it is measured faster, sequential otherwise; "
                             "or a plugin's trainer (entry point group cflpipe.trainers) or a module:Class reference")
     workers: int | None = Field(
