@@ -29,8 +29,8 @@ from datetime import timedelta
 
 import torch
 
-from cflpipe.fl.plan import Trained, trained_into
-from cflpipe.fl.trainers import Trainer, _shards, portable_module, train_items
+from cflpipe.fl.plan import Trained
+from cflpipe.fl.trainers import Trainer, _shards, portable_module, returned, train_items
 
 # A rank waits for rank 0 while it runs a round's server step and evaluation, or runs that do
 # not use the ranks: a long wait is not a failure (a rank that dies ends the job through torchrun).
@@ -117,9 +117,8 @@ class DistributedTrainer(Trainer):
         for rank in busy:
             if isinstance(replies[rank], str):
                 raise RuntimeError(f"rank {rank} failed to train its clients: {replies[rank]}")
-            for i, (vector, result, companions) in zip(shards[rank], replies[rank]):
-                # What stayed behind (`into`, a server table) is written here, as in-process trainers do.
-                results[i] = Trained(trained_into(items[i], vector, result), result, companions)
+            for i, outcome in zip(shards[rank], replies[rank]):
+                results[i] = returned(items[i], outcome)
         self.counts["sequential"] += len(items) - len(own)  # self.one counted rank 0's own
         self.counts["on_other_ranks"] += len(items) - len(own)
         return results  # type: ignore[return-value]

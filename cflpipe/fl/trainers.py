@@ -376,6 +376,13 @@ def train_pickled(networks: bytes, items: bytes, threads: int) -> bytes:
     return train_items(spaces, items, threads)
 
 
+def returned(item: WorkItem, outcome: tuple) -> Trained:
+    """An item trained elsewhere, from train_items' (vector, result, companions): what stayed
+    behind (`into`, a server table) is written here, as in-process trainers do."""
+    vector, result, companions = outcome
+    return Trained(trained_into(item, vector, result), result, companions)
+
+
 def train_items(spaces: dict[str, ParamSpace], items: bytes, threads: int) -> bytes:
     """Pickled work items trained one by one on `spaces`, as the sequential trainer does in the
     run's process; the outcomes pickled (a worker of the processes or distributed trainer)."""
@@ -426,9 +433,8 @@ class ProcessesTrainer(Trainer):
                    for shard in shards]
         results: list[Trained | None] = [None] * len(items)
         for shard, future in zip(shards, futures):
-            for i, (vector, result, companions) in zip(shard, pickle.loads(future.result())):
-                # What stayed behind (`into`, a server table) is written here, as in-process trainers do.
-                results[i] = Trained(trained_into(items[i], vector, result), result, companions)
+            for i, outcome in zip(shard, pickle.loads(future.result())):
+                results[i] = returned(items[i], outcome)
         self.counts["sequential"] += len(items)
         return results  # type: ignore[return-value]
 
