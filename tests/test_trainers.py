@@ -779,3 +779,23 @@ def test_a_rank_that_fails_mid_round_ends_the_job_instead_of_hanging_it(tmp_path
     assert "injected failure" in done.stderr
     if failing == 1:
         assert "rank 1 failed to train its clients: RuntimeError: injected failure" in done.stderr
+
+
+def test_items_pickled_together_carry_a_shared_start_once(tmp_path):
+    """A round's items mostly share one start vector: pickled together it is written once (and
+    shared again when unpickled), not once per item as a compact copy of its own."""
+    import pickle
+
+    from cflpipe.fl.work import pickled_together
+
+    run = tiny_run(tmp_path, "sequential", clients=6)
+    items = [run.ctx.work_item(c, ClientPlan(run.ctx.init, lr=0.1)) for c in range(6)]
+    alone = pickle.dumps(items)
+    with pickled_together():
+        together = pickle.dumps(items)
+    start_bytes = run.ctx.init.numel() * run.ctx.init.element_size()
+    assert len(alone) - len(together) >= 5 * start_bytes * 0.99
+    back = pickle.loads(together)
+    assert all(item.start is back[0].start for item in back)
+    assert torch.equal(back[0].start, run.ctx.init) and back[0].start.untyped_storage().nbytes() == start_bytes
+    assert all(torch.equal(a.x, b.x) and torch.equal(a.y, b.y) for a, b in zip(items, back))

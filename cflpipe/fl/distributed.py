@@ -31,6 +31,7 @@ import torch
 
 from cflpipe.fl.plan import Trained
 from cflpipe.fl.trainers import Trainer, _shards, portable_module, returned, train_items
+from cflpipe.fl.work import pickled_together
 
 # A rank waits for rank 0 while it runs a round's server step and evaluation, or runs that do
 # not use the ranks: a long wait is not a failure (a rank that dies ends the job through torchrun).
@@ -102,8 +103,9 @@ class DistributedTrainer(Trainer):
         busy = [rank for rank in range(1, self.world) if shards[rank]]
         for rank in busy:
             fresh = _SENT.get(rank) != key
-            _send(pickle.dumps((_TRAIN, key, networks if fresh else None,
-                                pickle.dumps([items[i] for i in shards[rank]]), threads)), rank)
+            with pickled_together():
+                shard = pickle.dumps([items[i] for i in shards[rank]])
+            _send(pickle.dumps((_TRAIN, key, networks if fresh else None, shard, threads)), rank)
             _SENT[rank] = key
         # The other ranks train meanwhile; their replies are read whatever happens here, so that
         # an error in rank 0's own shard leaves no rank waiting to be heard.

@@ -29,7 +29,7 @@ from cflpipe.errors import CompileError, SpecError
 from cflpipe.fl.local import LocalResult, batch_indices, precision_scope, run_loop, sgd, step_config
 from cflpipe.fl.params import ParamSpace
 from cflpipe.fl.plan import Trained, trained_into
-from cflpipe.fl.work import WorkItem
+from cflpipe.fl.work import WorkItem, pickled_together
 from cflpipe.seeds import mix_seed  # noqa: F401  (its old home; plugins import it from here)
 
 if TYPE_CHECKING:
@@ -429,8 +429,9 @@ class ProcessesTrainer(Trainer):
             self._networks[names] = pickle.dumps({name: portable_module(spaces[name].model) for name in names})
         networks = self._networks[names]
         threads = torch.get_num_threads()
-        futures = [self.pool.submit(train_pickled, networks, pickle.dumps([items[i] for i in shard]), threads)
-                   for shard in shards]
+        with pickled_together():
+            shipped = [pickle.dumps([items[i] for i in shard]) for shard in shards]
+        futures = [self.pool.submit(train_pickled, networks, payload, threads) for payload in shipped]
         results: list[Trained | None] = [None] * len(items)
         for shard, future in zip(shards, futures):
             for i, outcome in zip(shard, pickle.loads(future.result())):

@@ -14,8 +14,9 @@ way out, so a client's rows do not drag the split they are views of along."""
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -86,10 +87,33 @@ def seed_default_generators(seed: int) -> None:
             generator.manual_seed(seed)
 
 
+# While `pickled_together` runs: each tensor's compact copy, by the tensor's id (the tensor is
+# kept with it, so the id stays its own).
+_SHARED: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None
+
+
+@contextmanager
+def pickled_together() -> Iterator[None]:
+    """Pickling several items in one pickle.dumps: a tensor they share (a round's items mostly
+    start from one global model) gets one compact copy, which pickle then writes once instead of
+    once per item (for ResNet-18, 45 MB per item). Unpickled, the items share it again, as they
+    did here; trainers only read an item's start."""
+    global _SHARED
+    _SHARED = {}
+    try:
+        yield
+    finally:
+        _SHARED = None
+
+
 def _compact(value: Any) -> Any:
     """A copy that owns only its own elements (a view pickles its whole storage)."""
     if isinstance(value, torch.Tensor):
-        return value.detach().clone()
+        if _SHARED is None:
+            return value.detach().clone()
+        if id(value) not in _SHARED:
+            _SHARED[id(value)] = (value, value.detach().clone())
+        return _SHARED[id(value)][1]
     if isinstance(value, Anchor):
         return replace(value, vector=_compact(value.vector), mask=_compact(value.mask))
     if isinstance(value, (tuple, list)):
