@@ -750,11 +750,25 @@ def test_a_run_over_three_torchrun_ranks_is_the_sequential_run_byte_for_byte(tmp
         assert outputs["sequential", method] == outputs["distributed", method]
 
 
+_FAILURES = {
+    # rank 0's own shard, after the other ranks were sent theirs
+    0: "if os.environ['RANK'] == '0':\n    trainers.Trainer.one = broken\n",
+    # another rank's shard: its error comes back to rank 0
+    1: "if os.environ['RANK'] == '1':\n    trainers.Trainer.one = broken\n",
+    # rank 2's shard cannot be pickled, after rank 1's was: rank 1 must not be left busy
+    "pickle": ("import contextlib\nfrom cflpipe.fl import distributed\nreal, calls = distributed.pickled_together, []\n"
+               "@contextlib.contextmanager\ndef failing():\n    calls.append(1)\n"
+               "    if len(calls) == 2:\n        raise RuntimeError('injected failure')\n"
+               "    with real():\n        yield\n"
+               "if os.environ['RANK'] == '0':\n    distributed.pickled_together = failing\n"),
+}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("failing", [0, 1])
+@pytest.mark.parametrize("failing", list(_FAILURES))
 def test_a_rank_that_fails_mid_round_ends_the_job_instead_of_hanging_it(tmp_path, failing):
-    """Rank 0's own shard (the other ranks already sent theirs) or another rank's: the job ends
-    with an error, promptly, and leaves no rank waiting to be heard."""
+    """A failure in rank 0's own shard, in another rank's, or in pickling a later rank's shard:
+    the job ends with an error, promptly, and leaves no rank waiting to be heard."""
     import subprocess
     import sys
 
@@ -766,14 +780,14 @@ def test_a_rank_that_fails_mid_round_ends_the_job_instead_of_hanging_it(tmp_path
             "scenarios": {"s": {"dataset": "digits", "clients": 6, "partition": [{"kind": "iid"}]}},
             "methods": {"fedavg": {}}}
     (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
-    fail = (f"import os\nfrom cflpipe.fl import trainers\n"
-            f"def broken(self, spaces, item):\n    raise RuntimeError('injected failure')\n"
-            f"if os.environ['RANK'] == '{failing}':\n    trainers.Trainer.one = broken\n")
+    fail = ("import os\nfrom cflpipe.fl import trainers\n"
+            "def broken(self, spaces, item):\n    raise RuntimeError('injected failure')\n" + _FAILURES[failing])
     script = tmp_path / "fail.py"
     script.write_text(fail + "from cflpipe.cli import main\nraise SystemExit(main(['train', '--config', %r, "
                              "'--scenario', 's', '--method', 'fedavg', '--seed', '0', '--quiet']))\n"
                       % str(tmp_path / "spec.yaml"))
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+    ranks = "3" if failing == "pickle" else "2"
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", ranks,
                            str(script)], capture_output=True, text=True, timeout=240)
     assert done.returncode != 0
     assert "injected failure" in done.stderr

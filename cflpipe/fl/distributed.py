@@ -59,9 +59,9 @@ def join() -> None:
 def _send(payload: bytes, to: int) -> None:
     import torch.distributed as dist
 
-    data = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-    dist.send(torch.tensor([len(data)], dtype=torch.int64), to)
-    dist.send(data, to)
+    dist.send(torch.tensor([len(payload)], dtype=torch.int64), to)
+    if payload:
+        dist.send(torch.frombuffer(bytearray(payload), dtype=torch.uint8), to)
 
 
 def _receive(source: int) -> bytes:
@@ -69,6 +69,8 @@ def _receive(source: int) -> bytes:
 
     size = torch.zeros(1, dtype=torch.int64)
     dist.recv(size, source)
+    if not int(size):
+        return b""
     data = torch.empty(int(size), dtype=torch.uint8)
     dist.recv(data, source)
     return data.numpy().tobytes()
@@ -101,18 +103,26 @@ class DistributedTrainer(Trainer):
         key, networks = self._networks[names]
         threads = torch.get_num_threads()
         busy = [rank for rank in range(1, self.world) if shards[rank]]
+        payloads = {}  # every shard pickled before any is sent: a failure here leaves no rank busy
         for rank in busy:
-            fresh = _SENT.get(rank) != key
             with pickled_together():
                 shard = pickle.dumps([items[i] for i in shards[rank]])
-            _send(pickle.dumps((_TRAIN, key, networks if fresh else None, shard, threads)), rank)
-            _SENT[rank] = key
-        # The other ranks train meanwhile; their replies are read whatever happens here, so that
-        # an error in rank 0's own shard leaves no rank waiting to be heard.
+            fresh = _SENT.get(rank) != key
+            payloads[rank] = pickle.dumps((_TRAIN, key, networks if fresh else None, shard, threads))
+        # The other ranks train meanwhile. Every rank sent work is heard whatever happens here (a
+        # gloo send waits for its receiver, so an unread reply would block that rank's next
+        # message, and a later round would read it as its own).
+        sent, raw = [], {}
         try:
+            for rank in busy:
+                _send(payloads[rank], rank)
+                sent.append(rank)
+                _SENT[rank] = key
             own = [self.one(spaces, items[i]) for i in shards[0]]
         finally:
-            replies = {rank: pickle.loads(_receive(rank)) for rank in busy}
+            for rank in sent:
+                raw[rank] = _receive(rank)
+        replies = {rank: pickle.loads(raw[rank]) for rank in busy}
         results: list[Trained | None] = [None] * len(items)
         for i, trained in zip(shards[0], own):
             results[i] = trained

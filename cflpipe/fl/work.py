@@ -15,6 +15,7 @@ way out, so a client's rows do not drag the split they are views of along."""
 from __future__ import annotations
 
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, Iterator
 
@@ -87,9 +88,9 @@ def seed_default_generators(seed: int) -> None:
             generator.manual_seed(seed)
 
 
-# While `pickled_together` runs: each tensor's compact copy, by the tensor's id (the tensor is
-# kept with it, so the id stays its own).
-_SHARED: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None
+# While `pickled_together` runs (in this thread or task): each tensor's compact copy, by the
+# tensor's id (the tensor is kept with it, so the id stays its own).
+_SHARED: ContextVar[dict[int, tuple[torch.Tensor, torch.Tensor]] | None] = ContextVar("_SHARED", default=None)
 
 
 @contextmanager
@@ -98,22 +99,22 @@ def pickled_together() -> Iterator[None]:
     start from one global model) gets one compact copy, which pickle then writes once instead of
     once per item (for ResNet-18, 45 MB per item). Unpickled, the items share it again, as they
     did here; trainers only read an item's start."""
-    global _SHARED
-    _SHARED = {}
+    token = _SHARED.set({})
     try:
         yield
     finally:
-        _SHARED = None
+        _SHARED.reset(token)
 
 
 def _compact(value: Any) -> Any:
     """A copy that owns only its own elements (a view pickles its whole storage)."""
     if isinstance(value, torch.Tensor):
-        if _SHARED is None:
+        shared = _SHARED.get()
+        if shared is None:
             return value.detach().clone()
-        if id(value) not in _SHARED:
-            _SHARED[id(value)] = (value, value.detach().clone())
-        return _SHARED[id(value)][1]
+        if id(value) not in shared:
+            shared[id(value)] = (value, value.detach().clone())
+        return shared[id(value)][1]
     if isinstance(value, Anchor):
         return replace(value, vector=_compact(value.vector), mask=_compact(value.mask))
     if isinstance(value, (tuple, list)):
