@@ -430,7 +430,10 @@ def build_parser() -> argparse.ArgumentParser:
              "the outputs are made from unless training.keep_state is true. The partition comes first.",
              "  cflpipe train --scenario digits-swap4 --method fedavg --seed 0\n"
              "  cflpipe train --config config/experiments/fesem.yaml \\\n"
-             "      --scenario femnist-iid --method fesem-2 fedavg --seed 0 1 2\n")
+             "      --scenario femnist-iid --method fesem-2 fedavg --seed 0 1 2\n"
+             "  # with training.trainer: distributed, rank 0 runs the job and 3 more ranks train:\n"
+             "  torchrun --standalone --nproc_per_node 4 -m cflpipe train --scenario digits-swap4 \\\n"
+             "      --method fedavg --seed 0\n")
     _add_config(p)
     p.add_argument("--scenario", required=True, metavar="NAME", help="one of the spec's scenarios")
     p.add_argument("--method", required=True, nargs="+", metavar="NAME",
