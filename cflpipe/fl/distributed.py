@@ -155,10 +155,10 @@ def serve() -> int:
                 spaces, key = {n: ParamSpace(m) for n, m in pickle.loads(networks).items()}, sent_key
             if key != sent_key:
                 raise RuntimeError(f"work for networks {sent_key}, but this rank holds networks {key}")
-            reply = pickle.loads(train_items(spaces, items, threads))
+            reply = train_items(spaces, items, threads)  # already pickled: sent as it is
         except Exception as exc:  # noqa: BLE001 - reported to rank 0, which raises it
-            reply = f"{type(exc).__name__}: {exc}".splitlines()[0]
-        _send(pickle.dumps(reply), 0)
+            reply = pickle.dumps(f"{type(exc).__name__}: {exc}".splitlines()[0])
+        _send(reply, 0)
     dist.destroy_process_group()
     return 0
 
