@@ -44,10 +44,6 @@ REASONS: dict[str, str] = {
     "cflpipe.clustering.x_fit_pca": "Equivalent: svd_lowrank's iterations and oversampling (4 vs 5, q + 10 vs + 11) "
     "and the seed's integer range give the same top components to the tests' tolerance; the sign fix multiplies by "
     "±1 (`/` is the same); `q` capped by n or p where the tests' q is below both.",
-    "cflpipe.clustering.x__lloyd": "Equivalent: the initial labels (-1, +1, -2) are overwritten by the first "
-    "assignment, which never equals them on the first pass; `iteration > 1` vs `>= 1` or `> 2` and `counts > 0` vs "
-    "`> 1` change when a run stops or a one-member cluster moves, not where it converges on the tests' data; "
-    "`tol = 0` (the default) never computes a shift.",
     "cflpipe.clustering.x_kmeans": "Equivalent: restart counts, seeds and iteration caps that converge to the same "
     "partition on the tests' well-separated data; inertia ties broken either way.",
     "cflpipe.clustering.x__kmeans_pp": "Not seen: k-means++ only seeds Lloyd's iterations, and on the tests' "
@@ -554,15 +550,6 @@ REASONS: dict[str, str] = {
         "Equivalent: `n = w.shape[1]` (the eigenvalues are n, so `[:k]` caps k at n anyway); `u / flip` "
         "for ±1; `flip == 1` only differs where a column's largest entry is 0, impossible for a unit "
         "eigenvector.",
-    "cflpipe.clustering.xǁ_Centeredǁ__init__":
-        "Float64 input computed in float32 (`or True`): killed by "
-        "test_kmeans_on_float64_input_keeps_float64_precision; the mean taken from the last chunk of rows"
-        " only (`total =`), which brings back the cancellation of float32 model vectors with a large "
-        "common part: killed by test_kmeans_centers_on_the_mean_of_every_chunk_of_rows (both added after "
-        "the pass; the chunking test compares with a tolerance that a shifted origin passes).",
-    "cflpipe.clustering.xǁ_Centeredǁsq_distances":
-        "Equivalent: `.to(None)` leaves the cross products in x's dtype, and `sq + centers_sq − 2·cross` "
-        "promotes them to float64 exactly (×2 is exact), as the original conversion does.",
     "cflpipe.metrics.x_per_client_f1":
         "Equivalent: a class's denominator is 0 or ≥ 1, and 1 only without a true positive (a hit adds "
         "2), so `>= 0`, `> 1` and `maximum(·, 2)` give the same F1 of 0 or 2·tp/denominator; the value "
@@ -832,10 +819,6 @@ REASONS: dict[str, str] = {
         "layers: killed by "
         "test_clients_are_evaluated_with_their_clusters_shared_layers_and_their_own_other_layers (added "
         "after the review).",
-    "cflpipe.clustering.xǁ_Centeredǁpass_rows":
-        "Memory, not results: `out=None` or no `out` allocates a fresh chunk instead of reusing the pass "
-        "buffer, and `out=` a slice past the last chunk's rows makes torch resize it; the values are the "
-        "same (test_kmeans_gives_the_same_answer_in_any_chunking).",
     "cflpipe.fl.checkpoint.x__externalize":
         "Equivalent: a table of exactly MIN_ROWS_BYTES goes to row blocks or into state.pt; either way it"
         " round-trips to the same bytes (storage, not state).",

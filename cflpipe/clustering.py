@@ -121,69 +121,153 @@ def _row_slices(n: int, features: int) -> list[slice]:
     return [slice(start, min(start + rows, n)) for start in range(0, n, rows)]
 
 
+def _column_slices(n: int, features: int) -> list[slice]:
+    """Consecutive column ranges of an (n × features) matrix, each about _CHUNK_ELEMENTS large."""
+    columns = max(1, _CHUNK_ELEMENTS // max(n, 1))
+    return [slice(start, min(start + columns, features)) for start in range(0, features, columns)]
+
+
 class _Centered:
-    """The rows of x as seen from their mean, computed chunk by chunk without copying x.
+    """The rows of x as seen from their mean, computed block by block without copying x.
 
     Squared distances are translation-invariant, and model vectors share a large common part
     (they all descend from one global model), which in ‖x‖² + ‖c‖² − 2·x·c would cancel
     catastrophically in float32. From the mean the remaining parts are small, so the products
     run in x's own precision (float32 for models; half-precision input is raised to float32,
     whose sums over many clients would overflow otherwise), while norms and distances are
-    accumulated in float64."""
+    accumulated in float64. The mean is only the origin: any point near the rows would do, as
+    every quantity is then taken from the same centered rows.
+
+    Passes go over blocks of columns with every row (not blocks of rows): a Lloyd step's sums
+    (label indicators × rows) then have all n rows as their inner dimension instead of a chunk's
+    few rows, which re-read and re-wrote the (restarts·k × p) sums once per chunk."""
 
     def __init__(self, x: torch.Tensor):
         x = x.detach()  # the passes write into a buffer (out=), which autograd refuses
         self.x = x
         self.n, self.p = x.shape
         self.dtype = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
-        self.slices = _row_slices(self.n, self.p)
         total = torch.zeros(self.p, dtype=torch.float64, device=x.device)
-        for chunk in self.slices:
-            total += x[chunk].sum(dim=0, dtype=torch.float64)
+        for chunk in _row_slices(self.n, self.p):
+            total += x[chunk].to(self.dtype).sum(dim=0)
         self.mean = (total / self.n).to(self.dtype)
-        # One chunk of centered rows, rewritten by every pass: a fresh 4 MB result per chunk and
+        self.blocks = _column_slices(self.n, self.p)
+        # One block of centered columns, rewritten by every pass: a fresh 4 MB result per block and
         # pass would be a fresh mapping each time wherever the allocator maps large blocks (half-
-        # precision input still converts each chunk first).
-        self._pass_buffer = torch.empty(self.slices[0].stop - self.slices[0].start if self.slices else 0, self.p,
-                                        dtype=self.dtype, device=x.device)
-        self.sq = torch.cat([self.pass_rows(chunk).square().sum(dim=1, dtype=torch.float64) for chunk in self.slices])
+        # precision input still converts each block first).
+        width = self.blocks[0].stop - self.blocks[0].start if self.blocks else 0
+        self._pass_buffer = torch.empty(self.n * width, dtype=self.dtype, device=x.device)
+        # Each row's ‖x_i − mean‖² and each column's Σ_i (x_i − mean) (float64), taken by the first
+        # pass rather than by a pass of their own.
+        self._sq: torch.Tensor | None = None
+        self._column_sums: torch.Tensor | None = None
 
     def rows_of(self, chunk: slice) -> torch.Tensor:
         return self.x[chunk].to(self.dtype) - self.mean
 
-    def pass_rows(self, chunk: slice) -> torch.Tensor:
-        """rows_of(chunk) in the pass buffer: valid until the next call."""
-        return torch.sub(self.x[chunk].to(self.dtype), self.mean, out=self._pass_buffer[:chunk.stop - chunk.start])
+    def passes(self):
+        """(columns, centered block of every row) for each block of columns in turn; the block lives
+        in the pass buffer, valid until the next one."""
+        first = self._sq is None
+        if first:
+            sq = torch.zeros(self.n, dtype=torch.float64, device=self.x.device)
+            column_sums = torch.empty(self.p, dtype=torch.float64, device=self.x.device)
+        for columns in self.blocks:
+            width = columns.stop - columns.start
+            rows = torch.sub(self.x[:, columns].to(self.dtype), self.mean[columns],
+                             out=self._pass_buffer[:self.n * width].view(self.n, width))
+            if first:
+                sq += rows.square().sum(dim=1)
+                column_sums[columns] = rows.sum(dim=0)
+            yield columns, rows
+        if first:
+            self._sq, self._column_sums = sq, column_sums
+
+    def _first_pass(self) -> None:
+        for _ in self.passes():
+            pass
+
+    @property
+    def sq(self) -> torch.Tensor:
+        if self._sq is None:
+            self._first_pass()
+        return self._sq
+
+    @property
+    def column_sums(self) -> torch.Tensor:
+        if self._column_sums is None:
+            self._first_pass()
+        return self._column_sums
 
     def sq_distances(self, centers: torch.Tensor) -> torch.Tensor:
         """(n × m) float64 squared distances to m centers given in centered coordinates."""
+        cross = torch.zeros(self.n, centers.shape[0], dtype=torch.float64, device=self.x.device)
+        for columns, rows in self.passes():
+            cross += rows @ centers[:, columns].T
         centers_sq = centers.square().sum(dim=1, dtype=torch.float64)
-        cross = torch.cat([self.pass_rows(chunk) @ centers.T for chunk in self.slices]).to(torch.float64)
         return (self.sq[:, None] + centers_sq[None, :] - 2.0 * cross).clamp_min_(0.0)
 
-    def assign_and_sum(self, centers: torch.Tensor, runs: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """One Lloyd step's two halves in one pass over x: each row's nearest of its run's k
-        centers ((runs·k) × p, run after run, centered coordinates) and, per run and cluster, the
-        sums of the rows so labelled, ((runs·k) × p). A row's label needs only its own distances,
-        so the chunk is summed while it is in hand: one centering of each chunk per step instead
-        of two (the two products dominate; 2 % of a 1,000-client K-means CFL round). The distances
-        are sq_distances' to the bit, and the sums the former separate pass's."""
-        centers_sq = centers.square().sum(dim=1, dtype=torch.float64)
-        labels = torch.empty(runs, self.n, dtype=torch.long, device=self.x.device)
-        sums = torch.zeros(runs * k, self.p, dtype=self.dtype, device=self.x.device)
-        offsets = torch.arange(runs, device=self.x.device)[:, None] * k
-        for chunk in self.slices:
-            width = chunk.stop - chunk.start
-            rows = self.pass_rows(chunk)
-            cross = (rows @ centers.T).to(torch.float64)
-            d = (self.sq[chunk, None] + centers_sq[None, :] - 2.0 * cross).clamp_min_(0.0)
-            chunk_labels = d.view(width, runs, k).argmin(dim=2).T  # (runs × width)
-            labels[:, chunk] = chunk_labels
-            onehot = torch.zeros(runs * k, width, dtype=self.dtype, device=self.x.device)
-            columns = torch.arange(width, device=self.x.device).expand_as(chunk_labels)
-            onehot[chunk_labels + offsets, columns] = 1
-            sums += onehot @ rows
-        return labels, sums
+    def relative_distances(self, centers: torch.Tensor) -> torch.Tensor:
+        """(n × runs × k) float64: each row's squared distance to each of a run's k centers
+        ((runs × k × p), centered coordinates) less its distance to the run's first center. The
+        argmin is the nearest center's, from k − 1 products per row and run instead of k:
+        ‖x − c_j‖² − ‖x − c_0‖² = ‖c_j‖² − ‖c_0‖² − 2·x·(c_j − c_0)."""
+        runs, k, _ = centers.shape
+        cross = torch.zeros(self.n, runs * (k - 1), dtype=torch.float64, device=self.x.device)
+        for columns, rows in self.passes():
+            cross += rows @ _center_differences(centers[:, :, columns]).T
+        return self._relative(cross, centers.square().sum(dim=2, dtype=torch.float64))
+
+    def _relative(self, cross: torch.Tensor, centers_sq: torch.Tensor) -> torch.Tensor:
+        runs, k = centers_sq.shape
+        relative = torch.zeros(self.n, runs, k, dtype=torch.float64, device=self.x.device)
+        relative[:, :, 1:] = (centers_sq[:, 1:] - centers_sq[:, :1])[None] - 2.0 * cross.view(self.n, runs, k - 1)
+        return relative
+
+    def lloyd_step(self, labels: torch.Tensor, centers: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One Lloyd update for several runs in one pass over x, with the next assignment's products.
+
+        labels (runs × n), centers (runs × k × p, centered coordinates). Returns the new centers
+        (each cluster's mean; an empty cluster keeps its center, it may win rows back), the rows'
+        relative distances to them (as relative_distances) and each run's Σ_k n_k‖c_k‖²
+        (float64): from a stable assignment the inertia is Σ_i ‖x_i‖² less it, without a pass for
+        the distances to the own centers.
+
+        Sums are taken for the first k − 1 clusters only; the last one's is the column sums less
+        theirs (one product fewer per run)."""
+        runs, k, p = centers.shape
+        device = self.x.device
+        counts = torch.zeros(runs * k, dtype=torch.float64, device=device)
+        offsets = torch.arange(runs, device=device)[:, None]
+        counts.index_add_(0, (labels + offsets * k).reshape(-1),
+                          torch.ones(labels.numel(), dtype=torch.float64, device=device))
+        counts = counts.view(runs, k)
+        divisor = counts.clamp_min(1)[..., None]
+        empty = (counts == 0)[..., None] if bool((counts == 0).any()) else None
+        indicators = torch.zeros(runs * (k - 1), self.n, dtype=self.dtype, device=device)
+        summed = labels < k - 1
+        indicators[(labels + offsets * (k - 1))[summed], torch.arange(self.n, device=device).expand_as(labels)[summed]] = 1
+        new_centers = torch.empty_like(centers)
+        cross = torch.zeros(self.n, runs * (k - 1), dtype=torch.float64, device=device)
+        centers_sq = torch.zeros(runs, k, dtype=torch.float64, device=device)
+        column_sums = self.column_sums
+        for columns, rows in self.passes():
+            sums = (indicators @ rows).view(runs, k - 1, columns.stop - columns.start).to(torch.float64)
+            means = torch.cat([sums, (column_sums[columns] - sums.sum(dim=1))[:, None]], dim=1).div_(divisor)
+            block = means.to(self.dtype)
+            if empty is not None:
+                block = torch.where(empty, centers[:, :, columns], block)
+            new_centers[:, :, columns] = block
+            cross += rows @ _center_differences(block).T
+            centers_sq += block.square().sum(dim=2, dtype=torch.float64)
+        return new_centers, self._relative(cross, centers_sq), (counts * centers_sq).sum(dim=1)
+
+
+def _center_differences(centers: torch.Tensor) -> torch.Tensor:
+    """(runs·(k − 1) × width): c_j − c_0 for j ≥ 1 of each run's (k × width) block of centers."""
+    runs, k, width = centers.shape
+    return (centers[:, 1:] - centers[:, :1]).reshape(runs * (k - 1), width)
 
 
 def _lloyd(data: _Centered, starts: torch.Tensor, max_iter: int, tol: float
@@ -192,41 +276,51 @@ def _lloyd(data: _Centered, starts: torch.Tensor, max_iter: int, tol: float
     coordinates. Each run stops on its own (labels unchanged, or center shift ≤ tol) and is
     then left as it is, so every run ends where it would have ended alone, up to float rounding:
     the runs share one product per pass, which may round differently from a product of one run's
-    centers (labels and centers agree in the tests; inertias may differ in the last digits)."""
+    centers (labels and centers agree in the tests; inertias may differ in the last digits).
+
+    A step's new centers and the next assignment's products come from one pass (lloyd_step), so
+    a run that converges after t assignments costs t passes, not t + 1: the assignment that finds
+    the labels unchanged reads the products the previous pass took."""
     runs, k, p = starts.shape
     centers = starts.clone()
+    relative = data.relative_distances(centers)
     labels = torch.full((runs, data.n), -1, dtype=torch.long, device=starts.device)
     iterations = [0] * runs
+    inertia: list[float | None] = [None] * runs
+    between = [0.0] * runs
     active = list(range(runs))
     for iteration in range(1, max_iter + 1):
-        current = torch.tensor(active, device=starts.device)
-        new_labels, sums = data.assign_and_sum(centers[current].reshape(-1, p), len(active), k)  # (active runs × n)
-        sums = sums.view(len(active), k, p)
-        offsets = torch.arange(len(active), device=starts.device)[:, None] * k
-        counts = torch.zeros(len(active) * k, dtype=torch.float64, device=starts.device)
-        counts.index_add_(0, (new_labels + offsets).reshape(-1),
-                          torch.ones(new_labels.numel(), dtype=torch.float64, device=starts.device))
-        counts = counts.view(len(active), k)
-        means = sums / counts.clamp_min(1).to(sums.dtype)[..., None]
-        # An empty cluster keeps its center (it may win points back on the next pass).
-        new_centers = torch.where((counts > 0)[..., None], means, centers[current])
-        still = []
-        for j, run in enumerate(active):
-            stable = iteration > 1 and torch.equal(new_labels[j], labels[run])
-            shift = float((new_centers[j] - centers[run]).double().square().sum()) if tol > 0 else 0.0
-            labels[run], centers[run], iterations[run] = new_labels[j], new_centers[j], iteration
-            if not (stable or (tol > 0 and shift <= tol)):
-                still.append(run)
-        active = still
+        moving = []
+        for run in active:
+            assigned = relative[:, run].argmin(dim=1)
+            stable = iteration > 1 and torch.equal(assigned, labels[run])
+            labels[run], iterations[run] = assigned, iteration
+            if stable:  # its centers are the means of these labels
+                # (less 0 by rounding where every row is its own cluster)
+                inertia[run] = max(0.0, float(data.sq.sum()) - between[run])
+            else:
+                moving.append(run)
+        if not moving:
+            break
+        index = torch.tensor(moving, device=starts.device)
+        new_centers, moved, moved_between = data.lloyd_step(labels[index], centers[index])
+        shift = (new_centers - centers[index]).to(torch.float64).square().sum(dim=(1, 2)) if tol > 0 else None
+        centers[index], relative[:, index] = new_centers, moved
+        active = []
+        for j, run in enumerate(moving):
+            between[run] = float(moved_between[j])
+            if shift is None or float(shift[j]) > tol:
+                active.append(run)
         if not active:
             break
-    d = data.sq_distances(centers.reshape(-1, p)).view(data.n, runs, k)
-    results = []
-    for run in range(runs):
-        final = d[:, run].argmin(dim=1)
-        inertia = float(d[:, run].gather(1, final[:, None]).sum())
-        results.append((final.cpu().numpy().astype(np.int64), centers[run], inertia, iterations[run]))
-    return results
+    # Stopped by max_iter or tol: the labels follow the last centers, which are not their means.
+    unsettled = [run for run in range(runs) if inertia[run] is None]
+    if unsettled:
+        d = data.sq_distances(centers[unsettled].reshape(-1, p)).view(data.n, len(unsettled), k)
+        for j, run in enumerate(unsettled):
+            inertia[run] = float(d[:, j].gather(1, relative[:, run].argmin(dim=1)[:, None]).sum())
+    return [(relative[:, run].argmin(dim=1).cpu().numpy().astype(np.int64), centers[run], inertia[run],
+             iterations[run]) for run in range(runs)]
 
 
 def _kmeans_pp(data: _Centered, k: int, rng: np.random.Generator) -> torch.Tensor:

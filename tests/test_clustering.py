@@ -128,6 +128,45 @@ def test_kmeans_stops_after_max_iter_lloyd_steps():
     assert steps[100].labels.tolist() == [0, 0, 0, 0, 1, 1] and steps[100].inertia == pytest.approx(5.5)
 
 
+def _plain_lloyd(x: np.ndarray, start: np.ndarray, max_iter: int, tol: float):
+    """Lloyd's algorithm written out on full float64 distances, as a textbook gives it."""
+    centers, labels = start.copy(), None
+    for iteration in range(1, max_iter + 1):
+        assigned = ((x[:, None, :] - centers[None]) ** 2).sum(axis=2).argmin(axis=1)
+        stable = labels is not None and np.array_equal(assigned, labels)
+        labels = assigned
+        means = np.array([x[labels == j].mean(axis=0) if (labels == j).any() else centers[j]
+                          for j in range(len(centers))])
+        shift = ((means - centers) ** 2).sum()
+        centers = means
+        if stable or (tol > 0 and shift <= tol):
+            break
+    d = ((x[:, None, :] - centers[None]) ** 2).sum(axis=2)
+    final = d.argmin(axis=1)
+    return final, centers, d[np.arange(len(x)), final].sum(), iteration
+
+
+@pytest.mark.parametrize("k, max_iter, tol", [(1, 100, 0.0), (2, 100, 0.0), (3, 100, 0.0), (5, 100, 0.0),
+                                              (3, 2, 0.0), (4, 100, 0.5), (12, 100, 0.0)])
+def test_kmeans_runs_as_plain_lloyd_does(k, max_iter, tol):
+    """kmeans takes a step's means and the next assignment in one pass, with k − 1 products per
+    row (distances relative to a run's first center), the last cluster's sum as the rest of the
+    total and a converged run's inertia as Σ‖x‖² − Σ n_k‖c_k‖²: each run must still end where
+    Lloyd's algorithm written out ends, from the same initial rows: labels, centers, inertia and
+    iteration count, for every restart (n_init = 1 per seed), stopped by convergence, max_iter or
+    tol, with k = 1 and k = n among them."""
+    rng = np.random.default_rng(7)
+    x = np.concatenate([rng.normal(loc, 1.0, size=(4, 6)) for loc in (0.0, 3.0, -3.0)])
+    for seed in range(6):
+        rows = np.sort(np.random.default_rng(seed).choice(len(x), size=k, replace=False))
+        labels, centers, inertia, iterations = _plain_lloyd(x, x[rows], max_iter, tol)
+        result = kmeans(torch.from_numpy(x), k, seed=seed, n_init=1, max_iter=max_iter, tol=tol)
+        assert result.labels.tolist() == labels.tolist()
+        assert np.allclose(result.centers.numpy(), centers, rtol=0, atol=1e-10)
+        assert result.inertia == pytest.approx(inertia, rel=1e-9, abs=1e-9) and result.inertia >= 0.0
+        assert result.iterations == iterations
+
+
 def test_kmeans_plus_plus():
     centers = torch.tensor([[0.0, 0.0], [20.0, 0.0]], dtype=torch.float64)
     x, truth = blobs(centers, 15, 1.0)
