@@ -3,8 +3,9 @@ thousands of clients, each configuration in a fresh process (its own peak RSS).
 
 Run: python benchmarks/bench_scale.py [--part kmeans|population|all] [--rounds 4]
 
-- kmeans: K-means CFL (AWCFL/MCFL's base) with every client training every round, at 500 and
-  2,000 clients: the server's seconds per round (k-means on all clients' latest models and the
+- kmeans: K-means CFL (AWCFL/MCFL's base) with every client training every round, at 500, 1,000
+  and 2,000 clients: the server's seconds per round (and their ratio to the training's, #32 asks
+  ≤ 1 at 1,000 clients) (k-means on all clients' latest models and the
   per-cluster averages), peak RSS, the size of the checkpoint and what one checkpoint during
   the run writes (its row blocks that changed, cflpipe/fl/checkpoint.py); and FedAvg on the same 2,000
   clients, the engine's own share.
@@ -89,7 +90,7 @@ def measure(method: str, clients: int, sampled: int, rounds: int, params: dict |
 
 def show(row: dict) -> None:
     print(f"{row['method']:10s} clients {row['clients']:5d} sampled {row['sampled']:5d}  round {row['round_s']:7.2f} s  "
-          f"server {row['server_s']:7.2f} s  train {row['train_s']:7.2f} s  peak RSS {row['peak_rss_mib']:7.0f} MiB  "
+          f"server {row['server_s']:7.2f} s  train {row['train_s']:7.2f} s  (ratio {row['server_s'] / row['train_s']:4.2f})  peak RSS {row['peak_rss_mib']:7.0f} MiB  "
           f"checkpoint {row['checkpoint_mib']:7.1f} MiB, {row['checkpoint_write_mib']:7.1f} MiB written in "
           f"{row['checkpoint_s']:5.2f} s", flush=True)
 
@@ -100,7 +101,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     args = parser.parse_args()
     if args.part in ("kmeans", "all"):
-        for clients in (500, 2000):
+        for clients in (500, 1000, 2000):
             show(measure("kmeans_cfl", clients, clients, args.rounds, {"clusters": 2, "cluster_start": 1}))
         # The engine's own share at that size: FedAvg on the same workload.
         show(measure("fedavg", 2000, 2000, args.rounds))
