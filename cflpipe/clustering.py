@@ -208,66 +208,130 @@ class _Centered:
         return (self.sq[:, None] + centers_sq[None, :] - 2.0 * cross).clamp_min_(0.0)
 
     def relative_distances(self, centers: torch.Tensor) -> torch.Tensor:
-        """(n × runs × k) float64: each row's squared distance to each of a run's k centers
-        ((runs × k × p), centered coordinates) less its distance to the run's first center. The
-        argmin is the nearest center's, from k − 1 products per row and run instead of k:
-        ‖x − c_j‖² − ‖x − c_0‖² = ‖c_j‖² − ‖c_0‖² − 2·x·(c_j − c_0)."""
+        """(n × runs × (k − 1)) float64: each row's squared distance to each of a run's centers
+        j ≥ 1 ((runs × k × p), centered coordinates) less its distance to the run's first center,
+        ‖x − c_j‖² − ‖x − c_0‖² = ‖c_j‖² − ‖c_0‖² − 2·x·(c_j − c_0): the nearest center from
+        k − 1 products per row and run instead of k (`_nearest`)."""
         runs, k, _ = centers.shape
         cross = torch.zeros(self.n, runs * (k - 1), dtype=torch.float64, device=self.x.device)
         for columns, rows in self.passes():
             cross += rows @ _center_differences(centers[:, :, columns]).T
-        return self._relative(cross, centers.square().sum(dim=2, dtype=torch.float64))
+        return _relative(cross, _square_norms(centers))
 
-    def _relative(self, cross: torch.Tensor, centers_sq: torch.Tensor) -> torch.Tensor:
-        runs, k = centers_sq.shape
-        relative = torch.zeros(self.n, runs, k, dtype=torch.float64, device=self.x.device)
-        relative[:, :, 1:] = (centers_sq[:, 1:] - centers_sq[:, :1])[None] - 2.0 * cross.view(self.n, runs, k - 1)
-        return relative
+    def rows_relative(self, rows: torch.Tensor, centers: torch.Tensor) -> torch.Tensor:
+        """relative_distances of the rows numbered `rows` only, (m × runs × (k − 1)), reading those
+        rows alone."""
+        runs, k, p = centers.shape
+        differences = _center_differences(centers)
+        cross = torch.empty(len(rows), runs * (k - 1), dtype=torch.float64, device=self.x.device)
+        for part in _row_slices(len(rows), p):
+            cross[part] = self.rows_of(rows[part]) @ differences.T
+        return _relative(cross, _square_norms(centers))
 
-    def lloyd_step(self, labels: torch.Tensor, centers: torch.Tensor
+    def lloyd_step(self, labels: torch.Tensor, counts: torch.Tensor, centers: torch.Tensor
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One Lloyd update for several runs in one pass over x, with the next assignment's products.
 
-        labels (runs × n), centers (runs × k × p, centered coordinates). Returns the new centers
-        (each cluster's mean; an empty cluster keeps its center, it may win rows back), the rows'
-        relative distances to them (as relative_distances) and each run's Σ_k n_k‖c_k‖²
-        (float64): from a stable assignment the inertia is Σ_i ‖x_i‖² less it, without a pass for
-        the distances to the own centers.
+        labels (runs × n), their cluster sizes `counts` (runs × k, float64), centers (runs × k × p,
+        centered coordinates). Returns the new centers (each cluster's mean; an empty cluster
+        keeps its center, it may win rows back), every row's relative distances to them (as
+        relative_distances) and the clusters' sums (runs × (k − 1) × p) for `changed_sums`.
 
         Sums are taken for the first k − 1 clusters only; the last one's is the column sums less
         theirs (one product fewer per run)."""
         runs, k, p = centers.shape
         device = self.x.device
-        counts = torch.zeros(runs * k, dtype=torch.float64, device=device)
-        offsets = torch.arange(runs, device=device)[:, None]
-        counts.index_add_(0, (labels + offsets * k).reshape(-1),
-                          torch.ones(labels.numel(), dtype=torch.float64, device=device))
-        counts = counts.view(runs, k)
-        divisor = counts.clamp_min(1)[..., None]
-        empty = (counts == 0)[..., None] if bool((counts == 0).any()) else None
+        offsets = torch.arange(runs, device=device)[:, None] * (k - 1)
         indicators = torch.zeros(runs * (k - 1), self.n, dtype=self.dtype, device=device)
         summed = labels < k - 1
-        indicators[(labels + offsets * (k - 1))[summed], torch.arange(self.n, device=device).expand_as(labels)[summed]] = 1
+        indicators[(labels + offsets)[summed], torch.arange(self.n, device=device).expand_as(labels)[summed]] = 1
+        means = _Means(self, counts)
         new_centers = torch.empty_like(centers)
+        sums = torch.empty(runs, k - 1, p, dtype=self.dtype, device=device)
         cross = torch.zeros(self.n, runs * (k - 1), dtype=torch.float64, device=device)
-        centers_sq = torch.zeros(runs, k, dtype=torch.float64, device=device)
-        column_sums = self.column_sums
         for columns, rows in self.passes():
-            sums = (indicators @ rows).view(runs, k - 1, columns.stop - columns.start).to(torch.float64)
-            means = torch.cat([sums, (column_sums[columns] - sums.sum(dim=1))[:, None]], dim=1).div_(divisor)
-            block = means.to(self.dtype)
-            if empty is not None:
-                block = torch.where(empty, centers[:, :, columns], block)
+            sums[:, :, columns] = (indicators @ rows).view(runs, k - 1, columns.stop - columns.start)
+            block = means(sums[:, :, columns], columns, centers)
             new_centers[:, :, columns] = block
             cross += rows @ _center_differences(block).T
-            centers_sq += block.square().sum(dim=2, dtype=torch.float64)
-        return new_centers, self._relative(cross, centers_sq), (counts * centers_sq).sum(dim=1)
+        return new_centers, _relative(cross, _square_norms(new_centers)), sums
+
+    def changed_sums(self, rows: torch.Tensor, before: torch.Tensor, after: torch.Tensor, k: int) -> torch.Tensor:
+        """What moves the clusters' sums (as lloyd_step's) when the rows numbered `rows` go from
+        labels `before` to `after` (runs × m): (runs × (k − 1) × p), reading those rows alone."""
+        runs = before.shape[0]
+        device = self.x.device
+        offsets = torch.arange(runs, device=device)[:, None] * (k - 1)
+        change = torch.zeros(runs * (k - 1), self.p, dtype=self.dtype, device=device)
+        for part in _row_slices(len(rows), self.p):
+            moves = torch.zeros(runs * (k - 1), part.stop - part.start, dtype=self.dtype, device=device)
+            positions = torch.arange(part.stop - part.start, device=device).expand(runs, -1)
+            for labels, sign in ((after[:, part], 1.0), (before[:, part], -1.0)):
+                summed = labels < k - 1
+                moves.index_put_(((labels + offsets)[summed], positions[summed]),
+                                 torch.full((int(summed.sum()),), sign, dtype=self.dtype, device=device),
+                                 accumulate=True)
+            change.addmm_(moves, self.rows_of(rows[part]))
+        return change.view(runs, k - 1, self.p)
+
+    def means(self, sums: torch.Tensor, counts: torch.Tensor, centers: torch.Tensor) -> torch.Tensor:
+        """Centers from the clusters' sums (runs × (k − 1) × p) and sizes, as lloyd_step makes them."""
+        means = _Means(self, counts)
+        new_centers = torch.empty_like(centers)
+        for columns in self.blocks:
+            new_centers[:, :, columns] = means(sums[:, :, columns], columns, centers)
+        return new_centers
+
+
+class _Means:
+    """A block of columns of each cluster's mean from its sum: the last cluster's sum is the
+    column sums less the others', an empty cluster keeps its center."""
+
+    def __init__(self, data: _Centered, counts: torch.Tensor):
+        self.data = data
+        self.divisor = counts.clamp_min(1)[..., None]
+        self.empty = (counts == 0)[..., None] if bool((counts == 0).any()) else None
+
+    def __call__(self, sums: torch.Tensor, columns: slice, centers: torch.Tensor) -> torch.Tensor:
+        sums = sums.to(torch.float64)
+        last = self.data.column_sums[columns] - sums.sum(dim=1)
+        block = torch.cat([sums, last[:, None]], dim=1).div_(self.divisor).to(self.data.dtype)
+        return block if self.empty is None else torch.where(self.empty, centers[:, :, columns], block)
 
 
 def _center_differences(centers: torch.Tensor) -> torch.Tensor:
     """(runs·(k − 1) × width): c_j − c_0 for j ≥ 1 of each run's (k × width) block of centers."""
     runs, k, width = centers.shape
     return (centers[:, 1:] - centers[:, :1]).reshape(runs * (k - 1), width)
+
+
+def _square_norms(centers: torch.Tensor) -> torch.Tensor:
+    return centers.square().sum(dim=2, dtype=torch.float64)
+
+
+def _relative(cross: torch.Tensor, centers_sq: torch.Tensor) -> torch.Tensor:
+    runs, k = centers_sq.shape
+    return (centers_sq[:, 1:] - centers_sq[:, :1])[None] - 2.0 * cross.view(cross.shape[0], runs, k - 1)
+
+
+def _nearest(relative: torch.Tensor) -> torch.Tensor:
+    """The nearest center's index from relative distances (… × (k − 1)); ties go to the lowest."""
+    return torch.cat([relative.new_zeros(relative.shape[:-1] + (1,)), relative], dim=-1).argmin(dim=-1)
+
+
+def _undecided(lower: torch.Tensor, upper: torch.Tensor) -> torch.Tensor:
+    """(… ) True where relative distances known only within [lower, upper] (… × (k − 1)) leave
+    the nearest center open: the own center's upper bound is not below every other's lower."""
+    zeros = lower.new_zeros(lower.shape[:-1] + (1,))
+    lower, upper = torch.cat([zeros, lower], dim=-1), torch.cat([zeros, upper], dim=-1)
+    own = lower.argmin(dim=-1, keepdim=True)
+    others = lower.scatter(-1, own, float("inf")).amin(dim=-1, keepdim=True)
+    return ~(upper.gather(-1, own) < others).squeeze(-1)
+
+
+# A step reads only the rows whose label may change while they are at most this share of all rows
+# (gathering a row costs about what a pass spends on it); otherwise it makes a full pass.
+_BOUNDED_SHARE = 0.5
 
 
 def _lloyd(data: _Centered, starts: torch.Tensor, max_iter: int, tol: float
@@ -279,37 +343,81 @@ def _lloyd(data: _Centered, starts: torch.Tensor, max_iter: int, tol: float
     centers (labels and centers agree in the tests; inertias may differ in the last digits).
 
     A step's new centers and the next assignment's products come from one pass (lloyd_step), so
-    a run that converges after t assignments costs t passes, not t + 1: the assignment that finds
-    the labels unchanged reads the products the previous pass took."""
+    a run that converges after t assignments costs t passes, not t + 1, and a run that stops on
+    unchanged labels needs no pass for its inertia: its centers are the means of those labels,
+    so it is Σ_i ‖x_i‖² − Σ_k n_k‖c_k‖².
+
+    Once few labels change, a step reads only some rows (Hamerly's bounds, as relative
+    distances): the sums move by the rows that changed cluster, and each row's relative distances
+    are known within bounds that widen by ±2‖x_i‖·‖Δ(c_j − c_0)‖ as the centers move; only the
+    rows whose bounds leave their nearest center open are computed again. The bounds carry a
+    margin of 1,024 rounding units of the products' precision, so a row near a tie is always
+    computed again: a label decided by the bounds is the one a full pass would give."""
     runs, k, p = starts.shape
+    device = starts.device
     centers = starts.clone()
-    relative = data.relative_distances(centers)
-    labels = torch.full((runs, data.n), -1, dtype=torch.long, device=starts.device)
+    lower = data.relative_distances(centers)  # relative distances known within [lower, upper]
+    upper = lower.clone()
+    labels = torch.full((runs, data.n), -1, dtype=torch.long, device=device)
+    sums = torch.empty(runs, k - 1, p, dtype=data.dtype, device=device)
     iterations = [0] * runs
     inertia: list[float | None] = [None] * runs
     between = [0.0] * runs
+    slack = 1024 * torch.finfo(data.dtype).eps
     active = list(range(runs))
     for iteration in range(1, max_iter + 1):
-        moving = []
+        moving, assigned = [], []
+        changed = torch.zeros(data.n, dtype=torch.bool, device=device)
         for run in active:
-            assigned = relative[:, run].argmin(dim=1)
-            stable = iteration > 1 and torch.equal(assigned, labels[run])
-            labels[run], iterations[run] = assigned, iteration
-            if stable:  # its centers are the means of these labels
+            nearest = _nearest(lower[:, run])
+            iterations[run] = iteration
+            if iteration > 1 and torch.equal(nearest, labels[run]):  # its centers are these labels' means
                 # (less 0 by rounding where every row is its own cluster)
                 inertia[run] = max(0.0, float(data.sq.sum()) - between[run])
-            else:
-                moving.append(run)
+                continue
+            moving.append(run)
+            assigned.append(nearest)
+            changed |= nearest != labels[run]
         if not moving:
             break
-        index = torch.tensor(moving, device=starts.device)
-        new_centers, moved, moved_between = data.lloyd_step(labels[index], centers[index])
-        shift = (new_centers - centers[index]).to(torch.float64).square().sum(dim=(1, 2)) if tol > 0 else None
-        centers[index], relative[:, index] = new_centers, moved
+        index = torch.tensor(moving, device=device)
+        before, after = labels[index], torch.stack(assigned)
+        labels[index] = after
+        counts = torch.zeros(len(moving) * k, dtype=torch.float64, device=device)
+        counts.index_add_(0, (after + torch.arange(len(moving), device=device)[:, None] * k).reshape(-1),
+                          torch.ones(after.numel(), dtype=torch.float64, device=device))
+        counts = counts.view(len(moving), k)
+        old_centers = centers[index]
+        rows = changed.nonzero().squeeze(1)
+        if iteration == 1 or len(rows) > _BOUNDED_SHARE * data.n:
+            new_centers, exact, sums[index] = data.lloyd_step(after, counts, old_centers)
+            lower[:, index] = upper[:, index] = exact
+        else:
+            sums[index] += data.changed_sums(rows, before[:, rows], after[:, rows], k)
+            new_centers = data.means(sums[index], counts, old_centers)
+            old_sq, new_sq = _square_norms(old_centers), _square_norms(new_centers)
+            shift = (new_sq[:, 1:] - new_sq[:, :1]) - (old_sq[:, 1:] - old_sq[:, :1])
+            moved = torch.linalg.vector_norm(
+                (_center_differences(new_centers) - _center_differences(old_centers)).to(torch.float64), dim=1)
+            spread = torch.linalg.vector_norm(_center_differences(new_centers).to(torch.float64), dim=1)
+            norms = data.sq.sqrt()[:, None, None]
+            reach = 2.0 * norms * moved.view(1, len(moving), k - 1)
+            reach += slack * (2.0 * norms * spread.view(1, len(moving), k - 1) + new_sq[:, 1:] + new_sq[:, :1])
+            lower[:, index] += shift[None] - reach
+            upper[:, index] += shift[None] + reach
+            open_rows = _undecided(lower[:, index], upper[:, index]).any(dim=1).nonzero().squeeze(1)
+            if len(open_rows) > _BOUNDED_SHARE * data.n:
+                lower[:, index] = upper[:, index] = data.relative_distances(new_centers)
+            elif len(open_rows):
+                exact = data.rows_relative(open_rows, new_centers)
+                lower[open_rows[:, None], index] = upper[open_rows[:, None], index] = exact
+        settled = (new_centers - old_centers).to(torch.float64).square().sum(dim=(1, 2)) <= tol if tol > 0 else None
+        centers[index] = new_centers
+        new_between = (counts * _square_norms(new_centers)).sum(dim=1)
         active = []
         for j, run in enumerate(moving):
-            between[run] = float(moved_between[j])
-            if shift is None or float(shift[j]) > tol:
+            between[run] = float(new_between[j])
+            if settled is None or not bool(settled[j]):
                 active.append(run)
         if not active:
             break
@@ -318,9 +426,10 @@ def _lloyd(data: _Centered, starts: torch.Tensor, max_iter: int, tol: float
     if unsettled:
         d = data.sq_distances(centers[unsettled].reshape(-1, p)).view(data.n, len(unsettled), k)
         for j, run in enumerate(unsettled):
-            inertia[run] = float(d[:, j].gather(1, relative[:, run].argmin(dim=1)[:, None]).sum())
-    return [(relative[:, run].argmin(dim=1).cpu().numpy().astype(np.int64), centers[run], inertia[run],
-             iterations[run]) for run in range(runs)]
+            labels[run] = d[:, j].argmin(dim=1)
+            inertia[run] = float(d[:, j].gather(1, labels[run][:, None]).sum())
+    return [(labels[run].cpu().numpy().astype(np.int64), centers[run], inertia[run], iterations[run])
+            for run in range(runs)]
 
 
 def _kmeans_pp(data: _Centered, k: int, rng: np.random.Generator) -> torch.Tensor:

@@ -167,6 +167,53 @@ def test_kmeans_runs_as_plain_lloyd_does(k, max_iter, tol):
         assert result.iterations == iterations
 
 
+@pytest.mark.parametrize("k, max_iter, tol", [(2, 100, 0.0), (3, 100, 0.0), (5, 100, 0.0), (4, 4, 0.0),
+                                              (3, 100, 1e-3)])
+def test_kmeans_steps_that_read_only_undecided_rows_run_as_plain_lloyd_does(monkeypatch, k, max_iter, tol):
+    """Once few labels change, a step moves the sums by the rows that changed cluster and
+    computes again only the rows whose bounds leave their nearest center open. On overlapping
+    blobs (many steps, few changes each) every restart must still end as Lloyd's algorithm
+    written out does, and such steps must really have run."""
+    import cflpipe.clustering as clustering
+
+    reads = {"changed_sums": 0, "rows_relative": 0}
+    for name in reads:
+        original = getattr(clustering._Centered, name)
+
+        def spy(self, rows, *rest, _original=original, _name=name):
+            reads[_name] += 1
+            assert len(rows) <= clustering._BOUNDED_SHARE * self.n
+            return _original(self, rows, *rest)
+        monkeypatch.setattr(clustering._Centered, name, spy)
+    rng = np.random.default_rng(3)
+    x = np.concatenate([rng.normal(loc, 1.5, size=(100, 8)) for loc in (0.0, 1.0, 2.0, 3.0)])
+    for seed in range(4):
+        rows = np.sort(np.random.default_rng(seed).choice(len(x), size=k, replace=False))
+        labels, centers, inertia, iterations = _plain_lloyd(x, x[rows], max_iter, tol)
+        result = kmeans(torch.from_numpy(x), k, seed=seed, n_init=1, max_iter=max_iter, tol=tol)
+        assert result.labels.tolist() == labels.tolist()
+        assert np.allclose(result.centers.numpy(), centers, rtol=0, atol=1e-10)
+        assert result.inertia == pytest.approx(inertia, rel=1e-9) and result.iterations == iterations
+    assert reads["changed_sums"] > 0 and reads["rows_relative"] > 0
+
+
+def test_kmeans_gives_the_same_labels_with_full_passes_only(monkeypatch):
+    """float32 models from a common start: the bounds' margin must send every row near a tie back
+    to be computed, so skipping rows changes no label of any restart."""
+    import cflpipe.clustering as clustering
+
+    g = torch.Generator().manual_seed(4)
+    p = 3_000
+    directions = 0.01 * torch.randn(3, p, generator=g)
+    x = (5.0 + directions[torch.arange(300) % 3] + 0.02 * torch.randn(300, p, generator=g)).float()
+    bounded = kmeans(x, 4, seed=1, n_init=6)
+    monkeypatch.setattr(clustering, "_BOUNDED_SHARE", 0.0)
+    full = kmeans(x, 4, seed=1, n_init=6)
+    assert np.array_equal(bounded.labels, full.labels) and bounded.iterations == full.iterations
+    assert torch.allclose(bounded.centers, full.centers, rtol=0, atol=1e-5)
+    assert bounded.inertia == pytest.approx(full.inertia, rel=1e-5)
+
+
 def test_kmeans_plus_plus():
     centers = torch.tensor([[0.0, 0.0], [20.0, 0.0]], dtype=torch.float64)
     x, truth = blobs(centers, 15, 1.0)
