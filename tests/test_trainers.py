@@ -6,6 +6,7 @@ loop's guards and loss record, and the flat parameter space."""
 
 from __future__ import annotations
 
+import json
 import math
 import re
 
@@ -660,6 +661,39 @@ def test_the_processes_trainer_is_the_sequential_one_bit_for_bit(tmp_path):
         assert torch.equal(a.vector, b.vector) and a.result == b.result
         assert a.companions.keys() == b.companions.keys()
         assert all(torch.equal(a.companions[k], b.companions[k]) for k in a.companions)
+
+
+def test_switching_between_trainers_that_give_the_same_bytes_retrains_nothing(tmp_path):
+    """`processes` (and `distributed`) give a run the sequential trainer's bytes: a run trained with
+    one is the same run as with `sequential` (config.yaml, summary.json and the spec's hash say so,
+    timing.json says which trainer ran), so switching skips it; `batched` is another run."""
+    from cflpipe.fl.engine import train_run
+    from cflpipe.report.aggregate import load_runs
+    from cflpipe.spec import spec_sha256
+
+    def spec(trainer: str, results: str):
+        return parse_spec({
+            "seeds": [0], "results_dir": str(tmp_path / results),
+            "training": {"model": "mlp", "rounds": 2, "clients_per_round": 4, "local_steps": 2, "batch_size": 16,
+                         "device": "cpu", "trainer": trainer, "workers": 2},
+            "scenarios": {"iid": {"dataset": "digits", "clients": 4, "partition": [{"kind": "iid"}]}},
+            "methods": {"fedavg": {}}})
+
+    first = train_run(spec("processes", "a"), "iid", "fedavg", 0, progress=False)
+    assert not first.skipped and json.loads((first.run_dir / "timing.json").read_text())["trainer"] == "processes"
+    alone = train_run(spec("sequential", "b"), "iid", "fedavg", 0, progress=False)
+    for name in ("config.yaml", "summary.json", "metrics.parquet", "rounds.parquet"):
+        assert (first.run_dir / name).read_bytes() == (alone.run_dir / name).read_bytes(), name
+    for trainer in ("sequential", "distributed", "processes"):
+        assert train_run(spec(trainer, "a"), "iid", "fedavg", 0, progress=False).skipped, trainer
+        assert spec_sha256(spec(trainer, "a")) == spec_sha256(spec("processes", "a"))
+        assert len(load_runs(spec(trainer, "a"))) == 1  # not stale for the report
+    # A config.yaml written before the trainer was read as sequential still names it.
+    config = first.run_dir / "config.yaml"
+    config.write_text(config.read_text().replace("trainer: sequential", "trainer: processes"))
+    assert train_run(spec("sequential", "a"), "iid", "fedavg", 0, progress=False).skipped
+    assert not train_run(spec("batched", "a"), "iid", "fedavg", 0, progress=False).skipped
+    assert spec_sha256(spec("batched", "a")) != spec_sha256(spec("sequential", "a"))
 
 
 def test_work_is_cut_into_contiguous_shards_of_about_equal_cost():

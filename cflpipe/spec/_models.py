@@ -149,7 +149,7 @@ class Training(Strict):
         for key, default in LATER_TRAINING_DEFAULTS.items():
             if data.get(key) == default:
                 data.pop(key)
-        return data
+        return same_trainer_as_sequential(data)
 
     def is_evaluated(self, round_number: int) -> bool:
         """Whether 1-based round `round_number` ends with an evaluation (sampled or full)."""
@@ -163,6 +163,20 @@ class Training(Strict):
 
 
 TRAINING_KEYS = tuple(Training.model_fields)
+# Trainers that run the sequential trainer's kernels in its order elsewhere, so a run gets its
+# bytes: which of them trained a run is how it ran, like its thread count (timing.json says which),
+# not what it is. Switching between them re-trains nothing.
+SEQUENTIAL_TRAINERS = ("sequential", "processes", "distributed")
+
+
+def same_trainer_as_sequential(training: dict[str, Any]) -> dict[str, Any]:
+    """A run's training settings (as data) with `processes` and `distributed` written as the
+    `sequential` they equal."""
+    if training.get("trainer") in SEQUENTIAL_TRAINERS[1:]:
+        return {**training, "trainer": "sequential"}
+    return training
+
+
 # Training keys that change what is kept of a run, or how fast it runs, not its results.
 TRAINING_NOT_IN_RUN = ("keep_state", "workers")
 # Training keys added after runs were first recorded, with their defaults: left out of a run's
