@@ -146,6 +146,18 @@ def _plain_lloyd(x: np.ndarray, start: np.ndarray, max_iter: int, tol: float):
     return final, centers, d[np.arange(len(x)), final].sum(), iteration
 
 
+def _assert_restarts_run_as_plain_lloyd(x: np.ndarray, k: int, max_iter: int, tol: float, seeds: range):
+    """kmeans with one restart per seed against _plain_lloyd from the same initial rows."""
+    for seed in seeds:
+        rows = np.sort(np.random.default_rng(seed).choice(len(x), size=k, replace=False))
+        labels, centers, inertia, iterations = _plain_lloyd(x, x[rows], max_iter, tol)
+        result = kmeans(torch.from_numpy(x), k, seed=seed, n_init=1, max_iter=max_iter, tol=tol)
+        assert result.labels.tolist() == labels.tolist()
+        assert np.allclose(result.centers.numpy(), centers, rtol=0, atol=1e-10)
+        assert result.inertia == pytest.approx(inertia, rel=1e-9, abs=1e-9) and result.inertia >= 0.0
+        assert result.iterations == iterations
+
+
 @pytest.mark.parametrize("k, max_iter, tol", [(1, 100, 0.0), (2, 100, 0.0), (3, 100, 0.0), (5, 100, 0.0),
                                               (3, 2, 0.0), (4, 100, 0.5), (12, 100, 0.0)])
 def test_kmeans_runs_as_plain_lloyd_does(k, max_iter, tol):
@@ -157,14 +169,7 @@ def test_kmeans_runs_as_plain_lloyd_does(k, max_iter, tol):
     tol, with k = 1 and k = n among them."""
     rng = np.random.default_rng(7)
     x = np.concatenate([rng.normal(loc, 1.0, size=(4, 6)) for loc in (0.0, 3.0, -3.0)])
-    for seed in range(6):
-        rows = np.sort(np.random.default_rng(seed).choice(len(x), size=k, replace=False))
-        labels, centers, inertia, iterations = _plain_lloyd(x, x[rows], max_iter, tol)
-        result = kmeans(torch.from_numpy(x), k, seed=seed, n_init=1, max_iter=max_iter, tol=tol)
-        assert result.labels.tolist() == labels.tolist()
-        assert np.allclose(result.centers.numpy(), centers, rtol=0, atol=1e-10)
-        assert result.inertia == pytest.approx(inertia, rel=1e-9, abs=1e-9) and result.inertia >= 0.0
-        assert result.iterations == iterations
+    _assert_restarts_run_as_plain_lloyd(x, k, max_iter, tol, range(6))
 
 
 @pytest.mark.parametrize("k, max_iter, tol", [(2, 100, 0.0), (3, 100, 0.0), (5, 100, 0.0), (4, 4, 0.0),
@@ -187,13 +192,7 @@ def test_kmeans_steps_that_read_only_undecided_rows_run_as_plain_lloyd_does(monk
         monkeypatch.setattr(clustering._Centered, name, spy)
     rng = np.random.default_rng(3)
     x = np.concatenate([rng.normal(loc, 1.5, size=(100, 8)) for loc in (0.0, 1.0, 2.0, 3.0)])
-    for seed in range(4):
-        rows = np.sort(np.random.default_rng(seed).choice(len(x), size=k, replace=False))
-        labels, centers, inertia, iterations = _plain_lloyd(x, x[rows], max_iter, tol)
-        result = kmeans(torch.from_numpy(x), k, seed=seed, n_init=1, max_iter=max_iter, tol=tol)
-        assert result.labels.tolist() == labels.tolist()
-        assert np.allclose(result.centers.numpy(), centers, rtol=0, atol=1e-10)
-        assert result.inertia == pytest.approx(inertia, rel=1e-9) and result.iterations == iterations
+    _assert_restarts_run_as_plain_lloyd(x, k, max_iter, tol, range(4))
     assert reads["changed_sums"] > 0 and reads["rows_relative"] > 0
 
 
