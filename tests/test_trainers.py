@@ -696,6 +696,38 @@ def test_switching_between_trainers_that_give_the_same_bytes_retrains_nothing(tm
     assert spec_sha256(spec("batched", "a")) != spec_sha256(spec("sequential", "a"))
 
 
+def test_a_checkpoint_that_names_a_trainer_giving_the_same_bytes_resumes(tmp_path, capsys):
+    """A checkpoint written while config.yaml still named `processes` (before it read as the
+    `sequential` it equals) is this run's: the run resumes from it instead of starting afresh."""
+    from cflpipe.fl.checkpoint import read_state, write_state
+    from cflpipe.fl.engine import train_run
+
+    spec = parse_spec({
+        "seeds": [0], "results_dir": str(tmp_path),
+        "training": {"model": "mlp", "rounds": 3, "clients_per_round": 4, "local_steps": 2, "batch_size": 16,
+                     "device": "cpu", "trainer": "sequential", "checkpoint_every": 1, "keep_state": True},
+        "scenarios": {"iid": {"dataset": "digits", "clients": 4, "partition": [{"kind": "iid"}]}},
+        "methods": {"fedavg": {}}})
+    first = train_run(spec, "iid", "fedavg", 0, progress=False)
+    rounds = (first.run_dir / "rounds.parquet").read_bytes()
+    path = first.run_dir / "state" / "state.pt"
+    state, problem = read_state(path)
+    assert problem is None and "trainer: sequential" in state["config"]
+    state["config"] = state["config"].replace("trainer: sequential", "trainer: processes")
+    write_state(path, state)
+    (first.run_dir / "summary.json").unlink()
+    (first.run_dir / "rounds.parquet").unlink()
+    capsys.readouterr()
+    again = train_run(spec, "iid", "fedavg", 0, progress=False)
+    assert not again.skipped and "another configuration" not in capsys.readouterr().err
+    assert (again.run_dir / "rounds.parquet").read_bytes() == rounds
+    state["config"] = state["config"].replace("trainer: processes", "trainer: batched")  # another run
+    write_state(path, state)
+    (first.run_dir / "summary.json").unlink()
+    train_run(spec, "iid", "fedavg", 0, progress=False)
+    assert "a checkpoint of another configuration (differs in training.trainer)" in capsys.readouterr().err
+
+
 def test_work_is_cut_into_contiguous_shards_of_about_equal_cost():
     from cflpipe.fl.trainers import _shards
 

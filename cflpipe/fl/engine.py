@@ -25,7 +25,7 @@ from cflpipe.fl.method import Context, Method, Payload, Update, divergence_error
 from cflpipe.fl.plan import Results
 from cflpipe.fl.params import ParamSpace
 from cflpipe.fl.trainers import build_trainer
-from cflpipe.fl.runs import (LOCK_FILE, OUTPUT_FILES, ResolvedRun, config_differences, read_json, remove_empty,
+from cflpipe.fl.runs import (LOCK_FILE, OUTPUT_FILES, ResolvedRun, checkpoint_of, config_differences, read_json, remove_empty,
                              resolve_device, resolve_run, run_provenance, same_run, state_folders,
                              volatile_provenance)
 from cflpipe.methods import method_info
@@ -365,14 +365,14 @@ class Run:
             return
         state, problem = read_state(self.state_path)
         previous = problem is None and state.pop("__previous__", False)
-        if problem is None and state.get("config") == self.config_text and state.get("method") is None \
+        if problem is None and checkpoint_of(state.get("config"), self.config_text) and state.get("method") is None \
                 and int(state["round"]) != self.training.rounds:
             problem = "a checkpoint without models before the last round"  # cannot be written
         if problem is not None:
             print(f"warning: {self.state_path}: {problem}; starting the run afresh", file=sys.stderr)
             self.discard_state()
             return
-        if state.get("config") != self.config_text:
+        if not checkpoint_of(state.get("config"), self.config_text):
             # the spec changed (or the thread count, whose sums differ in the last bits): the old
             # state does not belong to this run
             changed = config_differences(str(state.get("config")), self.config_text)

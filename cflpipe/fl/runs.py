@@ -19,7 +19,8 @@ from cflpipe.fl.checkpoint import manifest_bytes, read_state, rows_folder, state
 from cflpipe.fl.data import FederatedData, build_federated_data, input_digests
 from cflpipe.methods import method_info, resolved_hyperparams
 from cflpipe.plugins import run_plugins
-from cflpipe.spec import RUN_OUTPUT_FILES, Spec, Training, dump_yaml, spec_sha256, training_key_path, without_threads
+from cflpipe.spec import (RUN_OUTPUT_FILES, Spec, Training, dump_yaml, same_trainer_as_sequential, spec_sha256,
+                          training_key_path, without_threads)
 
 OUTPUT_FILES = RUN_OUTPUT_FILES
 # Held by the process writing a run (flock), in the run's folder.
@@ -126,6 +127,26 @@ def same_run(recorded: Path, config: dict) -> bool:
     except (OSError, yaml.YAMLError):
         return False
     return isinstance(old, dict) and without_threads(old) == without_threads(config)
+
+
+def checkpoint_of(recorded: object, config_text: str) -> bool:
+    """A checkpoint's config text `recorded` is this run's `config_text`: the same text (threads
+    included: they change the sums' last bits, so a state from other threads would not resume to
+    the same bytes), or a text written before `processes` and `distributed` were recorded as the
+    `sequential` whose bytes they give, naming one of them."""
+    if recorded == config_text:
+        return True
+    if not isinstance(recorded, str) or "trainer: " not in recorded:
+        return False
+    import yaml
+
+    try:
+        old = yaml.safe_load(recorded)
+    except yaml.YAMLError:
+        return False
+    if not isinstance(old, dict) or not isinstance(old.get("training"), dict):
+        return False
+    return dump_yaml({**old, "training": same_trainer_as_sequential(old["training"])}) == config_text
 
 
 def config_differences(old_text: str, new_text: str) -> list[str]:

@@ -46,6 +46,7 @@ from cflpipe.spec._models import (
     label_field,
     merge_training,
     mlp_depth,
+    same_trainer_as_sequential,
 )
 from cflpipe.spec._spec import (
     MAX_SEED,
@@ -85,5 +86,5 @@ __all__ = [
     "Spec", "Strict", "SweepOrigin", "TABLE_FIGURES", "TRAINING_KEYS", "TRAINING_NOT_IN_RUN", "Training",
     "UniqueKeyLoader", "WorkflowOptions", "check_label", "default_results_dir", "dump_yaml",
     "errors_to_lines", "expand_sweeps", "label_field", "load_spec", "merge_training", "mlp_depth",
-    "parse_spec", "read_yaml", "spec_sha256", "spec_warnings", "training_key_path", "without_threads",
+    "parse_spec", "read_yaml", "same_trainer_as_sequential", "spec_sha256", "spec_warnings", "training_key_path", "without_threads",
 ]
