@@ -17,7 +17,9 @@ import torch
 
 
 def awcfl_mix(centers: torch.Tensor, beta: float) -> torch.Tensor:
-    """C_k ← β/(K−1)·Σ_{j≠k} C_j + (1−β)·C_k for all k at once; one cluster is left alone."""
+    """C_k ← β/(K−1)·Σ_{j≠k} C_j + (1−β)·C_k for all k at once; one cluster is left alone. At
+    β = (K−1)/K (the paper's 0.5 with K = 2) every cluster gets the same model, the mean of all:
+    the paper's formula, kept as it is."""
     k = centers.shape[0]
     if k < 2 or beta == 0:
         return centers
