@@ -288,14 +288,16 @@ class _Means:
     column sums less the others', an empty cluster keeps its center."""
 
     def __init__(self, data: _Centered, counts: torch.Tensor):
-        self.data = data
+        self.dtype = data.dtype
+        # Taken now: read inside a pass, a first pass of its own would overwrite the pass buffer.
+        self.column_sums = data.column_sums
         self.divisor = counts.clamp_min(1)[..., None]
         self.empty = (counts == 0)[..., None] if bool((counts == 0).any()) else None
 
     def __call__(self, sums: torch.Tensor, columns: slice, centers: torch.Tensor) -> torch.Tensor:
         sums = sums.to(torch.float64)
-        last = self.data.column_sums[columns] - sums.sum(dim=1)
-        block = torch.cat([sums, last[:, None]], dim=1).div_(self.divisor).to(self.data.dtype)
+        last = self.column_sums[columns] - sums.sum(dim=1)
+        block = torch.cat([sums, last[:, None]], dim=1).div_(self.divisor).to(self.dtype)
         return block if self.empty is None else torch.where(self.empty, centers[:, :, columns], block)
 
 

@@ -254,6 +254,26 @@ def test_kmeans_gives_the_same_labels_with_full_passes_only(monkeypatch):
     assert sum(same) >= 11, same
 
 
+def test_a_lloyd_step_as_the_first_pass_gives_the_clusters_means(monkeypatch):
+    """The first pass over x also takes its column sums, which a step needs for its last cluster:
+    a step that is the first pass must not take them in a pass nested in its own (both would
+    write the one pass buffer)."""
+    import cflpipe.clustering as clustering
+
+    monkeypatch.setattr(clustering, "_CHUNK_ELEMENTS", 50 * 64)  # blocks of 64 columns: 5 of them
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(50, 300, generator=g, dtype=torch.float64)
+    labels = torch.randint(0, 3, (2, 50), generator=g)
+    counts = torch.stack([torch.bincount(run, minlength=3) for run in labels]).to(torch.float64)
+    data = clustering._Centered(x)
+    centers, relative, _ = data.lloyd_step(labels, counts, torch.zeros(2, 3, 300, dtype=torch.float64))
+    centered = x - x.mean(dim=0)
+    means = torch.stack([torch.stack([centered[run == j].mean(dim=0) for j in range(3)]) for run in labels])
+    assert torch.allclose(centers, means, rtol=0, atol=1e-12)
+    distances = ((centered[:, None, None, :] - means[None]) ** 2).sum(dim=3)  # (rows × runs × k)
+    assert torch.allclose(relative, distances[..., 1:] - distances[..., :1], rtol=0, atol=1e-9)
+
+
 def test_kmeans_plus_plus():
     centers = torch.tensor([[0.0, 0.0], [20.0, 0.0]], dtype=torch.float64)
     x, truth = blobs(centers, 15, 1.0)
