@@ -327,11 +327,13 @@ def _tie_equal_centers(values: torch.Tensor, centers: torch.Tensor, first: int =
     from two columns of one product, they may round apart. A center equal to the run's first has
     relative distances of exactly 0 already (its difference is 0)."""
     runs, k, _ = centers.shape
-    centers_sq = _square_norms(centers)
+    if k < first + 2:  # no pair of centers whose values it holds
+        return values
+    norms = _square_norms(centers).tolist()  # one copy from the device; equal centers have equal norms
     for run in range(runs):
         for j in range(max(first, 1), k):
             for i in range(first, j):
-                if bool(centers_sq[run, i] == centers_sq[run, j]) and torch.equal(centers[run, i], centers[run, j]):
+                if norms[run][i] == norms[run][j] and torch.equal(centers[run, i], centers[run, j]):
                     values[..., run, j - first] = values[..., run, i - first]
                     break
     return values
