@@ -204,8 +204,7 @@ class _Centered:
         cross = torch.zeros(self.n, centers.shape[0], dtype=torch.float64, device=self.x.device)
         for columns, rows in self.passes():
             cross += rows @ centers[:, columns].T
-        centers_sq = centers.square().sum(dim=1, dtype=torch.float64)
-        return (self.sq[:, None] + centers_sq[None, :] - 2.0 * cross).clamp_min_(0.0)
+        return (self.sq[:, None] + _sq_norms64(centers)[None, :] - 2.0 * cross).clamp_min_(0.0)
 
     def relative_distances(self, centers: torch.Tensor) -> torch.Tensor:
         """(n × runs × (k − 1)) float64: each row's squared distance to each of a run's centers
@@ -308,7 +307,9 @@ def _center_differences(centers: torch.Tensor) -> torch.Tensor:
 
 
 def _square_norms(centers: torch.Tensor) -> torch.Tensor:
-    return centers.square().sum(dim=2, dtype=torch.float64)
+    """(runs × k) float64 squared norms of each run's centers."""
+    runs, k, p = centers.shape
+    return _sq_norms64(centers.reshape(runs * k, p)).view(runs, k)
 
 
 def _relative(cross: torch.Tensor, centers: torch.Tensor) -> torch.Tensor:
@@ -428,6 +429,7 @@ def _lloyd(data: _Centered, starts: torch.Tensor, max_iter: int, tol: float
         rows = changed.nonzero().squeeze(1)
         if iteration == 1 or len(rows) > _BOUNDED_SHARE * data.n:
             new_centers, exact, sums[index] = data.lloyd_step(after, counts, old_centers)
+            new_sq = _square_norms(new_centers)
             lower[:, index] = upper[:, index] = exact
         else:
             sums[index] += data.changed_sums(rows, before[:, rows], after[:, rows], k)
@@ -449,7 +451,7 @@ def _lloyd(data: _Centered, starts: torch.Tensor, max_iter: int, tol: float
                 lower[open_rows[:, None], index] = upper[open_rows[:, None], index] = exact
         settled = _sq_norms64((new_centers - old_centers).reshape(len(moving), -1)) <= tol if tol > 0 else None
         centers[index] = new_centers
-        new_between = (counts * _square_norms(new_centers)).sum(dim=1)
+        new_between = (counts * new_sq).sum(dim=1)
         active = []
         for j, run in enumerate(moving):
             between[run] = float(new_between[j])
