@@ -492,7 +492,8 @@ def kmeans(x: torch.Tensor | np.ndarray, k: int, *, seed: Seed = 0, n_init: int 
     `init`: "random" draws k distinct rows as initial centers (Forgy), "k-means++" uses D²
     sampling, or pass a (k × d) tensor of initial centers (then n_init is 1). With n_init > 1 the
     run with the lowest inertia (sum of squared intra-cluster distances) wins; ties go to the
-    earliest run. Deterministic for a given seed.
+    earliest run, and runs that end in the same partition are ties whatever their clusters'
+    order (see `_better`). Deterministic for a given seed.
 
     Sized for the server's (clients × parameters) matrices of models: x is read in chunks and
     never copied, products run in x's precision after centering (see `_Centered`), distances
@@ -522,10 +523,21 @@ def kmeans(x: torch.Tensor | np.ndarray, k: int, *, seed: Seed = 0, n_init: int 
         else:
             starts = torch.stack([start() for _ in range(first, min(first + group, runs))])
         for result in _lloyd(data, starts, max_iter, tol):
-            if best is None or result[2] < best[2]:
+            if best is None or _better(result, best):
                 best = result
     labels, centers, inertia, iterations = best
     return KMeansResult(labels, (centers + data.mean).to(x.dtype), inertia, iterations)
+
+
+def _better(result: tuple, best: tuple) -> bool:
+    """Whether a later restart replaces the best so far: a lower inertia and another partition.
+    Restarts that find one partition under other cluster numbers get inertias that differ in the
+    last bits (the last cluster's sum comes from the column sums), so rounding alone would pick
+    which numbering wins, and a method that matches clusters by number (CFL-GP, FCCA) would
+    follow it: a device or trainer whose models differ in the last bits then gave another run."""
+    if result[2] >= best[2]:
+        return False
+    return not np.array_equal(canonical_labels(result[0]), canonical_labels(best[0]))
 
 
 # ---------------------------------------------------------------------------- similarities

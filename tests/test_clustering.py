@@ -6,6 +6,7 @@ import torch
 from sklearn.cluster import AgglomerativeClustering
 from sklearn.metrics import adjusted_rand_score
 
+import cflpipe.clustering as clustering
 from cflpipe.clustering import (
     as_matrix,
     canonical_labels,
@@ -101,6 +102,33 @@ def test_kmeans_keeps_the_restart_with_lowest_intra_cluster_distance():
     best = kmeans(x, 4, seed=np.random.default_rng(0), n_init=20, init="random").inertia
     assert best <= min(singles) + 1e-9 or best == pytest.approx(min(singles))
     assert best <= np.median(singles)
+
+
+def test_restarts_ending_in_one_partition_are_ties_whatever_their_numbering(monkeypatch):
+    # Two restarts find the same two groups under swapped numbers; the later one's inertia is
+    # lower in the last bits (as when the last cluster's sum comes from the column sums). The
+    # earlier numbering must win, or rounding picks it. A genuinely lower partition still wins.
+    x = torch.tensor([[0.0, 0.0], [0.1, 0.0], [5.0, 5.0], [5.1, 5.0], [0.0, 0.1]], dtype=torch.float64)
+    lloyd = clustering._lloyd
+
+    def numbered_twice(data, starts, max_iter, tol):
+        found = lloyd(data, starts[:1], max_iter, tol)
+        labels, centers, inertia, iterations = found[0]
+        swapped = (1 - labels, centers.flip(0), inertia * (1 - 1e-15), iterations)
+        return [found[0], swapped]
+
+    first = kmeans(x, 2, seed=0, n_init=1, init="random")
+    monkeypatch.setattr(clustering, "_lloyd", numbered_twice)
+    assert first.labels.tolist() in ([0, 0, 1, 1, 0], [1, 1, 0, 0, 1])
+    assert kmeans(x, 2, seed=0, n_init=2, init="random").labels.tolist() == first.labels.tolist()
+
+    def worse_then_better(data, starts, max_iter, tol):
+        labels, centers, inertia, iterations = lloyd(data, starts[:1], max_iter, tol)[0]
+        other = np.array([0, 1, 1, 1, 0])
+        return [(labels, centers, inertia, iterations), (other, centers, inertia / 2, iterations)]
+
+    monkeypatch.setattr(clustering, "_lloyd", worse_then_better)
+    assert kmeans(x, 2, seed=0, n_init=2, init="random").labels.tolist() == [0, 1, 1, 1, 0]
 
 
 def test_kmeans_from_given_centers_and_empty_clusters():
