@@ -363,10 +363,6 @@ REASONS: dict[str, str] = {
     "cflpipe.fl.method.xǁContextǁtrain":
         "The mask and step size of a plain plan dropped: killed by "
         "test_context_train_applies_its_mask_and_step_size (added after the pass).",
-    "cflpipe.fl.method.x_average_updates":
-        "Equivalent: `max(2, …)` differs from `max(1, …)` only with more than 2²¹ clients in a round, and"
-        " the mean is the same to float rounding whatever the block width "
-        "(test_averaging_by_column_blocks_equals_the_stacked_product).",
     "cflpipe.fl.method.xǁClientStoreǁ__init__":
         "`device = None`: load_state_dict's `table.to(None)` leaves a resumed run's client tables where "
         "read_state loaded them, the CPU: equivalent on the CPU; on a GPU they would stay on the CPU "

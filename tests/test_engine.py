@@ -660,7 +660,8 @@ def test_sampling_changes_every_round_and_follows_the_seed(tmp_path):
 
 def test_a_rounds_uploads_are_freed_before_the_next_round_trains(tmp_path, monkeypatch):
     """At 2,000 clients one round's uploads are 442 MB: the engine must not carry them (nor
-    the last update, through a loop variable) into the next round's training (#17)."""
+    the last update, through a loop variable) into the next round's training (#17). A method
+    that reads the updates themselves (here FedAvg told not to stream its means)."""
     from cflpipe.methods.fedavg import FedAvg
 
     spec = parse_spec(tiny_spec(tmp_path))
@@ -679,10 +680,71 @@ def test_a_rounds_uploads_are_freed_before_the_next_round_trains(tmp_path, monke
             seen["checked"] += 1
         round_start(self, sampled)
 
+    monkeypatch.setattr(FedAvg, "streamed_means", ())
     monkeypatch.setattr(FedAvg, "aggregate", watched_aggregate)
     monkeypatch.setattr(FedAvg, "round_start", watched_round_start)
     train_run(spec, "swap", "fedavg", 0, progress=False)
     assert seen == {"aggregates": 6, "checked": 5}
+
+
+def test_streamed_means_hold_no_upload_while_the_next_client_trains(tmp_path, monkeypatch):
+    """FedAvg's weighted mean is summed as clients finish (#32 item 8): with the sequential
+    trainer, every upload already summed is freed before the next client trains."""
+    from cflpipe.fl import method as method_module
+    from cflpipe.fl.trainers import SequentialTrainer
+
+    spec = parse_spec(tiny_spec(tmp_path, trainer="sequential"))
+    summed: list[weakref.ref] = []
+    seen = {"added": 0, "checked": 0}
+    add, one = method_module.WeightedSum.add, SequentialTrainer.one
+
+    def watched_add(self, vector, weight):
+        add(self, vector, weight)
+        summed.append(weakref.ref(vector))
+        seen["added"] += 1
+
+    def watched_one(self, spaces, item):
+        assert all(ref() is None for ref in summed)
+        seen["checked"] += len(summed) > 0
+        return one(self, spaces, item)
+
+    monkeypatch.setattr(method_module.WeightedSum, "add", watched_add)
+    monkeypatch.setattr(SequentialTrainer, "one", watched_one)
+    train_run(spec, "swap", "fedavg", 0, progress=False)
+    assert seen["added"] == 6 * 4 and seen["checked"] == 6 * 4 - 1
+
+
+def test_streamed_means_give_the_bits_of_the_held_updates(tmp_path, monkeypatch):
+    """The same sums in the same order, held or streamed: the same run to the bit (one
+    arithmetic against itself, so exact)."""
+    from cflpipe.methods.fedavg import FedAvg
+
+    outputs = {}
+    for streamed in (True, False):
+        with monkeypatch.context() as patch:
+            if not streamed:
+                patch.setattr(FedAvg, "streamed_means", ())
+            assert FedAvg.streams_means() is streamed
+            spec = parse_spec(tiny_spec(tmp_path / str(streamed), rounds=4))
+            run = train_run(spec, "swap", "fedavg", 0, progress=False).run_dir
+            outputs[streamed] = {name: (run / name).read_bytes() for name in ("metrics.parquet", "clusters.parquet")}
+    assert outputs[True] == outputs[False]
+
+
+def test_a_method_that_overrides_aggregate_is_not_streamed():
+    from cflpipe.methods.fedavg import FedAvg
+    from cflpipe.methods.fedprox import FedProx
+
+    class Reads(FedAvg):
+        def aggregate(self, updates):
+            super().aggregate(updates)
+
+    class Receives(FedAvg):
+        def receive(self, updates):
+            super().receive(updates)
+
+    assert FedAvg.streams_means() and FedProx.streams_means()
+    assert not Reads.streams_means() and not Receives.streams_means()
 
 
 def test_stacking_updates_frees_each_clients_own_copy():
@@ -703,23 +765,41 @@ def test_stacking_updates_frees_each_clients_own_copy():
 
 
 @pytest.mark.parametrize("clients,size", [(1, 10), (7, 1000), (25, 55_210), (300, 20_001)])
-def test_averaging_by_column_blocks_equals_the_stacked_product(clients, size, monkeypatch):
-    from cflpipe.fl import method
+def test_the_running_weighted_mean_equals_the_stacked_product(clients, size):
     from cflpipe.fl.local import LocalResult
     from cflpipe.fl.method import Update, average_updates
 
-    monkeypatch.setattr(method, "_AVERAGE_BLOCK_ELEMENTS", 4096)  # several blocks, a ragged last one
     generator = torch.Generator().manual_seed(clients)
     vectors = torch.randn(clients, size, generator=generator) * 0.1 + 0.5  # a shared part, as models
     sizes = torch.randint(1, 500, (clients,), generator=generator)
     updates = {3 * c + 1: Update({"model": vectors[c].clone()}, int(sizes[c]), LocalResult(0.0, 1, 1))
                for c in range(clients)}
     stacked = weighted_average(vectors, sizes.to(vectors.dtype))
-    # Two different reductions: a (1 × clients) @ (clients × width) product sums in an order the
-    # kernel picks by width and CPU (on AVX-512 the blocks differ from the whole in the last bit),
-    # so they agree to float rounding, not to the bit. A wrong weight or a missed block is off by
-    # far more than this tolerance.
-    torch.testing.assert_close(average_updates(updates), stacked, rtol=1e-6, atol=1e-7)
+    # Two different reductions (a float64 running sum, a float32 product whose order the kernel
+    # picks): they agree to float rounding, not to the bit. A wrong weight or a missed client is
+    # off by far more than this tolerance; in float64 the running sum is the exact mean rounded.
+    mean = average_updates(updates)
+    assert mean.dtype == torch.float32
+    torch.testing.assert_close(mean, stacked, rtol=1e-6, atol=1e-7)
+    exact = (sizes.double() @ vectors.double()) / sizes.double().sum()
+    if clients == 1:
+        assert torch.equal(mean, vectors[0])
+    else:
+        torch.testing.assert_close(mean.double(), exact, rtol=1e-7, atol=1e-9)
+
+
+def test_a_running_weighted_sum_refuses_a_vector_of_another_shape_or_dtype():
+    from cflpipe.fl.method import WeightedSum
+
+    total = WeightedSum()
+    with pytest.raises(ValueError, match="nothing was added"):
+        total.mean()
+    total.add(torch.ones(3), 2)
+    total.add(torch.full((3,), 4.0), 1)
+    assert torch.equal(total.mean(), torch.full((3,), 2.0))
+    for wrong in (torch.ones(4), torch.ones(3, dtype=torch.float64)):
+        with pytest.raises(ValueError, match="added to a sum of"):
+            total.add(wrong, 1)
 
 
 # ---------------------------------------------------------------------------- engine units

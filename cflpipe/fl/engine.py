@@ -21,7 +21,7 @@ from cflpipe.errors import DivergenceError, SpecError
 from cflpipe.fl.checkpoint import STATE_HASH_FILE, adopt_previous, read_state, rows_folder, write_state
 from cflpipe.fl.data import FederatedData
 from cflpipe.fl.evaluation import evaluate
-from cflpipe.fl.method import Context, Method, Payload, Update, divergence_error
+from cflpipe.fl.method import Context, Method, Payload, Update, WeightedSum, divergence_error
 from cflpipe.fl.plan import Results
 from cflpipe.fl.params import ParamSpace
 from cflpipe.fl.trainers import build_trainer
@@ -209,15 +209,23 @@ class Run:
             bytes_down = sum(p.nbytes for p in payloads.values())
             # Every sampled client's local work as plans, executed together by the trainer.
             # Only the updates hold the trained vectors from here on, so aggregation can free
-            # each upload as it copies it (see stack_updates).
-            updates, bytes_up, losses, skipped = self.finish_all(
-                r, payloads, *self.train_clients(payloads))
-            t1 = time.perf_counter()
-            self.method.receive(updates)
+            # each upload as it copies it (see stack_updates); a method that reads only weighted
+            # means gets them summed as clients finish, holding no upload at all.
+            if self.method.streams_means():
+                means, bytes_up, losses, skipped = self.train_summed(r, payloads)
+                t1 = time.perf_counter()
+                if means is not None:
+                    self.method.aggregate_means(means)
+            else:
+                updates, bytes_up, losses, skipped = self.finish_all(
+                    r, payloads, *self.train_clients(payloads))
+                t1 = time.perf_counter()
+                self.method.receive(updates)
+                # Nor is a round's traffic kept while the next round trains (2× the uploads at
+                # full participation, #17).
+                del updates
             t2 = time.perf_counter()
-            # Nor is a round's traffic kept while the next round trains (2× the uploads at full
-            # participation, #17).
-            del updates, payloads
+            del payloads
             row: dict[str, Any] = {"round": r + 1, "sampled": len(sampled), "skipped": skipped,
                                    "train_loss": float(np.mean(losses)) if losses else float("nan"),
                                    "bytes_down": bytes_down + self.ctx.extra_bytes_down,
@@ -251,15 +259,48 @@ class Run:
         updates, bytes_up, losses, skipped = {}, 0, [], 0
         for client, payload in payloads.items():
             update = self.method.end_client(client, payload, trained.pop(client), scratch.pop(client))
-            if update.result.diverged:
-                if self.training.on_divergence == "stop":
-                    raise divergence_error(r, client, self.method_name, update.result.loss)
+            if not self.accepted(r, client, update):
                 skipped += 1
                 continue
             bytes_up += update.nbytes
             losses.append(update.result.loss)
             updates[client] = update
         return updates, bytes_up, losses, skipped
+
+    def train_summed(self, r: int, payloads: dict[int, Payload]
+                     ) -> tuple[dict[str, torch.Tensor] | None, int, list[float], int]:
+        """finish_all and receive for a method with streamed_means: each accepted update's kept
+        tensors stored and its means' vectors added to running sums as its client finishes, in
+        the clients' order (average_updates' order, so the bits are those of receive). Returns
+        the means (None if no update was accepted), bytes up, losses and the skipped count."""
+        started = {c: self.method.start_client(c, payload) for c, payload in payloads.items()}
+        sums = {key: WeightedSum() for key in self.method.streamed_means}
+        bytes_up, losses, skipped = 0, [], 0
+        for client, trained in self.ctx.run_each({c: plans for c, (plans, _) in started.items()}):
+            _, scratch = started.pop(client)
+            update = self.method.end_client(client, payloads[client], trained, scratch)
+            del trained, scratch
+            if self.accepted(r, client, update):
+                bytes_up += update.nbytes
+                losses.append(update.result.loss)
+                for name, tensor in update.keep.items():
+                    self.ctx.clients.set(name, client, tensor)
+                for key, total in sums.items():
+                    total.add(update.tensors[key], update.n)
+            else:
+                skipped += 1
+            del update  # not held while the next client trains
+        if not losses:
+            return None, bytes_up, losses, skipped
+        return {key: total.mean() for key, total in sums.items()}, bytes_up, losses, skipped
+
+    def accepted(self, r: int, client: int, update: Update) -> bool:
+        """False for a diverged update under on_divergence: skip; the run stops under stop."""
+        if not update.result.diverged:
+            return True
+        if self.training.on_divergence == "stop":
+            raise divergence_error(r, client, self.method_name, update.result.loss)
+        return False
 
     def check_trained(self) -> None:
         """With on_divergence: skip, a run whose updates were mostly skipped has not trained; its

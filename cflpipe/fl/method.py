@@ -7,7 +7,7 @@ objective, which parameters are shared, which loss and step rule, how many model
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -15,7 +15,7 @@ import torch
 from cflpipe.errors import DivergenceError
 from cflpipe.fl.data import FederatedData
 from cflpipe.fl.local import Anchor, LocalResult, steps_for
-from cflpipe.fl.params import ParamSpace, weighted_average
+from cflpipe.fl.params import ParamSpace
 from cflpipe.fl.plan import ClientPlan, Plans, Results, Trained
 from cflpipe.fl.trainers import SequentialTrainer, Trainer
 from cflpipe.seeds import mix_seed, rng
@@ -183,6 +183,19 @@ class Context:
             else:
                 out.setdefault(client, {})[name] = result
         return out
+
+    def run_each(self, plans: dict[int, Plans]) -> Iterator[tuple[int, Results]]:
+        """As run, but each client's results are given as the trainer finishes them, so a caller
+        can let go of one before the next is trained (the sequential trainer's are one at a
+        time; other trainers' come together). Named plans and plans with follow-ups go through
+        run (a client is only finished once its follow-ups are)."""
+        if any(isinstance(plan, dict) or plan.then is not None for plan in plans.values()):
+            yield from self.run(plans).items()
+            return
+        clients = [int(client) for client in plans]
+        results = self.trainer.train_each(self.spaces, [self.work_item(client, plans[client]) for client in clients])
+        for client in clients:  # not zip: its reused result tuple would hold a result while the next trains
+            yield client, next(results)
 
     def work_item(self, client: int, plan: ClientPlan) -> WorkItem:
         """A plan with everything its training needs resolved in this process: the client's
@@ -393,6 +406,28 @@ class Method:
         return Update(tensors, int(self.ctx.train_sizes()[client]), result, meta=meta, keep=keep or {})
 
     # --- server side
+    # Update keys whose sample-weighted means are all a round's aggregation reads (FedAvg's
+    # "model"). The engine then adds each accepted upload to running sums as its client
+    # finishes and calls aggregate_means, so a round never holds its uploads (#32 item 8);
+    # aggregate(updates) must give the same (average_updates sums in the same order).
+    streamed_means: tuple[str, ...] = ()
+
+    def aggregate_means(self, means: dict[str, torch.Tensor]) -> None:
+        """The round's aggregation from the sample-weighted means of streamed_means over the
+        accepted updates (not called when none was accepted)."""
+        raise NotImplementedError
+
+    @classmethod
+    def streams_means(cls) -> bool:
+        """Whether the engine sums uploads as they come: streamed_means declared by a class whose
+        aggregate and aggregate_means are still in force, and receive not overridden (a subclass
+        that overrides either reads the round's updates itself, so it gets them)."""
+        if not cls.streamed_means:
+            return False
+        owner = next(c for c in cls.__mro__ if "streamed_means" in vars(c))
+        return (cls.aggregate is owner.aggregate and cls.aggregate_means is owner.aggregate_means
+                and cls.receive is Method.receive)
+
     def receive(self, updates: dict[int, Update]) -> None:
         """The accepted updates of a round: what clients keep goes to the client store, then
         the server aggregates. The engine calls this; methods override aggregate."""
@@ -535,26 +570,42 @@ def stack_updates(updates: dict[int, Update], key: str = "model") -> tuple[np.nd
     return clients, vectors, weights
 
 
-# Elements of one block of average_updates (16 MB of float32 columns for all clients together).
-_AVERAGE_BLOCK_ELEMENTS = 1 << 22
+class WeightedSum:
+    """Σ n_i v_i and Σ n_i over vectors added one at a time, the sum in float64.
+
+    In float64 the order of the additions hardly shows (a float32 vector times an integer
+    weight is exact there; each addition rounds at 2⁻⁵³): the mean equals a stacked float32
+    mean to float32 rounding, and the same additions in the same order give the same bits, so
+    a run is bit-identical with itself whether its uploads were held or summed as they came."""
+
+    def __init__(self) -> None:
+        self.total: torch.Tensor | None = None
+        self.weight = 0
+        self.dtype: torch.dtype | None = None
+
+    def add(self, vector: torch.Tensor, weight: int) -> None:
+        if self.total is None:
+            self.total = torch.zeros(vector.shape, dtype=torch.float64, device=vector.device)
+            self.dtype = vector.dtype
+        elif vector.shape != self.total.shape or vector.dtype != self.dtype:
+            raise ValueError(f"WeightedSum: a {tuple(vector.shape)} {vector.dtype} vector added to a sum of "
+                             f"{tuple(self.total.shape)} {self.dtype} vectors")
+        self.total.add_(vector, alpha=weight)
+        self.weight += weight
+
+    def mean(self) -> torch.Tensor:
+        if self.total is None:
+            raise ValueError("WeightedSum: nothing was added")
+        return (self.total / self.weight).to(self.dtype)
 
 
 def average_updates(updates: dict[int, Update], key: str = "model") -> torch.Tensor:
-    """The sample-weighted mean of the updates' `key` vectors: weighted_average of their stack,
-    computed block of columns by block, so no (clients × parameters) matrix is made (at 2,000
-    clients that copy is 442 MB next to the uploads themselves). It equals the stacked mean to float
-    rounding, not to the bit: the product's kernel may sum a block's columns in another order than
-    the whole matrix's (it does on AVX-512 CPUs). A run is still bit-identical with itself (the
-    same blocks every time), which is what resume and reruns rely on."""
-    clients = list(updates)
-    if not clients:
+    """The sample-weighted mean of the updates' `key` vectors, summed in the updates' order (a
+    WeightedSum): the same bits as the engine's running sums of a method with streamed_means."""
+    if not updates:
         raise ValueError("average_updates: no updates")
-    first = updates[clients[0]].tensors[key]
-    weights = torch.tensor([updates[c].n for c in clients], dtype=first.dtype, device=first.device)
-    mean = torch.empty_like(first)
-    width = max(1, _AVERAGE_BLOCK_ELEMENTS // len(clients))
-    for start in range(0, first.numel(), width):
-        block = torch.stack([updates[c].tensors[key][start:start + width] for c in clients])
-        mean[start:start + width] = weighted_average(block, weights)
-    return mean
+    total = WeightedSum()
+    for update in updates.values():
+        total.add(update.tensors[key], update.n)
+    return total.mean()
 

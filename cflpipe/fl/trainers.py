@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import sys
 from collections import defaultdict
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -76,6 +76,11 @@ class Trainer:
     def train(self, spaces: dict[str, ParamSpace], items: list[WorkItem]) -> list[Trained]:
         raise NotImplementedError
 
+    def train_each(self, spaces: dict[str, ParamSpace], items: list[WorkItem]) -> Iterator[Trained]:
+        """The items' results in order, each as soon as the trainer has it (default: all of
+        train's at once)."""
+        yield from self.train(spaces, items)
+
     def close(self) -> None:
         """Let go of what the trainer holds for the run (worker processes); called when it ends."""
 
@@ -127,6 +132,10 @@ class SequentialTrainer(Trainer):
 
     def train(self, spaces, items):
         return [self.one(spaces, item) for item in items]
+
+    def train_each(self, spaces, items):
+        for item in items:
+            yield self.one(spaces, item)
 
 
 # training.compile: distinct compiled graphs of the batched step one process may hold (TorchDynamo

@@ -15,6 +15,7 @@ class FedAvg(Method):
     """FedAvg: one global model, clients' models averaged weighted by their sample counts."""
 
     checkpoint = ("global_model",)
+    streamed_means = ("model",)
 
     def __init__(self, ctx):
         super().__init__(ctx)
@@ -40,6 +41,9 @@ class FedAvg(Method):
     def aggregate(self, updates: dict[int, Update]) -> None:
         if updates:
             self.global_model = average_updates(updates)
+
+    def aggregate_means(self, means: dict[str, torch.Tensor]) -> None:
+        self.global_model = means["model"]
 
     def eval_params(self, client: int) -> torch.Tensor:
         return self.global_model
