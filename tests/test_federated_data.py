@@ -5,6 +5,7 @@ and the federated data built from them. Small inputs built here, no training."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -21,6 +22,7 @@ from cflpipe.fl.data import (
     _fingerprint,
     _standardizer,
     build_federated_data,
+    gather_pool_rows,
     partition_scenario,
 )
 from cflpipe.partition import (
@@ -192,6 +194,80 @@ def test_pool_rows_gather_from_both_splits_in_order():
     rows = np.array([6, 0, 7, 4, 5])
     assert ds.pool_rows("all", rows)[:, 0].tolist() == ds.pool("all")[0][rows][:, 0].tolist() == [11, 0, 12, 4, 10]
     assert ds.pool_rows("train", np.array([3, 1]))[:, 0].tolist() == [3, 1]
+
+
+@pytest.mark.parametrize("pool", ["all", "train"])
+def test_gathering_in_pool_order_gives_pool_rows_in_any_order_and_chunking(pool, monkeypatch):
+    import cflpipe.fl.data as fl_data
+
+    ds = dataset(n_train=37, n_test=11)
+    size = 48 if pool == "all" else 37
+    rows = np.random.default_rng(3).integers(0, size, 90)  # repeated rows too, unsorted
+    for chunk_rows in (1, 5, 1000):
+        monkeypatch.setattr(fl_data, "_POOL_CHUNK_BYTES", chunk_rows * ds.x_train[:1].nbytes)
+        out = np.full((len(rows), *ds.input_shape), np.nan, dtype=np.float32)
+        gather_pool_rows(ds, pool, rows, out)
+        assert np.array_equal(out, ds.pool_rows(pool, rows))
+
+
+def test_a_stored_npz_is_read_through_a_memory_map_with_the_same_values(tmp_path):
+    from cflpipe.data.files import _read_npz
+
+    rng = np.random.default_rng(2)
+    arrays = {"x_train": rng.random((30, 3, 4, 4), dtype=np.float32), "y_train": np.arange(30) % 3,
+              "x_test": np.asfortranarray(rng.random((9, 5))), "y_test": np.arange(9) % 3}
+    np.savez(tmp_path / "stored.npz", **arrays)
+    np.savez_compressed(tmp_path / "compressed.npz", **arrays)
+    read, mapped = _read_npz(tmp_path / "stored.npz")
+    assert len(mapped) == 1
+    for name in ("x_train", "x_test"):
+        assert not read[name].flags.writeable  # over the file: nothing may write into it
+        assert read[name].dtype == arrays[name].dtype and np.array_equal(read[name], arrays[name])
+    assert np.array_equal(read["y_train"], arrays["y_train"])
+    read, mapped = _read_npz(tmp_path / "compressed.npz")
+    assert mapped == () and all(np.array_equal(read[k], v) for k, v in arrays.items())
+
+
+def test_a_mapped_dataset_builds_the_clients_an_in_memory_one_builds(tmp_path):
+    """The same file stored and compressed: the same client tensors to the bit (the same
+    values through the same arithmetic), the stored one read through its memory map."""
+    built = {}
+    for save in (np.savez, np.savez_compressed):
+        folder = tmp_path / save.__name__
+        folder.mkdir()
+        rng = np.random.default_rng(1)
+        save(folder / "mine.npz", x_train=rng.random((40, 3, 4, 4), dtype=np.float32), y_train=np.arange(40) % 2,
+             x_test=rng.random((10, 3, 4, 4), dtype=np.float32), y_test=np.arange(10) % 2)
+        spec = files_spec(folder, {"path": str(folder / "mine.npz")},
+                          partition=[{"kind": "dirichlet", "alpha": 0.5}, {"kind": "rotation", "groups": 2}])
+        data = build_federated_data(spec, "s", torch.device("cpu"))
+        built[save.__name__] = [t.numpy().copy() for split in (data.train, data.test) for t in (split.x, split.y)]
+    assert all(np.array_equal(a, b) for a, b in zip(built["savez"], built["savez_compressed"]))
+
+
+@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="reads this process's resident size from /proc")
+def test_released_pages_of_a_read_mapping_leave_the_process(tmp_path):
+    import mmap
+
+    from cflpipe.data.base import release_pages
+
+    def resident_mib() -> float:
+        return int(Path("/proc/self/statm").read_text().split()[1]) * mmap.PAGESIZE / 2**20
+
+    path = tmp_path / "data.bin"
+    path.write_bytes(np.random.default_rng(0).bytes(96 << 20))
+    with open(path, "rb") as raw:
+        mapping = mmap.mmap(raw.fileno(), 0, access=mmap.ACCESS_READ)
+    values = np.frombuffer(mapping, dtype=np.uint8)
+    before = resident_mib()
+    assert int(values[::mmap.PAGESIZE].sum()) >= 0  # touch every page
+    read = resident_mib()
+    release_pages((mapping,))
+    released = resident_mib()
+    assert read - before > 64 and read - released > 64
+    assert np.array_equal(values[:8], np.frombuffer(path.read_bytes()[:8], dtype=np.uint8))  # read again
+    del values
+    mapping.close()
 
 
 def test_federated_data_follows_the_written_partition(tmp_path):

@@ -6,6 +6,7 @@ the downloader never need torch; the engine moves them to tensors once per run.
 
 from __future__ import annotations
 
+import mmap
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -14,6 +15,18 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from cflpipe.errors import SpecError
+
+
+def release_pages(mappings: tuple[mmap.mmap, ...]) -> None:
+    """Let this process drop the pages of memory maps it has read: they stay in the page cache
+    and come back on the next read. Reading a mapped dataset through (the checks, the
+    statistics, gathering clients' rows) then never holds all of it, so client tensors are built
+    beside a few chunks of it rather than beside a copy (#32 item 8). Nothing where the platform
+    has no madvise."""
+    release = getattr(mmap, "MADV_DONTNEED", None)
+    for mapping in mappings:
+        if release is not None and hasattr(mapping, "madvise"):
+            mapping.madvise(release)
 
 
 @dataclass(frozen=True)
@@ -28,6 +41,11 @@ class Dataset:
     # Synthetic); None elsewhere. Used by the `natural` partition.
     source_train: np.ndarray | None = None
     source_test: np.ndarray | None = None
+    # Memory maps the inputs are read from (a `files` .npz stored uncompressed), else empty.
+    mapped: tuple[mmap.mmap, ...] = field(default=(), repr=False, compare=False)
+
+    def release_pages(self) -> None:
+        release_pages(self.mapped)
 
     @property
     def input_shape(self) -> tuple[int, ...]:

@@ -3,7 +3,10 @@
 - NumPy `.npz`: `x_train`, `y_train`, `x_test`, `y_test`, and optionally `source_train` and
   `source_test` (one generating device per sample, for the `natural` partition). Inputs are
   (N, D) feature vectors or (N, C, H, W) images; labels integers 0..classes−1. Loaded without
-  pickle support, so an object array is refused rather than executed.
+  pickle support, so an object array is refused rather than executed. Stored uncompressed
+  (`np.savez`, not `savez_compressed`), `x_train` and `x_test` are read through a memory map of
+  the file rather than into memory: a dataset larger than the machine's memory can still be
+  partitioned, and clients' tensors are built without a second copy beside them.
 - Parquet: one row per sample with a label column (`label`), optionally `split` (train/test; absent:
   every row is a training row) and `source` (device); the inputs are every other column (numbers),
   or with `image: COLUMN` one column of flat number lists reshaped to `shape` (C, H, W).
@@ -18,12 +21,15 @@ FedAvg and IFCA alike) want it.
 
 from __future__ import annotations
 
+import mmap
+import struct
+import zipfile
 from pathlib import Path
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from cflpipe.data.base import Dataset, DatasetInfo, register
+from cflpipe.data.base import Dataset, DatasetInfo, register, release_pages
 from cflpipe.errors import DataError
 
 _SPLITS = ("train", "test")
@@ -52,13 +58,14 @@ def load_files(params: FilesParams, data_dir: Path) -> Dataset:
         raise DataError(f"{path}: no such file (dataset files: path is relative to the working directory "
                         f"{Path.cwd()})")
     suffix = path.suffix.lower()
+    mapped: tuple[mmap.mmap, ...] = ()
     if suffix == ".npz":
-        arrays = _read_npz(path)
+        arrays, mapped = _read_npz(path)
     elif suffix == ".parquet":
         arrays = _read_parquet(path, params)
     else:
         raise DataError(f"{path}: dataset files must be .npz or .parquet, got {suffix or 'no suffix'!r}")
-    dataset = _checked(path, arrays, params.classes)
+    dataset = _checked(path, arrays, params.classes, mapped)
     return _standardized(dataset) if params.standardize and not dataset.is_image else dataset
 
 
@@ -74,7 +81,9 @@ def _standardized(dataset: Dataset) -> Dataset:
     return replace(dataset, x_train=scale(dataset.x_train), x_test=scale(dataset.x_test))
 
 
-def _read_npz(path: Path) -> dict[str, np.ndarray]:
+def _read_npz(path: Path) -> tuple[dict[str, np.ndarray], tuple[mmap.mmap, ...]]:
+    """The arrays of a dataset .npz, x_train and x_test memory-mapped where stored uncompressed,
+    and the memory map (if any)."""
     try:
         with np.load(path, allow_pickle=False) as npz:
             names = set(npz.files)
@@ -86,7 +95,8 @@ def _read_npz(path: Path) -> dict[str, np.ndarray]:
             if unknown:
                 raise DataError(f"{path}: unknown arrays {', '.join(unknown)}; allowed: x_train, y_train, x_test, "
                                 f"y_test, source_train, source_test")
-            return {name: npz[name] for name in names}
+            inputs, mapping = _mapped_inputs(path)
+            return {name: inputs[name] if name in inputs else npz[name] for name in names}, mapping
     except DataError:
         raise
     except ValueError as exc:  # object arrays need pickle, which is refused
@@ -94,6 +104,42 @@ def _read_npz(path: Path) -> dict[str, np.ndarray]:
                         f"store numeric arrays") from None
     except Exception as exc:  # a damaged or foreign file
         raise DataError(f"{path}: not a readable .npz file ({type(exc).__name__})") from None
+
+
+def _mapped_inputs(path: Path) -> tuple[dict[str, np.ndarray], tuple[mmap.mmap, ...]]:
+    """x_train and x_test as read-only arrays over one memory map of the file, where each is
+    stored uncompressed, unencrypted, in .npy format 1.0 or 2.0 with a plain dtype; the others
+    are left to np.load. A member's data starts after its zip local header (whose extra field
+    may differ from the central directory's, so it is read) and its .npy header."""
+    inputs: dict[str, np.ndarray] = {}
+    with zipfile.ZipFile(path) as archive, open(path, "rb") as raw:
+        size = raw.seek(0, 2)
+        mapping = None
+        for name in ("x_train", "x_test"):
+            info = archive.NameToInfo.get(f"{name}.npy")
+            if info is None or info.compress_type != zipfile.ZIP_STORED or info.flag_bits & 0x1:
+                continue
+            raw.seek(info.header_offset)
+            local = raw.read(30)
+            if len(local) < 30 or local[:4] != b"PK\x03\x04":
+                continue
+            name_length, extra_length = struct.unpack("<HH", local[26:30])
+            with archive.open(info) as member:
+                version = np.lib.format.read_magic(member)
+                if version not in ((1, 0), (2, 0)):
+                    continue
+                read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) \
+                    else np.lib.format.read_array_header_2_0
+                shape, fortran, dtype = read_header(member)
+                start = info.header_offset + 30 + name_length + extra_length + member.tell()
+            count = int(np.prod(shape, dtype=np.int64))
+            if dtype.hasobject or start + count * dtype.itemsize > size:
+                continue
+            if mapping is None:
+                mapping = mmap.mmap(raw.fileno(), 0, access=mmap.ACCESS_READ)
+            flat = np.frombuffer(mapping, dtype=dtype, count=count, offset=start)
+            inputs[name] = flat.reshape(shape[::-1]).T if fortran else flat.reshape(shape)
+    return inputs, (() if mapping is None else (mapping,))
 
 
 def _read_parquet(path: Path, params: FilesParams) -> dict[str, np.ndarray]:
@@ -173,7 +219,8 @@ def _numbers(path: Path, column: str, values) -> np.ndarray:
     return values.to_numpy(zero_copy_only=False)
 
 
-def _checked(path: Path, arrays: dict[str, np.ndarray], classes: int | None) -> Dataset:
+def _checked(path: Path, arrays: dict[str, np.ndarray], classes: int | None,
+             mapped: tuple[mmap.mmap, ...] = ()) -> Dataset:
     for name in ("x_train", "x_test"):
         x = arrays[name]
         if x.dtype.kind not in "biuf":
@@ -183,7 +230,10 @@ def _checked(path: Path, arrays: dict[str, np.ndarray], classes: int | None) -> 
         with np.errstate(over="ignore", invalid="ignore"):
             # what training uses: values beyond float32 become inf (no copy when already float32)
             x = arrays[name] = x.astype(np.float32, copy=False)
-        bad = sum(int(np.count_nonzero(~np.isfinite(x[i:i + ROWS_AT_ONCE]))) for i in range(0, len(x), ROWS_AT_ONCE))
+        bad = 0
+        for i in range(0, len(x), ROWS_AT_ONCE):
+            bad += int(np.count_nonzero(~np.isfinite(x[i:i + ROWS_AT_ONCE])))
+            release_pages(mapped)  # a mapped file is read through, not held
         if bad:
             raise DataError(f"{path}: {name} holds {bad} NaN or infinite values (in float32)")
     if arrays["x_train"].shape[1:] != arrays["x_test"].shape[1:]:
@@ -219,7 +269,7 @@ def _checked(path: Path, arrays: dict[str, np.ndarray], classes: int | None) -> 
             if source.ndim != 1 or len(source) != len(labels[_SPLITS.index(name)]) or source.dtype.kind not in "iu":
                 raise DataError(f"{path}: source_{name} must be one integer device id per sample")
     return Dataset("files", arrays["x_train"], labels[0], arrays["x_test"],
-                   labels[1], num_classes=num_classes,
+                   labels[1], num_classes=num_classes, mapped=mapped,
                    source_train=None if sources[0] is None else sources[0].astype(np.int64),
                    source_test=None if sources[1] is None else sources[1].astype(np.int64))
 

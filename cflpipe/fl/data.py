@@ -4,6 +4,7 @@ per run from the dataset and the scenario's partition (its transforms applied he
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
@@ -82,6 +83,31 @@ class FederatedData:
                              self.groups[clients], self.num_classes, self.input_shape, self.transforms, self.public)
 
 
+# Bytes of the pool read at once by gather_pool_rows (its memory-mapped pages dropped after each).
+_POOL_CHUNK_BYTES = 32 << 20
+
+
+def gather_pool_rows(dataset, pool: str, rows: np.ndarray, out: np.ndarray) -> None:
+    """out[i] = the pool's row rows[i] (Dataset.pool_rows, written into out), reading the pool
+    once in order, a chunk of _POOL_CHUNK_BYTES at a time, the pages of a memory-mapped dataset
+    dropped after each chunk. Gathering client by client instead reads all over the file, and
+    each fault maps the pages around the row too (64 KB for a 12 KB CIFAR row): the process
+    then held several times the rows it had read until a release."""
+    order = np.argsort(rows, kind="stable")
+    wanted = rows[order]
+    splits = [(dataset.x_train, 0)]
+    if pool != "train":
+        splits.append((dataset.x_test, len(dataset.x_train)))
+    for x, first in splits:
+        chunk = max(1, _POOL_CHUNK_BYTES // max(x[:1].nbytes, 1))
+        for start in range(0, len(x), chunk):
+            stop = min(start + chunk, len(x))
+            lo, hi = np.searchsorted(wanted, [first + start, first + stop])
+            if hi > lo:
+                out[order[lo:hi]] = x[wanted[lo:hi] - first]
+                dataset.release_pages()
+
+
 def build_federated_data(spec: Spec, scenario: str, device: torch.device) -> FederatedData:
     """Read the partition written by `cflpipe partition` (building it first when absent, which
     gives the same bytes) and materialize every client's tensors once."""
@@ -102,11 +128,13 @@ def build_federated_data(spec: Spec, scenario: str, device: torch.device) -> Fed
     if sc.public is not None and partition.public is None:
         raise PartitionError(f"{out}: the partition has no {PUBLIC_FILE} although scenario {scenario} has "
                              f"`public:`; run `cflpipe partition --config FILE --scenario {scenario}` again")
-    # Memory follows the data (#32 item 8): each client's rows are gathered, standardized and
-    # transformed on their own and written into the split's one array, never a copy of the whole
-    # pool (the concatenated pool, its standardized copy and per-client pieces held 4× the data).
+    # Memory follows the data (#32 item 8): the split's one array is filled by reading the pool
+    # once in order (a memory-mapped file is then held a chunk at a time), and each client's rows
+    # are standardized and transformed there on their own: never a copy of the whole pool (the
+    # concatenated pool, its standardized copy and per-client pieces held 4× the data).
     y_pool = dataset.pool_labels(sc.pool)
     standardize = _standardizer(dataset)
+    dataset.release_pages()  # what the partition and the statistics read of a mapped file
     public = None
     if sc.public is not None:
         public = torch.from_numpy(np.ascontiguousarray(standardize(dataset.x_test[partition.public]),
@@ -118,15 +146,15 @@ def build_federated_data(spec: Spec, scenario: str, device: torch.device) -> Fed
     transforms = [str(t) for t in stats.loc[clients, "transform"]]
     splits = {}
     for split in ("train", "test"):
-        sizes = np.array([len(indices[c][split]) for c in clients], dtype=np.int64)
+        rows = [np.asarray(indices[c][split], dtype=np.int64) for c in clients]
+        sizes = np.array([len(r) for r in rows], dtype=np.int64)
         offsets = np.concatenate([[0], np.cumsum(sizes)])
         x_all = np.empty((int(offsets[-1]), *dataset.input_shape), dtype=np.float32)
         y_all = np.empty(int(offsets[-1]), dtype=np.int64)
-        for i, (c, transform) in enumerate(zip(clients, transforms)):
-            idx = np.asarray(indices[c][split])
-            x, y = apply_transform(standardize(dataset.pool_rows(sc.pool, idx)), y_pool[idx], transform)
-            x_all[offsets[i]:offsets[i + 1]] = x
-            y_all[offsets[i]:offsets[i + 1]] = y
+        gather_pool_rows(dataset, sc.pool, np.concatenate(rows) if rows else np.empty(0, np.int64), x_all)
+        for i, (idx, transform) in enumerate(zip(rows, transforms)):
+            mine = slice(offsets[i], offsets[i + 1])
+            x_all[mine], y_all[mine] = apply_transform(standardize(x_all[mine]), y_pool[idx], transform)
         splits[split] = SplitData(
             x=torch.from_numpy(x_all).to(device),
             y=torch.from_numpy(y_all).to(device),
@@ -137,13 +165,15 @@ def build_federated_data(spec: Spec, scenario: str, device: torch.device) -> Fed
                          tuple(dataset.input_shape), transforms, public)
 
 
-def _channel_std(x: np.ndarray, mean: np.ndarray, rows_at_once: int = 4096) -> np.ndarray:
+def _channel_std(x: np.ndarray, mean: np.ndarray, rows_at_once: int = 4096,
+                 after_chunk: Callable[[], None] = lambda: None) -> np.ndarray:
     """Per-channel population std of (N, C, H, W) images around `mean` (1, C, 1, 1), float64,
     over chunks of rows: np.std holds a float64 copy of the whole array (twice the data)."""
     squares = np.zeros(x.shape[1], dtype=np.float64)
     for i in range(0, len(x), rows_at_once):
         deviation = x[i:i + rows_at_once] - mean
         squares += np.einsum("nchw,nchw->c", deviation, deviation)
+        after_chunk()
     return np.sqrt(squares / max(x.shape[0] * x.shape[2] * x.shape[3], 1))
 
 
@@ -154,7 +184,8 @@ def _standardizer(dataset):
     if not dataset.is_image:
         return lambda x: x
     mean = dataset.x_train.mean(axis=(0, 2, 3), dtype=np.float64)[None, :, None, None]
-    std = _channel_std(dataset.x_train, mean)[None, :, None, None]
+    dataset.release_pages()  # a mapped file's pages, read once for each statistic
+    std = _channel_std(dataset.x_train, mean, after_chunk=dataset.release_pages)[None, :, None, None]
     # float32 statistics keep the arithmetic in float32 (no float64 copy of the pool).
     mean, std = mean.astype(np.float32), np.maximum(std, 1e-8).astype(np.float32)
     return lambda x: (x - mean) / std
