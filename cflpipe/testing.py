@@ -314,13 +314,32 @@ def check_batched_equals_sequential(name: str, workdir: Path) -> None:
         trained_alike(name, workdir, "batched", ADAM_TOLERANCE)
 
 
+def check_streamed_means_equal_held_updates(name: str, workdir: Path) -> None:
+    """A method whose means the engine sums as clients finish (Method.streamed_means) gives the
+    bytes it gives when the round's updates are held and passed to aggregate."""
+    cls = method_info(name).cls
+    if not cls.streams_means():
+        return
+    spec = parse_spec(spec_dict(Path(workdir), name))
+    own = vars(cls).get("streams_means")  # the class's own entry (a classmethod), if any
+    cls.streams_means = classmethod(lambda _: False)
+    try:
+        train_run(spec, "s", name, 0, progress=False)
+    finally:
+        if own is None:
+            del cls.streams_means
+        else:
+            cls.streams_means = own
+    same_bytes(reference_run(name), spec.run_dir("s", name, 0))
+
+
 CHECKS: tuple[Callable[[str, Path], None], ...] = (
     check_k_rule, check_clients_use_only_what_they_were_sent, check_state_round_trip,
     check_batched_equals_sequential, check_determinism, check_resume, check_outputs_from_last_checkpoint,
-    check_evaluation_does_not_change_training)
+    check_evaluation_does_not_change_training, check_streamed_means_equal_held_updates)
 # Checks that train whole runs (seconds each): pytest's `slow` mark in parametrize_with_checks.
 SLOW_CHECKS = (check_determinism, check_resume, check_outputs_from_last_checkpoint,
-               check_evaluation_does_not_change_training)
+               check_evaluation_does_not_change_training, check_streamed_means_equal_held_updates)
 
 
 def check_method(name: str, workdir: Path) -> None:

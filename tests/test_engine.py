@@ -680,7 +680,7 @@ def test_a_rounds_uploads_are_freed_before_the_next_round_trains(tmp_path, monke
             seen["checked"] += 1
         round_start(self, sampled)
 
-    monkeypatch.setattr(FedAvg, "streamed_means", ())
+    monkeypatch.setattr(FedAvg, "streams_means", classmethod(lambda cls: False))
     monkeypatch.setattr(FedAvg, "aggregate", watched_aggregate)
     monkeypatch.setattr(FedAvg, "round_start", watched_round_start)
     train_run(spec, "swap", "fedavg", 0, progress=False)
@@ -723,7 +723,7 @@ def test_streamed_means_give_the_bits_of_the_held_updates(tmp_path, monkeypatch)
     for streamed in (True, False):
         with monkeypatch.context() as patch:
             if not streamed:
-                patch.setattr(FedAvg, "streamed_means", ())
+                patch.setattr(FedAvg, "streams_means", classmethod(lambda cls: False))
             assert FedAvg.streams_means() is streamed
             spec = parse_spec(tiny_spec(tmp_path / str(streamed), rounds=4))
             run = train_run(spec, "swap", "fedavg", 0, progress=False).run_dir
@@ -743,8 +743,16 @@ def test_a_method_that_overrides_aggregate_is_not_streamed():
         def receive(self, updates):
             super().receive(updates)
 
-    assert FedAvg.streams_means() and FedProx.streams_means()
-    assert not Reads.streams_means() and not Receives.streams_means()
+    class Momentum(FedAvg):  # only the means' use changes: streamed, and the held path agrees
+        def aggregate_means(self, means):
+            super().aggregate_means({"model": 2 * means["model"]})
+
+    class ReadsAfter(Momentum):
+        def aggregate(self, updates):
+            super().aggregate(updates)
+
+    assert FedAvg.streams_means() and FedProx.streams_means() and Momentum.streams_means()
+    assert not Reads.streams_means() and not Receives.streams_means() and not ReadsAfter.streams_means()
 
 
 def test_stacking_updates_frees_each_clients_own_copy():

@@ -240,9 +240,49 @@ def test_a_mapped_dataset_builds_the_clients_an_in_memory_one_builds(tmp_path):
              x_test=rng.random((10, 3, 4, 4), dtype=np.float32), y_test=np.arange(10) % 2)
         spec = files_spec(folder, {"path": str(folder / "mine.npz")},
                           partition=[{"kind": "dirichlet", "alpha": 0.5}, {"kind": "rotation", "groups": 2}])
-        data = build_federated_data(spec, "s", torch.device("cpu"))
+        mapped = []
+        release = Dataset.release_pages
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(Dataset, "release_pages", lambda self: (mapped.append(len(self.mapped)), release(self)))
+            data = build_federated_data(spec, "s", torch.device("cpu"))
+        assert mapped and set(mapped) == {1 if save is np.savez else 0}  # read through the map, or not
         built[save.__name__] = [t.numpy().copy() for split in (data.train, data.test) for t in (split.x, split.y)]
     assert all(np.array_equal(a, b) for a, b in zip(built["savez"], built["savez_compressed"]))
+
+
+def test_a_damaged_or_foreign_stored_member_is_left_to_numpy(tmp_path):
+    """A member whose header promises more rows than it holds, or whose bytes fail its CRC, is
+    not mapped: np.load reads it, so the file is refused with one line as before."""
+    from cflpipe.data.files import _mapped_inputs, load_files, FilesParams
+    from cflpipe.errors import DataError
+
+    rng = np.random.default_rng(0)
+    arrays = {"x_train": rng.random((1000, 3), dtype=np.float32), "y_train": np.arange(1000) % 2,
+              "x_test": rng.random((4, 3), dtype=np.float32), "y_test": np.arange(4) % 2}
+    np.savez(tmp_path / "good.npz", **arrays)
+    assert set(_mapped_inputs(tmp_path / "good.npz")[0]) == {"x_train", "x_test"}
+    data = bytearray((tmp_path / "good.npz").read_bytes())
+    at = data.index(arrays["x_train"].tobytes())
+    flipped = bytearray(data)
+    flipped[at + 10_000] ^= 0xFF  # a byte of x_train past what reading its header reads: its CRC fails
+    (tmp_path / "flipped.npz").write_bytes(flipped)
+    assert "x_train" not in _mapped_inputs(tmp_path / "flipped.npz")[0]
+    with pytest.raises(DataError, match="flipped.npz"):
+        load_files(FilesParams(path=str(tmp_path / "flipped.npz")), tmp_path)
+    import io
+    import zipfile
+
+    with zipfile.ZipFile(tmp_path / "longer.npz", "w") as archive:  # stored, each CRC right
+        for name, array in ((k, v) for k, v in arrays.items() if k != "x_train"):
+            member = io.BytesIO()
+            np.save(member, array)
+            archive.writestr(f"{name}.npy", member.getvalue())
+        header = io.BytesIO()  # one row more than the member holds
+        np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False, "shape": (1001, 3)})
+        archive.writestr("x_train.npy", header.getvalue() + arrays["x_train"].tobytes())
+    assert "x_train" not in _mapped_inputs(tmp_path / "longer.npz")[0]
+    with pytest.raises(DataError, match="longer.npz"):
+        load_files(FilesParams(path=str(tmp_path / "longer.npz")), tmp_path)
 
 
 @pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="reads this process's resident size from /proc")

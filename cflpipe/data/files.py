@@ -6,7 +6,8 @@
   pickle support, so an object array is refused rather than executed. Stored uncompressed
   (`np.savez`, not `savez_compressed`), `x_train` and `x_test` are read through a memory map of
   the file rather than into memory: a dataset larger than the machine's memory can still be
-  partitioned, and clients' tensors are built without a second copy beside them.
+  partitioned, and clients' tensors are built without a second copy beside them (not with
+  `standardize: true`, whose scaled features are a copy).
 - Parquet: one row per sample with a label column (`label`), optionally `split` (train/test; absent:
   every row is a training row) and `source` (device); the inputs are every other column (numbers),
   or with `image: COLUMN` one column of flat number lists reshaped to `shape` (C, H, W).
@@ -24,6 +25,7 @@ from __future__ import annotations
 import mmap
 import struct
 import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -108,38 +110,54 @@ def _read_npz(path: Path) -> tuple[dict[str, np.ndarray], tuple[mmap.mmap, ...]]
 
 def _mapped_inputs(path: Path) -> tuple[dict[str, np.ndarray], tuple[mmap.mmap, ...]]:
     """x_train and x_test as read-only arrays over one memory map of the file, where each is
-    stored uncompressed, unencrypted, in .npy format 1.0 or 2.0 with a plain dtype; the others
-    are left to np.load. A member's data starts after its zip local header (whose extra field
-    may differ from the central directory's, so it is read) and its .npy header."""
+    stored uncompressed, unencrypted, in .npy format 1.0 or 2.0 with a plain dtype, its data
+    within its member and the member's CRC-32 right (read once, a chunk at a time, the pages let
+    go); the others, and any file the system cannot map, are left to np.load, which refuses a
+    damaged member as before. A member's data starts after its zip local header (whose extra
+    field may differ from the central directory's, so it is read) and its .npy header."""
     inputs: dict[str, np.ndarray] = {}
-    with zipfile.ZipFile(path) as archive, open(path, "rb") as raw:
-        size = raw.seek(0, 2)
-        mapping = None
-        for name in ("x_train", "x_test"):
-            info = archive.NameToInfo.get(f"{name}.npy")
-            if info is None or info.compress_type != zipfile.ZIP_STORED or info.flag_bits & 0x1:
-                continue
-            raw.seek(info.header_offset)
-            local = raw.read(30)
-            if len(local) < 30 or local[:4] != b"PK\x03\x04":
-                continue
-            name_length, extra_length = struct.unpack("<HH", local[26:30])
-            with archive.open(info) as member:
-                version = np.lib.format.read_magic(member)
-                if version not in ((1, 0), (2, 0)):
+    try:
+        with zipfile.ZipFile(path) as archive, open(path, "rb") as raw:
+            mapping = None
+            for name in ("x_train", "x_test"):
+                info = archive.NameToInfo.get(f"{name}.npy")
+                if info is None or info.compress_type != zipfile.ZIP_STORED or info.flag_bits & 0x1:
                     continue
-                read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) \
-                    else np.lib.format.read_array_header_2_0
-                shape, fortran, dtype = read_header(member)
-                start = info.header_offset + 30 + name_length + extra_length + member.tell()
-            count = int(np.prod(shape, dtype=np.int64))
-            if dtype.hasobject or start + count * dtype.itemsize > size:
-                continue
-            if mapping is None:
-                mapping = mmap.mmap(raw.fileno(), 0, access=mmap.ACCESS_READ)
-            flat = np.frombuffer(mapping, dtype=dtype, count=count, offset=start)
-            inputs[name] = flat.reshape(shape[::-1]).T if fortran else flat.reshape(shape)
-    return inputs, (() if mapping is None else (mapping,))
+                raw.seek(info.header_offset)
+                local = raw.read(30)
+                if len(local) < 30 or local[:4] != b"PK\x03\x04":
+                    continue
+                name_length, extra_length = struct.unpack("<HH", local[26:30])
+                member_start = info.header_offset + 30 + name_length + extra_length
+                with archive.open(info) as member:
+                    version = np.lib.format.read_magic(member)
+                    if version not in ((1, 0), (2, 0)):
+                        continue
+                    read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) \
+                        else np.lib.format.read_array_header_2_0
+                    shape, fortran, dtype = read_header(member)
+                    start = member_start + member.tell()
+                count = int(np.prod(shape, dtype=np.int64))
+                if dtype.hasobject or start + count * dtype.itemsize != member_start + info.file_size:
+                    continue
+                if mapping is None:
+                    mapping = mmap.mmap(raw.fileno(), 0, access=mmap.ACCESS_READ)
+                if _crc32(mapping, member_start, info.file_size) != info.CRC:
+                    continue
+                flat = np.frombuffer(mapping, dtype=dtype, count=count, offset=start)
+                inputs[name] = flat.reshape(shape[::-1]).T if fortran else flat.reshape(shape)
+    except (OSError, ValueError, zipfile.BadZipFile):  # np.load reads it, or says what is wrong
+        return {}, ()
+    return inputs, (() if mapping is None or not inputs else (mapping,))
+
+
+def _crc32(mapping: mmap.mmap, start: int, size: int, chunk: int = 32 << 20) -> int:
+    crc = 0
+    with memoryview(mapping) as view:
+        for offset in range(start, start + size, chunk):
+            crc = zlib.crc32(view[offset:min(offset + chunk, start + size)], crc)
+            release_pages((mapping,))
+    return crc
 
 
 def _read_parquet(path: Path, params: FilesParams) -> dict[str, np.ndarray]:

@@ -93,6 +93,10 @@ def gather_pool_rows(dataset, pool: str, rows: np.ndarray, out: np.ndarray) -> N
     dropped after each chunk. Gathering client by client instead reads all over the file, and
     each fault maps the pages around the row too (64 KB for a 12 KB CIFAR row): the process
     then held several times the rows it had read until a release."""
+    size = len(dataset.x_train) + (len(dataset.x_test) if pool != "train" else 0)
+    if len(rows) and (rows.min() < 0 or rows.max() >= size):
+        raise PartitionError(f"the partition names pool samples {rows.min()}..{rows.max()}, but the pool "
+                             f"({pool}) has {size}; run `cflpipe partition` again")
     order = np.argsort(rows, kind="stable")
     wanted = rows[order]
     splits = [(dataset.x_train, 0)]
@@ -151,10 +155,16 @@ def build_federated_data(spec: Spec, scenario: str, device: torch.device) -> Fed
         offsets = np.concatenate([[0], np.cumsum(sizes)])
         x_all = np.empty((int(offsets[-1]), *dataset.input_shape), dtype=np.float32)
         y_all = np.empty(int(offsets[-1]), dtype=np.int64)
-        gather_pool_rows(dataset, sc.pool, np.concatenate(rows) if rows else np.empty(0, np.int64), x_all)
-        for i, (idx, transform) in enumerate(zip(rows, transforms)):
-            mine = slice(offsets[i], offsets[i + 1])
-            x_all[mine], y_all[mine] = apply_transform(standardize(x_all[mine]), y_pool[idx], transform)
+        if dataset.x_train.dtype == dataset.x_test.dtype == np.float32:
+            gather_pool_rows(dataset, sc.pool, np.concatenate(rows) if rows else np.empty(0, np.int64), x_all)
+            for i, (idx, transform) in enumerate(zip(rows, transforms)):
+                mine = slice(offsets[i], offsets[i + 1])
+                x_all[mine], y_all[mine] = apply_transform(standardize(x_all[mine]), y_pool[idx], transform)
+        else:  # a plugin's inputs in another precision: standardized in it before the cast, as ever
+            for i, (idx, transform) in enumerate(zip(rows, transforms)):
+                mine = slice(offsets[i], offsets[i + 1])
+                x_all[mine], y_all[mine] = apply_transform(standardize(dataset.pool_rows(sc.pool, idx)),
+                                                           y_pool[idx], transform)
         splits[split] = SplitData(
             x=torch.from_numpy(x_all).to(device),
             y=torch.from_numpy(y_all).to(device),

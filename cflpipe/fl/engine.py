@@ -274,7 +274,7 @@ class Run:
         the clients' order (average_updates' order, so the bits are those of receive). Returns
         the means (None if no update was accepted), bytes up, losses and the skipped count."""
         started = {c: self.method.start_client(c, payload) for c, payload in payloads.items()}
-        sums = {key: WeightedSum() for key in self.method.streamed_means}
+        sums = {key: WeightedSum() for key in type(self.method).streamed_means}
         bytes_up, losses, skipped = 0, [], 0
         for client, trained in self.ctx.run_each({c: plans for c, (plans, _) in started.items()}):
             _, scratch = started.pop(client)

@@ -407,9 +407,9 @@ class Method:
 
     # --- server side
     # Update keys whose sample-weighted means are all a round's aggregation reads (FedAvg's
-    # "model"). The engine then adds each accepted upload to running sums as its client
-    # finishes and calls aggregate_means, so a round never holds its uploads (#32 item 8);
-    # aggregate(updates) must give the same (average_updates sums in the same order).
+    # "model"); a class attribute. The engine then adds each accepted upload to running sums as
+    # its client finishes and calls aggregate_means, so a round never holds its uploads (#32
+    # item 8); aggregate(updates) should be aggregate_means of average_updates (the same bits).
     streamed_means: tuple[str, ...] = ()
 
     def aggregate_means(self, means: dict[str, torch.Tensor]) -> None:
@@ -419,14 +419,14 @@ class Method:
 
     @classmethod
     def streams_means(cls) -> bool:
-        """Whether the engine sums uploads as they come: streamed_means declared by a class whose
-        aggregate and aggregate_means are still in force, and receive not overridden (a subclass
-        that overrides either reads the round's updates itself, so it gets them)."""
-        if not cls.streamed_means:
+        """Whether the engine sums uploads as they come: streamed_means declared, receive not
+        overridden, and aggregate_means defined where aggregate was last defined or below it
+        (a subclass that overrides aggregate after it reads the round's updates itself, so it
+        gets them; one that overrides only aggregate_means is streamed, its override used)."""
+        if not cls.streamed_means or cls.receive is not Method.receive:
             return False
-        owner = next(c for c in cls.__mro__ if "streamed_means" in vars(c))
-        return (cls.aggregate is owner.aggregate and cls.aggregate_means is owner.aggregate_means
-                and cls.receive is Method.receive)
+        where = {name: next(c for c in cls.__mro__ if name in vars(c)) for name in ("aggregate", "aggregate_means")}
+        return issubclass(where["aggregate_means"], where["aggregate"])
 
     def receive(self, updates: dict[int, Update]) -> None:
         """The accepted updates of a round: what clients keep goes to the client store, then

@@ -134,6 +134,9 @@ class SequentialTrainer(Trainer):
         return [self.one(spaces, item) for item in items]
 
     def train_each(self, spaces, items):
+        if type(self).train is not SequentialTrainer.train:  # a subclass's own train is what trains
+            yield from self.train(spaces, items)
+            return
         for item in items:
             yield self.one(spaces, item)
 

@@ -39,8 +39,9 @@ class FedAvg(Method):
         return view.update({"model": trained.vector}, trained)
 
     def aggregate(self, updates: dict[int, Update]) -> None:
+        # The held path (play, a subclass's super()) in terms of the streamed one: the same bits.
         if updates:
-            self.global_model = average_updates(updates)
+            self.aggregate_means({key: average_updates(updates, key) for key in self.streamed_means})
 
     def aggregate_means(self, means: dict[str, torch.Tensor]) -> None:
         self.global_model = means["model"]
