@@ -529,9 +529,33 @@ def test_a_damaged_cache_is_rebuilt(data_dir, how):
     load_dataset("mnist", {}, data_dir)
     cache = data_dir / "mnist" / ".cache-all.npz"
     _damaged(cache, how)
+    # The float cache is what runs read; without it the uint8 cache is read, found damaged and
+    # rebuilt from the raw files.
+    (data_dir / "mnist" / ".cache-all-float32.npz").unlink()
     assert_loaded(load_dataset("mnist", {}, data_dir), expected, 10)
     assert (data_dir / "mnist" / ".cache-all.npz.sha256").read_text().strip() == \
         hashlib.sha256(cache.read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize("how", ["truncated", "empty", "flipped", "stale"])
+def test_runs_map_the_float_cache_and_a_damaged_or_stale_one_is_rebuilt(data_dir, how):
+    expected = write_mnist_like(data_dir / "mnist")
+    first = load_dataset("mnist", {}, data_dir)  # parses, writes both caches, maps the float one
+    floats = data_dir / "mnist" / ".cache-all-float32.npz"
+    assert len(first.mapped) == 1 and not first.x_train.flags.writeable
+    assert_loaded(first, expected, 10)
+    again = load_dataset("mnist", {}, data_dir)
+    assert len(again.mapped) == 1 and all(np.array_equal(a, b) for a, b in
+                                          ((first.x_train, again.x_train), (first.y_test, again.y_test)))
+    if how == "stale":  # new raw files: the float cache's stamp no longer matches
+        expected = write_mnist_like(data_dir / "mnist")
+        labels = data_dir / "mnist" / "train-labels-idx1-ubyte.gz"
+        os.utime(labels, ns=(labels.stat().st_mtime_ns + 10**9,) * 2)
+    else:
+        _damaged(floats, how)
+    rebuilt = load_dataset("mnist", {}, data_dir)
+    assert len(rebuilt.mapped) == 1
+    assert_loaded(rebuilt, expected, 10)
 
 
 @pytest.mark.parametrize("how", ["truncated", "flipped"])

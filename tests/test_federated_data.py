@@ -253,20 +253,21 @@ def test_a_mapped_dataset_builds_the_clients_an_in_memory_one_builds(tmp_path):
 def test_a_damaged_or_foreign_stored_member_is_left_to_numpy(tmp_path):
     """A member whose header promises more rows than it holds, or whose bytes fail its CRC, is
     not mapped: np.load reads it, so the file is refused with one line as before."""
-    from cflpipe.data.files import _mapped_inputs, load_files, FilesParams
+    from cflpipe.data.cache import mapped_inputs
+    from cflpipe.data.files import FilesParams, load_files
     from cflpipe.errors import DataError
 
     rng = np.random.default_rng(0)
     arrays = {"x_train": rng.random((1000, 3), dtype=np.float32), "y_train": np.arange(1000) % 2,
               "x_test": rng.random((4, 3), dtype=np.float32), "y_test": np.arange(4) % 2}
     np.savez(tmp_path / "good.npz", **arrays)
-    assert set(_mapped_inputs(tmp_path / "good.npz")[0]) == {"x_train", "x_test"}
+    assert set(mapped_inputs(tmp_path / "good.npz")[0]) == {"x_train", "x_test"}
     data = bytearray((tmp_path / "good.npz").read_bytes())
     at = data.index(arrays["x_train"].tobytes())
     flipped = bytearray(data)
     flipped[at + 10_000] ^= 0xFF  # a byte of x_train past what reading its header reads: its CRC fails
     (tmp_path / "flipped.npz").write_bytes(flipped)
-    assert "x_train" not in _mapped_inputs(tmp_path / "flipped.npz")[0]
+    assert "x_train" not in mapped_inputs(tmp_path / "flipped.npz")[0]
     with pytest.raises(DataError, match="flipped.npz"):
         load_files(FilesParams(path=str(tmp_path / "flipped.npz")), tmp_path)
     import io
@@ -280,7 +281,7 @@ def test_a_damaged_or_foreign_stored_member_is_left_to_numpy(tmp_path):
         header = io.BytesIO()  # one row more than the member holds
         np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False, "shape": (1001, 3)})
         archive.writestr("x_train.npy", header.getvalue() + arrays["x_train"].tobytes())
-    assert "x_train" not in _mapped_inputs(tmp_path / "longer.npz")[0]
+    assert "x_train" not in mapped_inputs(tmp_path / "longer.npz")[0]
     with pytest.raises(DataError, match="longer.npz"):
         load_files(FilesParams(path=str(tmp_path / "longer.npz")), tmp_path)
 

@@ -6,9 +6,16 @@ from __future__ import annotations
 
 import hashlib
 import io
+import mmap
+import struct
+import zipfile
+import zlib
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
+
+from cflpipe.data.base import release_pages
 
 
 def _digest_path(path: Path) -> Path:
@@ -44,3 +51,87 @@ def save_cache(path: Path, **arrays: np.ndarray) -> None:
         write_text(_digest_path(path), hashlib.sha256(data).hexdigest() + "\n")
     except OSError:
         pass
+
+
+def mapped_inputs(path: Path) -> tuple[dict[str, np.ndarray], tuple[mmap.mmap, ...]]:
+    """x_train and x_test as read-only arrays over one memory map of the file, where each is
+    stored uncompressed, unencrypted, in .npy format 1.0 or 2.0 with a plain dtype, its data
+    within its member and the member's CRC-32 right (read once, a chunk at a time, the pages let
+    go); the others, and any file the system cannot map, are left to np.load, which refuses a
+    damaged member as before. A member's data starts after its zip local header (whose extra
+    field may differ from the central directory's, so it is read) and its .npy header."""
+    inputs: dict[str, np.ndarray] = {}
+    try:
+        with zipfile.ZipFile(path) as archive, open(path, "rb") as raw:
+            mapping = None
+            for name in ("x_train", "x_test"):
+                info = archive.NameToInfo.get(f"{name}.npy")
+                if info is None or info.compress_type != zipfile.ZIP_STORED or info.flag_bits & 0x1:
+                    continue
+                raw.seek(info.header_offset)
+                local = raw.read(30)
+                if len(local) < 30 or local[:4] != b"PK\x03\x04":
+                    continue
+                name_length, extra_length = struct.unpack("<HH", local[26:30])
+                member_start = info.header_offset + 30 + name_length + extra_length
+                with archive.open(info) as member:
+                    version = np.lib.format.read_magic(member)
+                    if version not in ((1, 0), (2, 0)):
+                        continue
+                    read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) \
+                        else np.lib.format.read_array_header_2_0
+                    shape, fortran, dtype = read_header(member)
+                    start = member_start + member.tell()
+                count = int(np.prod(shape, dtype=np.int64))
+                if dtype.hasobject or start + count * dtype.itemsize != member_start + info.file_size:
+                    continue
+                if mapping is None:
+                    mapping = mmap.mmap(raw.fileno(), 0, access=mmap.ACCESS_READ)
+                if _crc32(mapping, member_start, info.file_size) != info.CRC:
+                    continue
+                flat = np.frombuffer(mapping, dtype=dtype, count=count, offset=start)
+                inputs[name] = flat.reshape(shape[::-1]).T if fortran else flat.reshape(shape)
+    except (OSError, ValueError, zipfile.BadZipFile):  # np.load reads it, or says what is wrong
+        return {}, ()
+    return inputs, (() if mapping is None or not inputs else (mapping,))
+
+
+def _crc32(mapping: mmap.mmap, start: int, size: int, chunk: int = 32 << 20) -> int:
+    crc = 0
+    with memoryview(mapping) as view:
+        for offset in range(start, start + size, chunk):
+            crc = zlib.crc32(view[offset:min(offset + chunk, start + size)], crc)
+            release_pages((mapping,))
+    return crc
+
+
+# Rows converted and written at once into a float cache (write_float_cache).
+_ROWS_AT_ONCE = 4096
+
+
+def write_float_cache(path: Path, convert: Callable[[np.ndarray], np.ndarray], **arrays: np.ndarray) -> bool:
+    """An uncompressed .npz of `arrays`, x_train and x_test passed through `convert` a chunk of
+    rows at a time (to_float's uint8 → float32: the float copy is never whole in memory), for
+    mapped_inputs to map. Written to a temporary file and renamed, so a half-written one is never
+    read; False where it cannot be written (a read-only or full folder: the caller keeps the
+    arrays in memory)."""
+    from cflpipe.store import atomic_path
+
+    try:
+        with atomic_path(path) as tmp, zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
+            for name, array in arrays.items():
+                if name not in ("x_train", "x_test"):
+                    buffer = io.BytesIO()
+                    np.save(buffer, array, allow_pickle=False)
+                    archive.writestr(f"{name}.npy", buffer.getvalue())
+                    continue
+                first = convert(array[:1])
+                with archive.open(f"{name}.npy", "w", force_zip64=True) as member:
+                    np.lib.format.write_array_header_2_0(member, {
+                        "descr": np.lib.format.dtype_to_descr(first.dtype), "fortran_order": False,
+                        "shape": (len(array), *first.shape[1:])})
+                    for start in range(0, len(array), _ROWS_AT_ONCE):
+                        member.write(np.ascontiguousarray(convert(array[start:start + _ROWS_AT_ONCE])).tobytes())
+    except OSError:
+        return False
+    return True

@@ -23,15 +23,13 @@ FedAvg and IFCA alike) want it.
 from __future__ import annotations
 
 import mmap
-import struct
-import zipfile
-import zlib
 from pathlib import Path
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from cflpipe.data.base import Dataset, DatasetInfo, register, release_pages
+from cflpipe.data.cache import mapped_inputs
 from cflpipe.errors import DataError
 
 _SPLITS = ("train", "test")
@@ -97,7 +95,7 @@ def _read_npz(path: Path) -> tuple[dict[str, np.ndarray], tuple[mmap.mmap, ...]]
             if unknown:
                 raise DataError(f"{path}: unknown arrays {', '.join(unknown)}; allowed: x_train, y_train, x_test, "
                                 f"y_test, source_train, source_test")
-            inputs, mapping = _mapped_inputs(path)
+            inputs, mapping = mapped_inputs(path)
             return {name: inputs[name] if name in inputs else npz[name] for name in names}, mapping
     except DataError:
         raise
@@ -106,58 +104,6 @@ def _read_npz(path: Path) -> tuple[dict[str, np.ndarray], tuple[mmap.mmap, ...]]
                         f"store numeric arrays") from None
     except Exception as exc:  # a damaged or foreign file
         raise DataError(f"{path}: not a readable .npz file ({type(exc).__name__})") from None
-
-
-def _mapped_inputs(path: Path) -> tuple[dict[str, np.ndarray], tuple[mmap.mmap, ...]]:
-    """x_train and x_test as read-only arrays over one memory map of the file, where each is
-    stored uncompressed, unencrypted, in .npy format 1.0 or 2.0 with a plain dtype, its data
-    within its member and the member's CRC-32 right (read once, a chunk at a time, the pages let
-    go); the others, and any file the system cannot map, are left to np.load, which refuses a
-    damaged member as before. A member's data starts after its zip local header (whose extra
-    field may differ from the central directory's, so it is read) and its .npy header."""
-    inputs: dict[str, np.ndarray] = {}
-    try:
-        with zipfile.ZipFile(path) as archive, open(path, "rb") as raw:
-            mapping = None
-            for name in ("x_train", "x_test"):
-                info = archive.NameToInfo.get(f"{name}.npy")
-                if info is None or info.compress_type != zipfile.ZIP_STORED or info.flag_bits & 0x1:
-                    continue
-                raw.seek(info.header_offset)
-                local = raw.read(30)
-                if len(local) < 30 or local[:4] != b"PK\x03\x04":
-                    continue
-                name_length, extra_length = struct.unpack("<HH", local[26:30])
-                member_start = info.header_offset + 30 + name_length + extra_length
-                with archive.open(info) as member:
-                    version = np.lib.format.read_magic(member)
-                    if version not in ((1, 0), (2, 0)):
-                        continue
-                    read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) \
-                        else np.lib.format.read_array_header_2_0
-                    shape, fortran, dtype = read_header(member)
-                    start = member_start + member.tell()
-                count = int(np.prod(shape, dtype=np.int64))
-                if dtype.hasobject or start + count * dtype.itemsize != member_start + info.file_size:
-                    continue
-                if mapping is None:
-                    mapping = mmap.mmap(raw.fileno(), 0, access=mmap.ACCESS_READ)
-                if _crc32(mapping, member_start, info.file_size) != info.CRC:
-                    continue
-                flat = np.frombuffer(mapping, dtype=dtype, count=count, offset=start)
-                inputs[name] = flat.reshape(shape[::-1]).T if fortran else flat.reshape(shape)
-    except (OSError, ValueError, zipfile.BadZipFile):  # np.load reads it, or says what is wrong
-        return {}, ()
-    return inputs, (() if mapping is None or not inputs else (mapping,))
-
-
-def _crc32(mapping: mmap.mmap, start: int, size: int, chunk: int = 32 << 20) -> int:
-    crc = 0
-    with memoryview(mapping) as view:
-        for offset in range(start, start + size, chunk):
-            crc = zlib.crc32(view[offset:min(offset + chunk, start + size)], crc)
-            release_pages((mapping,))
-    return crc
 
 
 def _read_parquet(path: Path, params: FilesParams) -> dict[str, np.ndarray]:

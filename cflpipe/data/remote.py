@@ -1,8 +1,11 @@
 """Image datasets fetched by `cflpipe download`: MNIST, Fashion-MNIST, EMNIST, CIFAR-10/100, SVHN.
 
 Sources and MD5s are the official ones torchvision publishes. Each loader reads
-`<data_dir>/<name>/`, never the network. Parsed images are cached there as uint8 `.npz` (float32
-would be four times larger), keyed by the size and mtime of the raw files they came from.
+`<data_dir>/<name>/`, never the network. Parsed images are cached there as uint8 `.npz`, keyed by
+the size and mtime of the raw files they came from, and beside it as the float32 images runs
+read (`.cache-*-float32.npz`, four times larger, stored uncompressed), which each run maps rather
+than loads: runs in parallel share its pages, and a run builds its clients' tensors beside a
+chunk of it rather than beside a copy (#32 item 8).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from cflpipe.data.base import Dataset, DatasetInfo, NoParams, register
-from cflpipe.data.cache import load_cache, save_cache
+from cflpipe.data.cache import load_cache, mapped_inputs, save_cache, write_float_cache
 from cflpipe.data.download import Resource
 from cflpipe.data.formats import (
     check_labels,
@@ -209,6 +212,11 @@ def parse(name: str, folder: str | Path, params: dict | BaseModel | None = None,
     classes = remote.num_classes(params)
     stamp = _stamp(files)
     cache = folder / f".cache-{remote.cache_key(params)}.npz"
+    floats = folder / f".cache-{remote.cache_key(params)}-float32.npz"
+    if use_cache:
+        dataset = _mapped_floats(name, floats, stamp, classes)
+        if dataset is not None:
+            return dataset
     arrays = _load_cached(cache, stamp) if use_cache else None
     if arrays is None:
         arrays = remote.read(folder, files, params)
@@ -217,8 +225,36 @@ def parse(name: str, folder: str | Path, params: dict | BaseModel | None = None,
         if use_cache:
             _save_cache(cache, stamp, arrays)
     x_train, y_train, x_test, y_test = arrays
+    if use_cache and write_float_cache(floats, to_float, stamp=np.array(stamp), x_train=x_train,
+                                       y_train=y_train.astype(np.int64), x_test=x_test,
+                                       y_test=y_test.astype(np.int64)):
+        dataset = _mapped_floats(name, floats, stamp, classes)
+        if dataset is not None:
+            return dataset
     return Dataset(name, to_float(x_train), y_train.astype(np.int64), to_float(x_test),
                    y_test.astype(np.int64), num_classes=classes)
+
+
+def _mapped_floats(name: str, path: Path, stamp: str, classes: int) -> Dataset | None:
+    """The dataset over its float32 cache mapped (the values to_float gives: the same bits), or
+    None where that cache is missing, stale (another stamp), damaged (mapped_inputs checks each
+    image member's size and CRC-32; np.load the labels') or cannot be mapped."""
+    if not path.is_file():
+        return None
+    inputs, mapping = mapped_inputs(path)
+    if set(inputs) != {"x_train", "x_test"}:
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            if str(npz["stamp"]) != stamp:
+                return None
+            y_train, y_test = npz["y_train"], npz["y_test"]
+    except Exception:  # noqa: BLE001 - any unreadable cache is rebuilt from the uint8 one
+        return None
+    if len(y_train) != len(inputs["x_train"]) or len(y_test) != len(inputs["x_test"]):
+        return None
+    return Dataset(name, inputs["x_train"], y_train, inputs["x_test"], y_test, num_classes=classes,
+                   mapped=mapping)
 
 
 def _loader(name: str) -> Callable[[BaseModel, Path], Dataset]:
