@@ -535,7 +535,9 @@ def _better(result: tuple, best: tuple) -> bool:
     last bits (the last cluster's sum comes from the column sums), so rounding alone would pick
     which numbering wins, and a method that matches clusters by number (CFL-GP, FCCA) would
     follow it: a device or trainer whose models differ in the last bits then gave another run."""
-    if not result[2] < best[2]:  # a NaN inertia never wins
+    if best[2] != best[2]:  # a NaN inertia never wins, and any number beats it
+        return result[2] == result[2]
+    if not result[2] < best[2]:
         return False
     return not np.array_equal(canonical_labels(result[0]), canonical_labels(best[0]))
 

@@ -131,6 +131,14 @@ def test_restarts_ending_in_one_partition_are_ties_whatever_their_numbering(monk
     assert kmeans(x, 2, seed=0, n_init=2, init="random").labels.tolist() == [0, 1, 1, 1, 0]
 
 
+def test_a_nan_inertia_never_wins_a_restart_and_any_number_replaces_it():
+    labels = np.array([0, 0, 1])
+    nan, one, two = ((labels, None, value, 1) for value in (float("nan"), 1.0, 2.0))
+    assert not clustering._better(nan, two)
+    assert clustering._better(one, nan) and not clustering._better(nan, nan)
+    assert clustering._better((np.array([0, 1, 1]), None, 1.0, 1), two)
+
+
 def test_kmeans_from_given_centers_and_empty_clusters():
     x = torch.tensor([[0.0], [0.2], [5.0], [5.2]], dtype=torch.float64)
     result = kmeans(x, 2, init=torch.tensor([[0.0], [5.0]], dtype=torch.float64))

@@ -537,6 +537,31 @@ def test_a_damaged_cache_is_rebuilt(data_dir, how):
         hashlib.sha256(cache.read_bytes()).hexdigest()
 
 
+def test_the_float_cache_is_left_to_one_writer_and_to_file_systems_that_map(data_dir, monkeypatch):
+    import fcntl
+
+    from cflpipe.data import remote
+
+    expected = write_mnist_like(data_dir / "mnist")
+    floats = data_dir / "mnist" / ".cache-all-float32.npz"
+    orphan = data_dir / "mnist" / "..cache-all-float32.npz.x1y2.tmp"  # atomic_path's, its writer killed mid-way
+    (data_dir / "mnist").mkdir(exist_ok=True)
+    orphan.write_bytes(b"half")
+    with open(str(floats) + ".lock", "a+") as held:  # another process writing it
+        fcntl.flock(held, fcntl.LOCK_EX)
+        busy = load_dataset("mnist", {}, data_dir)
+    assert busy.mapped == () and not floats.exists() and orphan.exists()
+    assert_loaded(busy, expected, 10)
+    with monkeypatch.context() as patch:
+        patch.setattr(remote, "can_map", lambda path: False)
+        unmappable = load_dataset("mnist", {}, data_dir)
+    assert unmappable.mapped == () and not floats.exists()
+    assert_loaded(unmappable, expected, 10)
+    mapped = load_dataset("mnist", {}, data_dir)
+    assert len(mapped.mapped) == 1 and floats.exists() and not orphan.exists()
+    assert_loaded(mapped, expected, 10)
+
+
 @pytest.mark.parametrize("how", ["truncated", "empty", "flipped", "stale"])
 def test_runs_map_the_float_cache_and_a_damaged_or_stale_one_is_rebuilt(data_dir, how):
     expected = write_mnist_like(data_dir / "mnist")

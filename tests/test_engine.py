@@ -751,8 +751,16 @@ def test_a_method_that_overrides_aggregate_is_not_streamed():
         def aggregate(self, updates):
             super().aggregate(updates)
 
+    class LoggedReads(Reads):  # Reads' aggregate must still run: held
+        def aggregate_means(self, means):
+            super().aggregate_means(means)
+
+    class Declares(Reads):  # declared again below its aggregate: its author says it is means only
+        streamed_means = ("model",)
+
     assert FedAvg.streams_means() and FedProx.streams_means() and Momentum.streams_means()
     assert not Reads.streams_means() and not Receives.streams_means() and not ReadsAfter.streams_means()
+    assert not LoggedReads.streams_means() and Declares.streams_means()
 
 
 def test_stacking_updates_frees_each_clients_own_copy():

@@ -53,17 +53,29 @@ def save_cache(path: Path, **arrays: np.ndarray) -> None:
         pass
 
 
-def mapped_inputs(path: Path) -> tuple[dict[str, np.ndarray], tuple[mmap.mmap, ...]]:
+def mapped_inputs(path: Path, others: tuple[str, ...] = (),
+                  accept: Callable[[dict[str, np.ndarray]], bool] = lambda others: True
+                  ) -> tuple[dict[str, np.ndarray], tuple[mmap.mmap, ...]]:
     """x_train and x_test as read-only arrays over one memory map of the file, where each is
     stored uncompressed, unencrypted, in .npy format 1.0 or 2.0 with a plain dtype, its data
     within its member and the member's CRC-32 right (read once, a chunk at a time, the pages let
     go); the others, and any file the system cannot map, are left to np.load, which refuses a
     damaged member as before. A member's data starts after its zip local header (whose extra
-    field may differ from the central directory's, so it is read) and its .npy header."""
+    field may differ from the central directory's, so it is read) and its .npy header.
+
+    `others` are read into memory from the same open file (a cache renamed in by another process
+    meanwhile cannot mix two files); when `accept(others)` is false (a stale stamp) or one cannot
+    be read, nothing is mapped or returned. With others asked for, inputs come back only if both
+    x_train and x_test could be mapped."""
     inputs: dict[str, np.ndarray] = {}
+    mapping = None
     try:
-        with zipfile.ZipFile(path) as archive, open(path, "rb") as raw:
-            mapping = None
+        with open(path, "rb") as raw, zipfile.ZipFile(raw) as archive:
+            for name in others:
+                with archive.open(f"{name}.npy") as member:  # zipfile checks its CRC-32 as it reads
+                    inputs[name] = np.lib.format.read_array(member, allow_pickle=False)
+            if not accept(inputs):
+                return {}, ()
             for name in ("x_train", "x_test"):
                 info = archive.NameToInfo.get(f"{name}.npy")
                 if info is None or info.compress_type != zipfile.ZIP_STORED or info.flag_bits & 0x1:
@@ -91,9 +103,21 @@ def mapped_inputs(path: Path) -> tuple[dict[str, np.ndarray], tuple[mmap.mmap, .
                     continue
                 flat = np.frombuffer(mapping, dtype=dtype, count=count, offset=start)
                 inputs[name] = flat.reshape(shape[::-1]).T if fortran else flat.reshape(shape)
-    except (OSError, ValueError, zipfile.BadZipFile):  # np.load reads it, or says what is wrong
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):  # np.load reads it, or says what is wrong
         return {}, ()
-    return inputs, (() if mapping is None or not inputs else (mapping,))
+    if others and not {"x_train", "x_test"} <= set(inputs):
+        return {}, ()
+    mapped = [name for name in ("x_train", "x_test") if name in inputs]
+    return inputs, (() if mapping is None or not mapped else (mapping,))
+
+
+def can_map(path: Path) -> bool:
+    """Whether this system maps `path`'s file (some network and FUSE file systems cannot)."""
+    try:
+        with open(path, "rb") as raw, mmap.mmap(raw.fileno(), 0, access=mmap.ACCESS_READ):
+            return True
+    except (OSError, ValueError):
+        return False
 
 
 def _crc32(mapping: mmap.mmap, start: int, size: int, chunk: int = 32 << 20) -> int:
@@ -115,9 +139,23 @@ def write_float_cache(path: Path, convert: Callable[[np.ndarray], np.ndarray], *
     mapped_inputs to map. Written to a temporary file and renamed, so a half-written one is never
     read; False where it cannot be written (a read-only or full folder: the caller keeps the
     arrays in memory)."""
+    import fcntl
+
     from cflpipe.store import atomic_path
 
     try:
+        lock = open(path.with_name(path.name + ".lock"), "a+")
+    except OSError:
+        return False
+    try:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # another process writes it: this run keeps its arrays in memory
+            return False
+        except OSError:  # a file system without locks: write unlocked
+            pass
+        for orphan in path.parent.glob(f".{path.name}.*.tmp"):  # of a writer killed mid-way
+            orphan.unlink(missing_ok=True)
         with atomic_path(path) as tmp, zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
             for name, array in arrays.items():
                 if name not in ("x_train", "x_test"):
@@ -134,4 +172,6 @@ def write_float_cache(path: Path, convert: Callable[[np.ndarray], np.ndarray], *
                         member.write(np.ascontiguousarray(convert(array[start:start + _ROWS_AT_ONCE])).tobytes())
     except OSError:
         return False
+    finally:
+        lock.close()
     return True

@@ -19,7 +19,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from cflpipe.data.base import Dataset, DatasetInfo, NoParams, register
-from cflpipe.data.cache import load_cache, mapped_inputs, save_cache, write_float_cache
+from cflpipe.data.cache import can_map, load_cache, mapped_inputs, save_cache, write_float_cache
 from cflpipe.data.download import Resource
 from cflpipe.data.formats import (
     check_labels,
@@ -225,9 +225,10 @@ def parse(name: str, folder: str | Path, params: dict | BaseModel | None = None,
         if use_cache:
             _save_cache(cache, stamp, arrays)
     x_train, y_train, x_test, y_test = arrays
-    if use_cache and write_float_cache(floats, to_float, stamp=np.array(stamp), x_train=x_train,
-                                       y_train=y_train.astype(np.int64), x_test=x_test,
-                                       y_test=y_test.astype(np.int64)):
+    # Not where this file system cannot map (each run would write the cache and fail to map it).
+    if use_cache and cache.is_file() and can_map(cache) and write_float_cache(
+            floats, to_float, stamp=np.array(_float_stamp(stamp)), x_train=x_train,
+            y_train=y_train.astype(np.int64), x_test=x_test, y_test=y_test.astype(np.int64)):
         dataset = _mapped_floats(name, floats, stamp, classes)
         if dataset is not None:
             return dataset
@@ -235,26 +236,26 @@ def parse(name: str, folder: str | Path, params: dict | BaseModel | None = None,
                    y_test.astype(np.int64), num_classes=classes)
 
 
+def _float_stamp(stamp: str) -> str:
+    """The float cache's stamp: the raw files' and how their images became floats (so a change to
+    to_float, which must bump this, rebuilds it without touching the uint8 cache)."""
+    return f"{stamp} float32 = uint8 / 255, v1"
+
+
 def _mapped_floats(name: str, path: Path, stamp: str, classes: int) -> Dataset | None:
     """The dataset over its float32 cache mapped (the values to_float gives: the same bits), or
     None where that cache is missing, stale (another stamp), damaged (mapped_inputs checks each
-    image member's size and CRC-32; np.load the labels') or cannot be mapped."""
+    image member's size and CRC-32, zipfile the others') or cannot be mapped."""
     if not path.is_file():
         return None
-    inputs, mapping = mapped_inputs(path)
-    if set(inputs) != {"x_train", "x_test"}:
+    arrays, mapping = mapped_inputs(path, others=("stamp", "y_train", "y_test"),
+                                    accept=lambda others: str(others["stamp"]) == _float_stamp(stamp))
+    if not mapping:
         return None
-    try:
-        with np.load(path, allow_pickle=False) as npz:
-            if str(npz["stamp"]) != stamp:
-                return None
-            y_train, y_test = npz["y_train"], npz["y_test"]
-    except Exception:  # noqa: BLE001 - any unreadable cache is rebuilt from the uint8 one
+    if len(arrays["y_train"]) != len(arrays["x_train"]) or len(arrays["y_test"]) != len(arrays["x_test"]):
         return None
-    if len(y_train) != len(inputs["x_train"]) or len(y_test) != len(inputs["x_test"]):
-        return None
-    return Dataset(name, inputs["x_train"], y_train, inputs["x_test"], y_test, num_classes=classes,
-                   mapped=mapping)
+    return Dataset(name, arrays["x_train"], arrays["y_train"].astype(np.int64, copy=False), arrays["x_test"],
+                   arrays["y_test"].astype(np.int64, copy=False), num_classes=classes, mapped=mapping)
 
 
 def _loader(name: str) -> Callable[[BaseModel, Path], Dataset]:

@@ -88,15 +88,12 @@ _POOL_CHUNK_BYTES = 32 << 20
 
 
 def gather_pool_rows(dataset, pool: str, rows: np.ndarray, out: np.ndarray) -> None:
-    """out[i] = the pool's row rows[i] (Dataset.pool_rows, written into out), reading the pool
+    """out[i] = the pool's row rows[i] (Dataset.pool_rows, written into out; rows in range, as
+    build_federated_data checks), reading the pool
     once in order, a chunk of _POOL_CHUNK_BYTES at a time, the pages of a memory-mapped dataset
     dropped after each chunk. Gathering client by client instead reads all over the file, and
     each fault maps the pages around the row too (64 KB for a 12 KB CIFAR row): the process
     then held several times the rows it had read until a release."""
-    size = len(dataset.x_train) + (len(dataset.x_test) if pool != "train" else 0)
-    if len(rows) and (rows.min() < 0 or rows.max() >= size):
-        raise PartitionError(f"the partition names pool samples {rows.min()}..{rows.max()}, but the pool "
-                             f"({pool}) has {size}; run `cflpipe partition` again")
     order = np.argsort(rows, kind="stable")
     wanted = rows[order]
     splits = [(dataset.x_train, 0)]
@@ -151,12 +148,16 @@ def build_federated_data(spec: Spec, scenario: str, device: torch.device) -> Fed
     splits = {}
     for split in ("train", "test"):
         rows = [np.asarray(indices[c][split], dtype=np.int64) for c in clients]
+        every = np.concatenate(rows) if rows else np.empty(0, np.int64)
+        if len(every) and (every.min() < 0 or every.max() >= len(y_pool)):
+            raise PartitionError(f"{out}: the partition names pool samples {every.min()}..{every.max()}, but the "
+                                 f"pool ({sc.pool}) has {len(y_pool)}; run `cflpipe partition` again")
         sizes = np.array([len(r) for r in rows], dtype=np.int64)
         offsets = np.concatenate([[0], np.cumsum(sizes)])
         x_all = np.empty((int(offsets[-1]), *dataset.input_shape), dtype=np.float32)
         y_all = np.empty(int(offsets[-1]), dtype=np.int64)
         if dataset.x_train.dtype == dataset.x_test.dtype == np.float32:
-            gather_pool_rows(dataset, sc.pool, np.concatenate(rows) if rows else np.empty(0, np.int64), x_all)
+            gather_pool_rows(dataset, sc.pool, every, x_all)
             for i, (idx, transform) in enumerate(zip(rows, transforms)):
                 mine = slice(offsets[i], offsets[i + 1])
                 x_all[mine], y_all[mine] = apply_transform(standardize(x_all[mine]), y_pool[idx], transform)

@@ -420,13 +420,15 @@ class Method:
     @classmethod
     def streams_means(cls) -> bool:
         """Whether the engine sums uploads as they come: streamed_means declared, receive not
-        overridden, and aggregate_means defined where aggregate was last defined or below it
-        (a subclass that overrides aggregate after it reads the round's updates itself, so it
-        gets them; one that overrides only aggregate_means is streamed, its override used)."""
+        overridden, and aggregate last defined by the class that declared streamed_means or
+        above it. A subclass that overrides aggregate reads the round's updates itself, so it
+        gets them, and so do its subclasses (FedAvgM's momentum is in its aggregate) unless one
+        declares streamed_means again; one that overrides only aggregate_means is streamed,
+        its override used on both paths."""
         if not cls.streamed_means or cls.receive is not Method.receive:
             return False
-        where = {name: next(c for c in cls.__mro__ if name in vars(c)) for name in ("aggregate", "aggregate_means")}
-        return issubclass(where["aggregate_means"], where["aggregate"])
+        declared = next(c for c in cls.__mro__ if "streamed_means" in vars(c))
+        return issubclass(declared, next(c for c in cls.__mro__ if "aggregate" in vars(c)))
 
     def receive(self, updates: dict[int, Update]) -> None:
         """The accepted updates of a round: what clients keep goes to the client store, then

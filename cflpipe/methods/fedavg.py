@@ -41,7 +41,7 @@ class FedAvg(Method):
     def aggregate(self, updates: dict[int, Update]) -> None:
         # The held path (play, a subclass's super()) in terms of the streamed one: the same bits.
         if updates:
-            self.aggregate_means({key: average_updates(updates, key) for key in self.streamed_means})
+            self.aggregate_means({key: average_updates(updates, key) for key in type(self).streamed_means})
 
     def aggregate_means(self, means: dict[str, torch.Tensor]) -> None:
         self.global_model = means["model"]
