@@ -89,11 +89,11 @@ _POOL_CHUNK_BYTES = 32 << 20
 
 def gather_pool_rows(dataset, pool: str, rows: np.ndarray, out: np.ndarray) -> None:
     """out[i] = the pool's row rows[i] (Dataset.pool_rows, written into out; rows in range, as
-    build_federated_data checks), reading the pool
-    once in order, a chunk of _POOL_CHUNK_BYTES at a time, the pages of a memory-mapped dataset
-    dropped after each chunk. Gathering client by client instead reads all over the file, and
-    each fault maps the pages around the row too (64 KB for a 12 KB CIFAR row): the process
-    then held several times the rows it had read until a release."""
+    build_federated_data checks), reading the pool once in order, a chunk of _POOL_CHUNK_BYTES
+    at a time, the pages of a memory-mapped dataset dropped after each chunk. Gathering client
+    by client instead reads all over the file, and each fault maps the pages around the row too
+    (64 KB for a 12 KB CIFAR row): the process then held several times the rows it had read
+    until a release."""
     order = np.argsort(rows, kind="stable")
     wanted = rows[order]
     splits = [(dataset.x_train, 0)]
@@ -156,16 +156,14 @@ def build_federated_data(spec: Spec, scenario: str, device: torch.device) -> Fed
         offsets = np.concatenate([[0], np.cumsum(sizes)])
         x_all = np.empty((int(offsets[-1]), *dataset.input_shape), dtype=np.float32)
         y_all = np.empty(int(offsets[-1]), dtype=np.int64)
-        if dataset.x_train.dtype == dataset.x_test.dtype == np.float32:
+        # A plugin's inputs in another precision are standardized in it before the cast, as ever.
+        gathered = dataset.x_train.dtype == dataset.x_test.dtype == np.float32
+        if gathered:
             gather_pool_rows(dataset, sc.pool, every, x_all)
-            for i, (idx, transform) in enumerate(zip(rows, transforms)):
-                mine = slice(offsets[i], offsets[i + 1])
-                x_all[mine], y_all[mine] = apply_transform(standardize(x_all[mine]), y_pool[idx], transform)
-        else:  # a plugin's inputs in another precision: standardized in it before the cast, as ever
-            for i, (idx, transform) in enumerate(zip(rows, transforms)):
-                mine = slice(offsets[i], offsets[i + 1])
-                x_all[mine], y_all[mine] = apply_transform(standardize(dataset.pool_rows(sc.pool, idx)),
-                                                           y_pool[idx], transform)
+        for i, (idx, transform) in enumerate(zip(rows, transforms)):
+            mine = slice(offsets[i], offsets[i + 1])
+            inputs = x_all[mine] if gathered else dataset.pool_rows(sc.pool, idx)
+            x_all[mine], y_all[mine] = apply_transform(standardize(inputs), y_pool[idx], transform)
         splits[split] = SplitData(
             x=torch.from_numpy(x_all).to(device),
             y=torch.from_numpy(y_all).to(device),
