@@ -92,6 +92,23 @@ def clustering_scores(assignment: np.ndarray, groups: np.ndarray) -> dict[str, f
     }
 
 
+def mixture_error(true_weights: np.ndarray, shares: np.ndarray) -> float:
+    """How far a soft method's shares are from the weights its clients' data were mixed with: the
+    mean over clients of the total variation ½·Σ|w − s| (0: exact, 1: disjoint), after matching
+    the method's clusters to the groups so that the shares agree most (Hungarian assignment on
+    Σ_i w_ig·s_ik; a cluster left unmatched counts as share on no group, a group left unmatched
+    as a weight no cluster holds). `true_weights` (clients × groups), `shares` (clients ×
+    clusters), rows summing to 1."""
+    from scipy.optimize import linear_sum_assignment
+
+    w, s = np.asarray(true_weights, dtype=np.float64), np.asarray(shares, dtype=np.float64)
+    group, cluster = linear_sum_assignment(w.T @ s, maximize=True)
+    matched = np.zeros_like(w)
+    matched[:, group] = s[:, cluster]
+    unmatched = s.sum(axis=1) - s[:, cluster].sum(axis=1)
+    return float(np.mean(0.5 * (np.abs(w - matched).sum(axis=1) + unmatched)))
+
+
 def intra_inter_accuracy(group_acc: np.ndarray, client_model: np.ndarray, groups: np.ndarray,
                          ) -> tuple[float, float]:
     """AWCFL/MCFL's intra- and inter-cluster accuracy.

@@ -1,9 +1,18 @@
 """Seeded, composable client partitions of a dataset pool.
 
 A scenario's `partition` list holds at most one label split (iid, dirichlet, pathological,
-natural), at most one `quantity` step (client sizes) and at most one group transform (rotation,
-label_swap, flip). The result is a table of (client, split, sample) rows over the pool index of
-`Dataset.pool(scenario.pool)`, plus per-client label statistics.
+natural), at most one `quantity` step (client sizes), group transforms (rotation, label_swap,
+flip; at most one of each kind) and at most one `mixture` step. The result is a table of
+(client, split, sample) rows over the pool index of `Dataset.pool(scenario.pool)`, plus
+per-client label statistics.
+
+Several group transforms combine: every client draws one group of each (a cell of their
+product, as many clients in every cell as can be), and its ground-truth group is the combination
+of the groups of the transforms that define the truth (`ground_truth`, default true; FedRC's
+feature shift beside a concept shift is a transform without it). A `mixture` step gives each
+client weights over the cells ~ Dir(alpha) and each of its samples a cell in those proportions
+(`component` column, the weights in stats.parquet); the client's ground-truth group is its
+largest weight.
 
 Group transforms are only *recorded* here (`transform` column, e.g. `rotate:90`); the engine
 applies them when it builds a client's arrays, via `apply_transform` (or `client_arrays`).
@@ -42,9 +51,13 @@ from cflpipe.spec import LABEL_SPLITS, Scenario
 from cflpipe.store import read_parquet, write_bytes, write_parquet
 
 NO_TRANSFORM = "none"
+# A mixture client's transform in stats.parquet: each of its samples has its own (clients.parquet).
+MIXED = "mixture"
+# stats.parquet's columns of a mixture client's ground-truth group weights: weight_0, weight_1, …
+WEIGHT_PREFIX = "weight_"
 FILES = ("clients.parquet", "stats.parquet", "label_hist.png")
 # One independent random stream per role; appending names keeps existing streams unchanged.
-_STREAMS = ("sizes", "split", "groups", "permutations", "holdout", "public")
+_STREAMS = ("sizes", "split", "groups", "permutations", "holdout", "public", "mixture")
 # The server's public samples (scenario `public:`), when the scenario has them.
 PUBLIC_FILE = "public.parquet"
 # Up to 7 classes (5,040 permutations) the label_swap permutations are drawn from the full list.
@@ -64,6 +77,9 @@ class Partition:
     groups: int
     # Indices into the dataset's test split of the samples the server holds unlabeled (None: none).
     public: np.ndarray | None = None
+    # A mixture scenario's (clients × ground-truth groups) weights each client's samples were
+    # drawn with (None: every client is one group's).
+    weights: np.ndarray | None = None
 
     @property
     def num_clients(self) -> int:
@@ -125,11 +141,24 @@ def build_partition(scenario: Scenario, dataset: Dataset, where: str = "scenario
 
     sample = np.flatnonzero(owner >= 0)
     client = owner[sample]
-    group_of_client, transforms, permutations = _assign_groups(clients, group_plan, rng["groups"])
-    group = group_of_client[client]
+    cell_of_client = _assign_cells(clients, group_plan, rng["groups"])
+    mixture = scenario.step("mixture")
+    weights, cell = None, cell_of_client[client]
+    if group_plan is None:
+        group_of_client, client_transform = cell_of_client, np.full(clients, NO_TRANSFORM, dtype=object)
+    elif mixture is None:
+        group_of_client = group_plan.truth[cell_of_client]
+        client_transform = np.array(group_plan.transforms, dtype=object)[cell_of_client]
+    else:
+        cell, cell_weights = _mix_cells(client, clients, group_plan, mixture.alpha, rng["mixture"])
+        weights = _truth_weights(cell_weights, group_plan) if group_plan.groups else None
+        group_of_client = np.argmax(weights, axis=1) if weights is not None else np.full(clients, -1, np.int64)
+        client_transform = np.full(clients, MIXED, dtype=object)
     seen = labels[sample]
-    if permutations is not None:
-        seen = permutations[group, seen]
+    if group_plan is not None and group_plan.permutations is not None:
+        seen = group_plan.permutations[cell, seen]
+    sample_transform = None if mixture is None else np.array(group_plan.transforms, dtype=object)[cell]
+    sample_group = None if mixture is None else group_plan.truth[cell]
     if split_kind == "natural" and split_step.holdout == "dataset":
         if not len(dataset.y_test):
             raise PartitionError(f"{split_where}.holdout: dataset {dataset.name} has no test split here (e.g. "
@@ -143,8 +172,8 @@ def build_partition(scenario: Scenario, dataset: Dataset, where: str = "scenario
                                  f"sample in {dataset.name}'s files; use holdout: fraction")
     else:
         is_test = _holdout(client, clients, scenario.test_fraction, rng["holdout"])
-    partition = _assemble(client, sample, is_test, group_of_client, transforms, seen, num_classes,
-                          group_plan[0] if group_plan else 0)
+    partition = _assemble(client, sample, is_test, group_of_client, client_transform, seen, num_classes,
+                          group_plan.groups if group_plan else 0, sample_transform, sample_group, weights)
     return replace(partition, public=public)
 
 
@@ -403,17 +432,52 @@ def _format_angle(angle: float) -> str:
     return str(int(angle)) if float(angle).is_integer() else repr(float(angle))
 
 
+@dataclass(frozen=True)
+class GroupPlan:
+    """The scenario's groups: one cell per combination of its group transforms' groups (the first
+    transform's group most significant; one transform: cell = its group), each with its transform
+    string (the transforms' strings joined by "+"), label permutation (None without label_swap)
+    and ground-truth group (the combination of the groups of the transforms with ground_truth,
+    -1 where none has it)."""
+
+    cells: int
+    transforms: list[str]
+    permutations: np.ndarray | None   # (cells × classes)
+    truth: np.ndarray                 # (cells,) ground-truth group of each cell
+    groups: int                       # ground-truth groups (0: none)
+
+
 def _plan_groups(scenario: Scenario, dataset: Dataset, num_classes: int, rng: np.random.Generator,
-                 where: str) -> tuple[int, list[str], np.ndarray | None] | None:
-    """(groups, transform string per group, label permutation per group or None)."""
-    step = scenario.group_step()
-    if step is None:
+                 where: str) -> GroupPlan | None:
+    steps = scenario.group_steps()
+    if not steps:
         return None
-    index = scenario.partition.index(step)
-    field = f"{where}.partition[{index}]"
+    plans = [_plan_step(step, num_classes, rng, f"{where}.partition[{scenario.partition.index(step)}]", dataset)
+             for step in steps]
+    sizes = [step.groups for step in steps]
+    digits = np.array(list(itertools.product(*[range(n) for n in sizes])), dtype=np.int64).reshape(-1, len(steps))
+    transforms = ["+".join(plans[k][0][g] for k, g in enumerate(row)) for row in digits]
+    permutations = None
+    for k, (_, step_permutations) in enumerate(plans):
+        if step_permutations is not None:  # at most one label_swap step (spec validation)
+            permutations = step_permutations[digits[:, k]]
+    truth_steps = [k for k, step in enumerate(steps) if step.ground_truth]
+    if truth_steps:
+        truth = np.ravel_multi_index(tuple(digits[:, k] for k in truth_steps), [sizes[k] for k in truth_steps])
+        groups = math.prod(sizes[k] for k in truth_steps)
+    else:
+        truth, groups = np.full(len(digits), -1, dtype=np.int64), 0
+    return GroupPlan(len(digits), transforms, permutations, np.asarray(truth, dtype=np.int64), groups)
+
+
+def _plan_step(step, num_classes: int, rng: np.random.Generator, field: str,
+               dataset: Dataset) -> tuple[list[str], np.ndarray | None]:
+    """One group transform's transform string per group and label permutation per group (None
+    but for label_swap)."""
     if step.kind in ("rotation", "flip") and not dataset.is_image:
         raise PartitionError(f"{field}.kind: {step.kind} needs an image dataset; dataset {dataset.name} "
-                             f"has inputs of shape {dataset.input_shape}")
+                             f"has inputs of shape {dataset.input_shape}; on feature vectors, groups by "
+                             f"label_swap (a concept shift) work")
     if step.kind == "rotation":
         angles = step.group_angles()
         height, width = dataset.input_shape[-2:]
@@ -421,14 +485,14 @@ def _plan_groups(scenario: Scenario, dataset: Dataset, num_classes: int, rng: np
         if height != width and odd:
             raise PartitionError(f"{field}.angles: rotating {height}x{width} images by {_format_angle(odd[0])} "
                                  f"changes their shape; use angles that are not odd multiples of 90")
-        return step.groups, [f"rotate:{_format_angle(a)}" for a in angles], None
+        return [f"rotate:{_format_angle(a)}" for a in angles], None
     if step.kind == "flip":
-        return step.groups, [f"flip:{axis}" for axis in step.group_axes()], None
+        return [f"flip:{axis}" for axis in step.group_axes()], None
     if step.pairs is None:
         permutations = _label_permutations(num_classes, step.groups, rng, field, dataset.name)
     else:
         permutations = _pair_swaps(num_classes, step.groups, step.pairs, rng, field, dataset.name)
-    return step.groups, ["labels:" + "-".join(map(str, p)) for p in permutations], permutations
+    return ["labels:" + "-".join(map(str, p)) for p in permutations], permutations
 
 
 def _label_permutations(num_classes: int, groups: int, rng: np.random.Generator, field: str,
@@ -479,13 +543,43 @@ def _pair_swaps(num_classes: int, groups: int, pairs: int, rng: np.random.Genera
     return np.array([identity, *chosen], dtype=np.int64).reshape(groups, num_classes)
 
 
-def _assign_groups(clients: int, plan, rng: np.random.Generator):
+def _assign_cells(clients: int, plan: GroupPlan | None, rng: np.random.Generator) -> np.ndarray:
+    """Each client's cell (-1 without group transforms): as many clients in every cell as can be."""
     if plan is None:
-        return np.full(clients, -1, dtype=np.int64), np.array([NO_TRANSFORM], dtype=object), None
-    groups, transforms, permutations = plan
-    group = np.empty(clients, dtype=np.int64)
-    group[rng.permutation(clients)] = np.arange(clients) % groups
-    return group, np.array(transforms, dtype=object), permutations
+        return np.full(clients, -1, dtype=np.int64)
+    cell = np.empty(clients, dtype=np.int64)
+    cell[rng.permutation(clients)] = np.arange(clients) % plan.cells
+    return cell
+
+
+def _mix_cells(client: np.ndarray, clients: int, plan: GroupPlan, alpha: float,
+               rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """The mixture step: each client draws weights over the cells ~ Dir(alpha); its samples (all
+    of them, before the hold-out, so that both splits mix alike) take cell c in round(w_c·n)
+    of its n samples (largest remainders: the counts sum to n and each is within 1 of w_c·n),
+    at random. Returns every sample's cell and the (clients × cells) weights."""
+    weights = rng.dirichlet(np.full(plan.cells, alpha), size=clients)
+    sizes = np.bincount(client, minlength=clients)
+    exact = weights * sizes[:, None]
+    counts = np.floor(exact).astype(np.int64)
+    short = sizes - counts.sum(axis=1)
+    # Largest remainders first (ties: the lower cell), so the counts add up to each client's size.
+    order = np.argsort(-(exact - counts), axis=1, kind="stable")
+    ranks = np.empty_like(order)
+    np.put_along_axis(ranks, order, np.arange(plan.cells)[None, :].repeat(clients, 0), axis=1)
+    counts += ranks < short[:, None]
+    by_client = np.lexsort((rng.random(len(client)), client))
+    cells = np.empty(len(client), dtype=np.int64)
+    cells[by_client] = np.concatenate([np.repeat(np.arange(plan.cells), counts[c]) for c in range(clients)]) \
+        if clients else np.empty(0, dtype=np.int64)
+    return cells, weights
+
+
+def _truth_weights(weights: np.ndarray, plan: GroupPlan) -> np.ndarray:
+    """(clients × ground-truth groups) weights: the cells' weights summed by their group."""
+    out = np.zeros((len(weights), plan.groups))
+    np.add.at(out.T, plan.truth, weights.T)
+    return out
 
 
 # --------------------------------------------------------------------------- hold-out and tables
@@ -502,34 +596,39 @@ def _holdout(client: np.ndarray, clients: int, test_fraction: float, rng: np.ran
     return is_test
 
 
-def _assemble(client, sample, is_test, group_of_client, transforms, seen, num_classes, groups) -> Partition:
+def _assemble(client, sample, is_test, group_of_client, client_transform, seen, num_classes, groups,
+              sample_transform=None, sample_group=None, weights=None) -> Partition:
     clients = len(group_of_client)
     empty = np.flatnonzero(np.bincount(client, minlength=clients) == 0)
     if len(empty):  # the splits guarantee >= 1 sample per client; this guards against regressions
         raise AssertionError(f"partition left client {int(empty[0])} without samples")
-    transform_index = np.maximum(group_of_client, 0)  # group -1 has the single "none" transform
     order = np.lexsort((sample, is_test, client))
     c = client[order]
-    table = pd.DataFrame({
+    columns = {
         "client": c.astype(np.int32),
         "split": np.where(is_test[order], "test", "train").astype(object),
         "sample": sample[order].astype(np.int64),
         "group": group_of_client[c].astype(np.int32),
-        "transform": transforms[transform_index[c]],
+        "transform": client_transform[c] if sample_transform is None else sample_transform[order],
         "label": seen[order].astype(np.int64),
-    })
+    }
+    if sample_group is not None:  # a mixture: the ground-truth group each sample was drawn from
+        columns["component"] = sample_group[order].astype(np.int32)
+    table = pd.DataFrame(columns)
     label_counts = np.bincount(client * num_classes + seen, minlength=clients * num_classes)
     label_counts = label_counts.reshape(clients, num_classes)
     n_test = np.bincount(client[is_test], minlength=clients)
-    columns = {
+    stats = {
         "client": np.arange(clients, dtype=np.int32),
         "group": group_of_client.astype(np.int32),
-        "transform": transforms[transform_index],
+        "transform": client_transform,
         "n_train": (label_counts.sum(axis=1) - n_test).astype(np.int64),
         "n_test": n_test.astype(np.int64),
     }
-    columns.update({f"label_{k}": label_counts[:, k].astype(np.int64) for k in range(num_classes)})
-    return Partition(table, pd.DataFrame(columns), num_classes, int(groups))
+    stats.update({f"label_{k}": label_counts[:, k].astype(np.int64) for k in range(num_classes)})
+    if weights is not None:
+        stats.update({f"{WEIGHT_PREFIX}{g}": weights[:, g].astype(np.float64) for g in range(weights.shape[1])})
+    return Partition(table, pd.DataFrame(stats), num_classes, int(groups), weights=weights)
 
 
 # --------------------------------------------------------------------------- files
@@ -588,7 +687,10 @@ def load_partition(out_dir: str | Path) -> Partition:
     public = None
     if (out / PUBLIC_FILE).is_file():
         public = read_parquet(out / PUBLIC_FILE)["sample"].to_numpy(np.int64)
-    return Partition(clients, stats, num_classes, top_group + 1, public)
+    weight_columns = [column for column in stats.columns if column.startswith(WEIGHT_PREFIX)]
+    weights = stats[weight_columns].to_numpy(np.float64) if weight_columns else None
+    groups = len(weight_columns) if weight_columns else top_group + 1
+    return Partition(clients, stats, num_classes, groups, public, weights)
 
 
 # A picture for people (mutation testing leaves it out: no figure a run computes depends on it).
@@ -640,15 +742,42 @@ def client_indices(partition: Partition) -> dict[int, dict[str, np.ndarray]]:
 
 
 def client_transforms(partition: Partition) -> dict[int, str]:
+    """client → its transform; a mixture client's is MIXED (see client_sample_transforms)."""
     return dict(zip(partition.stats["client"].astype(int), partition.stats["transform"].astype(str)))
+
+
+def client_sample_transforms(partition: Partition) -> dict[int, dict[str, np.ndarray]]:
+    """client → {'train': transform of each sample, 'test': …}, in client_indices' order (by
+    sample): a mixture client's samples each have their own."""
+    table = partition.clients
+    client = table["client"].to_numpy(np.int64)
+    key = client * 2 + (table["split"] == "test").to_numpy()
+    order = np.lexsort((table["sample"].to_numpy(np.int64), key))
+    key, transform = key[order], table["transform"].to_numpy(object)[order]
+    bounds = np.searchsorted(key, np.arange(2 * partition.num_clients + 1))
+    return {k: {"train": transform[bounds[2 * k]:bounds[2 * k + 1]], "test": transform[bounds[2 * k + 1]:bounds[2 * k + 2]]}
+            for k in range(partition.num_clients)}
+
+
+def apply_sample_transforms(x: np.ndarray, y: np.ndarray, transforms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """apply_transform row by row, one call per distinct transform (a mixture client's rows)."""
+    x_out, y_out = np.empty_like(x), np.asarray(y, dtype=np.int64).copy()
+    for transform in dict.fromkeys(transforms):
+        rows = np.flatnonzero(transforms == transform)
+        x_out[rows], y_out[rows] = apply_transform(x[rows], y_out[rows], str(transform))
+    return x_out, y_out
 
 
 def client_arrays(partition: Partition, x: np.ndarray, y: np.ndarray
                   ) -> dict[int, dict[str, tuple[np.ndarray, np.ndarray]]]:
-    """client → {'train': (x, y), 'test': (x, y)} with the client's transform applied; `x`, `y` are
-    the pool arrays of `Dataset.pool(scenario.pool)`. The labels equal the `label` column."""
+    """client → {'train': (x, y), 'test': (x, y)} with the client's transform (a mixture client's:
+    each sample's) applied; `x`, `y` are the pool arrays of `Dataset.pool(scenario.pool)`. The
+    labels equal the `label` column."""
     transforms = client_transforms(partition)
-    return {k: {split: apply_transform(x[idx], y[idx], transforms[k]) for split, idx in parts.items()}
+    per_sample = client_sample_transforms(partition)
+    return {k: {split: (apply_transform(x[idx], y[idx], transforms[k]) if transforms[k] != MIXED
+                        else apply_sample_transforms(x[idx], y[idx], per_sample[k][split]))
+                for split, idx in parts.items()}
             for k, parts in client_indices(partition).items()}
 
 
@@ -657,6 +786,10 @@ def apply_transform(x: np.ndarray, y: np.ndarray, transform: str) -> tuple[np.nd
     axes are rotated/flipped), y holds original labels. Returns C-contiguous arrays (torch cannot
     wrap the negative strides of np.rot90/np.flip views)."""
     if transform in (NO_TRANSFORM, ""):
+        return x, y
+    if "+" in transform:  # several group transforms, applied in the scenario's order
+        for part in transform.split("+"):
+            x, y = apply_transform(x, y, part)
         return x, y
     kind, _, value = transform.partition(":")
     if kind == "rotate":

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from cflpipe.cli import main
+from cflpipe.fl.diagnosis import diagnose_clustering
 from cflpipe.fl.engine import train_run
 from cflpipe.report.tables import ARI, ONE_CLUSTER_MARK, paper_table, paper_tables, to_latex, to_markdown
 from cflpipe.spec import parse_spec, spec_warnings
@@ -59,10 +60,12 @@ def test_a_run_that_never_clusters_says_so_and_one_that_clusters_does_not(tmp_pa
     assert summaries["fedtsdp"]["degenerate"].startswith("never clustered: its Hopkins gate never opened")
     assert summaries["ifca"]["final"]["n_clusters"] == 2 and summaries["ifca"]["degenerate"] is None
     assert summaries["fesem"]["degenerate"] is None and summaries["fedavg"]["degenerate"] is None
+    assert summaries["cfl"]["degenerate_kind"] == "one_cluster" and summaries["fedtsdp"]["degenerate_kind"] == "gate"
     warned = [line for line in err.splitlines() if line.startswith("warning: s/")]
-    assert warned == ["warning: s/cfl/seed0: cfl never formed more than one cluster in an evaluated round",
-                      "warning: s/fedtsdp/seed0: fedtsdp never clustered: its Hopkins gate never opened "
-                      "(H <= hopkins_threshold 0.999 in every round)"]
+    assert warned[0] == "warning: s/cfl/seed0: cfl never formed more than one cluster in an evaluated round"
+    assert warned[1].startswith("warning: s/fedtsdp/seed0: fedtsdp never clustered: its Hopkins gate never opened "
+                                "(H <= hopkins_threshold 0.999 in every round; largest H 0.")
+    assert len(warned) == 2
     on_disk = json.loads((spec.run_dir("s", "cfl", 0) / "summary.json").read_text())
     assert on_disk["degenerate"] == summaries["cfl"]["degenerate"]
     # the report keeps them in the ARI table, marked, and says why in the clustering section
@@ -77,7 +80,7 @@ def test_a_run_that_never_clusters_says_so_and_one_that_clusters_does_not(tmp_pa
     ari = markdown[markdown.index("**Adjusted Rand index"):]
     assert f"| cfl | 0.00 {ONE_CLUSTER_MARK} |" in ari and "| fedtsdp |" in ari and "| ifca |" in ari
     html = page.read_text()
-    assert "cfl never clustered in 1 of 1 seeds (never formed more than one cluster" in html
+    assert "cfl: no clustering in 1 of 1 seeds (never formed more than one cluster" in html
 
 
 def per_seed(rows):
@@ -91,10 +94,75 @@ def test_tables_mark_a_method_that_never_clustered_and_keep_it_in_the_ari_table(
     table = paper_table(frame, ["s"], ["cfl", "ifca"], ARI)
     assert table.cell("cfl", "s").text.endswith(ONE_CLUSTER_MARK) and table.cell("cfl", "s").one_cluster == 1
     assert ONE_CLUSTER_MARK not in table.cell("ifca", "s").text
-    assert table.notes[-1] == f"{ONE_CLUSTER_MARK} never clustered (one cluster throughout, or its gate never " \
-                              f"opened): cfl on s (1 of 2 seeds)."
+    assert table.notes[-1].startswith(f"{ONE_CLUSTER_MARK} no clustering at the end (one cluster throughout or by "
+                                      f"the end, about one cluster per client")
+    assert table.notes[-1].endswith("cfl on s (1 of 2 seeds).")
     assert ONE_CLUSTER_MARK in to_markdown(table) and r"$^\ddagger$" in to_latex(table)
     tables = paper_tables(frame, ["s"], ["cfl", "ifca"], ari_methods=["cfl", "ifca"])
     assert [t.spec.figure for t in tables][-1] == "ari" and tables[-1].methods == ["cfl", "ifca"]
     quiet = paper_table(per_seed([("ifca", 0, 1.0, 0.9, "")]), ["s"], ["ifca"], ARI)
     assert not any(ONE_CLUSTER_MARK in note for note in quiet.notes)
+
+
+def rounds_of(counts, **columns) -> pd.DataFrame:
+    """A rounds table with the given n_clusters at evaluation rounds 5, 10, … and none between."""
+    rows = []
+    for index, count in enumerate(counts):
+        rows += [{"round": 5 * index + r, "n_clusters": None} for r in range(1, 5)]
+        rows.append({"round": 5 * index + 5, "n_clusters": count})
+    frame = pd.DataFrame(rows, columns=["round", "n_clusters"])
+    frame["n_clusters"] = frame["n_clusters"].astype("Int64")
+    for name, values in columns.items():
+        frame[name] = values
+    return frame
+
+
+def test_a_clustering_that_collapsed_by_the_end_is_named_with_the_round_it_last_had_clusters():
+    found = diagnose_clustering(rounds_of([1, 3, 3, 2, 1, 1]), clients=18)
+    assert found.kind == "collapsed"
+    assert found.line.startswith("collapsed to one cluster by the end (it had 3 clusters; the last evaluated round "
+                                 "with more than one was round 20)")
+
+
+def test_about_one_cluster_per_client_at_the_end_is_local_in_disguise():
+    found = diagnose_clustering(rounds_of([18, 18]), clients=18)
+    assert found.kind == "singletons" and "(18 clusters for 18 clients)" in found.line and "Local" in found.line
+    assert diagnose_clustering(rounds_of([1, 15]), clients=18).kind == "singletons"   # 15 >= 0.8 · 18
+    assert diagnose_clustering(rounds_of([1, 14]), clients=18) is None                # 14 clusters are a clustering
+    assert diagnose_clustering(rounds_of([3, 3]), clients=3) is None                  # too few clients to tell
+
+
+def test_a_good_clustering_and_one_that_clustered_late_stay_quiet():
+    assert diagnose_clustering(rounds_of([3, 3, 3]), clients=18) is None
+    assert diagnose_clustering(rounds_of([1, 1, 1, 4]), clients=18) is None   # a late split is a clustering
+    assert diagnose_clustering(rounds_of([4, 10, 2]), clients=18) is None     # fewer clusters, still several
+    assert diagnose_clustering(rounds_of([]), clients=18) is None             # nothing evaluated: nothing to say
+    assert diagnose_clustering(rounds_of([1, 1]), clients=18).kind == "one_cluster"
+    gate = diagnose_clustering(rounds_of([3, 3]), clients=18, gate_note="never clustered: its gate")
+    assert (gate.kind, gate.line) == ("gate", "never clustered: its gate")
+
+
+def test_fedtsdp_says_when_its_gate_opened_but_its_clustering_never_split(tmp_path):
+    from types import SimpleNamespace
+
+    from cflpipe.methods.fedtsdp import FedTSDP
+
+    method = SimpleNamespace(hp=SimpleNamespace(hopkins_threshold=0.65))
+    ran = [0.0] * 9 + [1.0]
+    note = FedTSDP.gate_note(method, rounds_of([1, 1], clustering_ran=ran, hopkins=[0.6] * 9 + [0.7]))
+    assert note == ("never clustered: its Hopkins gate opened in 1 of 10 rounds, but the two-stage clustering "
+                    "never split the clients (one cluster in every evaluated round)")
+    assert FedTSDP.gate_note(method, rounds_of([1, 3], clustering_ran=ran, hopkins=[0.7] * 10)) is None
+    closed = FedTSDP.gate_note(method, rounds_of([1, 1], clustering_ran=[0.0] * 10, hopkins=[0.6] * 9 + [0.62]))
+    assert closed == ("never clustered: its Hopkins gate never opened (H <= hopkins_threshold 0.65 in every round; "
+                      "largest H 0.620)")
+
+
+@pytest.mark.slow
+def test_pacfl_whose_threshold_is_below_every_angle_says_it_left_every_client_alone(tmp_path):
+    spec = parse_spec(spec_dict(tmp_path, {"pacfl": {}, "pacfl-k": {"method": "pacfl", "clusters": 2}},
+                                partition=[{"kind": "iid"}, {"kind": "rotation", "groups": 2}]))
+    alone = train_run(spec, "s", "pacfl", 0, progress=False).summary
+    assert alone["degenerate_kind"] == "singletons" and alone["final"]["n_clusters"] == 6
+    assert "threshold 4.9° is below the smallest angle between two clients' subspaces" in alone["degenerate"]
+    assert train_run(spec, "s", "pacfl-k", 0, progress=False).summary["degenerate"] is None

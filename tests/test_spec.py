@@ -345,7 +345,7 @@ def test_seeds_beyond_torchs_range_are_rejected(seed):
     ("results_dir", "", "results_dir: must not be empty, got ''"),
     ("methods.prox.bogus", 1, "methods.prox.bogus: unknown key, got 1; allowed: mu"),
     ("scenarios.digits-swap4.partition.1.bogus", 1,
-     "scenarios.digits-swap4.partition[1].bogus: unknown key, got 1; allowed: kind, groups, pairs"),
+     "scenarios.digits-swap4.partition[1].bogus: unknown key, got 1; allowed: kind, groups, pairs, ground_truth"),
 ])
 def test_strict_types_bounds_and_allowed_keys(path, value, line):
     assert error_of(with_change(path, value)) == line

@@ -10,7 +10,8 @@ import numpy as np
 import torch
 
 from cflpipe.data import load_dataset
-from cflpipe.partition import PUBLIC_FILE, apply_transform, build_partition, client_indices, load_partition
+from cflpipe.partition import (MIXED, PUBLIC_FILE, apply_sample_transforms, apply_transform, build_partition,
+                               client_indices, client_sample_transforms, load_partition)
 from cflpipe.errors import PartitionError
 from cflpipe.partition_files import (  # noqa: F401  (partition_scenario, input_digests: their old home)
     DIGESTS, FINGERPRINT, PARTITION_FILES, _digest_problem, _fingerprint, input_digests, partition_scenario)
@@ -57,6 +58,9 @@ class FederatedData:
     # Inputs the server holds without labels (scenario `public:`), preprocessed as the clients'
     # inputs and untransformed (no group's rotation or label swap); None without `public:`.
     public: torch.Tensor | None = None
+    # A mixture scenario's (clients × groups) weights of the groups each client's samples come
+    # from (None: every client is one group's).
+    mixture_weights: np.ndarray | None = None
 
     @property
     def num_clients(self) -> int:
@@ -80,7 +84,8 @@ class FederatedData:
         empty = SplitData(self.train.x[:0], self.train.y[:0], np.zeros(len(clients) + 1, dtype=np.int64),
                           self.train.owner[:0])
         return FederatedData(self.train.subset(clients) if train else empty, self.test.subset(clients),
-                             self.groups[clients], self.num_classes, self.input_shape, self.transforms, self.public)
+                             self.groups[clients], self.num_classes, self.input_shape, self.transforms, self.public,
+                             None if self.mixture_weights is None else self.mixture_weights[clients])
 
 
 # Bytes of the pool read at once by gather_pool_rows (its memory-mapped pages dropped after each).
@@ -145,6 +150,7 @@ def build_federated_data(spec: Spec, scenario: str, device: torch.device) -> Fed
     stats = partition.stats.set_index("client")
     groups = stats.loc[clients, "group"].to_numpy(dtype=np.int64)
     transforms = [str(t) for t in stats.loc[clients, "transform"]]
+    per_sample = client_sample_transforms(partition) if MIXED in transforms else {}
     splits = {}
     for split in ("train", "test"):
         rows = [np.asarray(indices[c][split], dtype=np.int64) for c in clients]
@@ -163,15 +169,20 @@ def build_federated_data(spec: Spec, scenario: str, device: torch.device) -> Fed
         for i, (idx, transform) in enumerate(zip(rows, transforms)):
             mine = slice(offsets[i], offsets[i + 1])
             inputs = x_all[mine] if gathered else dataset.pool_rows(sc.pool, idx)
-            x_all[mine], y_all[mine] = apply_transform(standardize(inputs), y_pool[idx], transform)
+            if transform == MIXED:
+                x_all[mine], y_all[mine] = apply_sample_transforms(standardize(inputs), y_pool[idx],
+                                                                   per_sample[clients[i]][split])
+            else:
+                x_all[mine], y_all[mine] = apply_transform(standardize(inputs), y_pool[idx], transform)
         splits[split] = SplitData(
             x=torch.from_numpy(x_all).to(device),
             y=torch.from_numpy(y_all).to(device),
             offsets=offsets,
             owner=torch.from_numpy(np.repeat(np.arange(len(clients)), sizes)).to(device),
         )
+    weights = None if partition.weights is None else partition.weights[clients]
     return FederatedData(splits["train"], splits["test"], groups, partition.num_classes,
-                         tuple(dataset.input_shape), transforms, public)
+                         tuple(dataset.input_shape), transforms, public, weights)
 
 
 def _channel_std(x: np.ndarray, mean: np.ndarray, rows_at_once: int = 4096,

@@ -20,6 +20,7 @@ import torch
 from cflpipe.errors import DivergenceError, SpecError
 from cflpipe.fl.checkpoint import STATE_HASH_FILE, adopt_previous, read_state, rows_folder, write_state
 from cflpipe.fl.data import FederatedData
+from cflpipe.fl.diagnosis import Degeneration, diagnose_clustering
 from cflpipe.fl.evaluation import evaluate
 from cflpipe.fl.method import Context, Method, Payload, Update, WeightedSum, divergence_error
 from cflpipe.fl.plan import Results
@@ -433,22 +434,20 @@ class Run:
 
     # ------------------------------------------------------------------ outputs
 
-    def degeneration(self, rounds: pd.DataFrame) -> str | None:
-        """Why a clustered method's run was one cluster throughout (FedAvg in disguise): its gate
-        never opened, or it never had more than one cluster in an evaluated round; None when it
-        clustered, asked for one cluster (K = 1), or is no clustered method (Oracle is told the
-        groups)."""
+    def degeneration(self, rounds: pd.DataFrame) -> Degeneration | None:
+        """What a clustered method's clustering came to when it is none (fl/diagnosis.py): one
+        cluster throughout or at the end, one per client, or its gate kept it from clustering;
+        None when it clustered, asked for one cluster (K = 1), or is no clustered method (Oracle
+        is told the groups)."""
         capabilities = self.method.capabilities
         if not capabilities.clustered or capabilities.needs_groups:
             return None
         if capabilities.k_param and getattr(self.method.hp, capabilities.k_param, None) == 1:
             return None
-        if (gate := self.method.gate_note(rounds)) is not None:
-            return gate
-        counts = rounds["n_clusters"].dropna() if "n_clusters" in rounds else rounds[:0]
-        if len(counts) and int(counts.max()) <= 1:
-            return "never formed more than one cluster in an evaluated round"
-        return None
+        found = diagnose_clustering(rounds, self.data.num_clients, self.method.gate_note(rounds))
+        if found is not None and (hint := self.method.clustering_hint(rounds, found.kind)):
+            found = Degeneration(found.kind, f"{found.line}; {hint}")
+        return found
 
     def write_outputs(self) -> dict[str, Any]:
         d = self.run_dir
@@ -471,9 +470,10 @@ class Run:
             "best_acc_macro": _plain(full["acc_macro"].max()) if len(full := self.full_evaluations(evals)) else None,
             "bytes_down_total": int(rounds["bytes_down"].sum()),
             "bytes_up_total": int(rounds["bytes_up"].sum()),
-            "degenerate": self.degeneration(rounds),
+            "degenerate": None, "degenerate_kind": None,
         }
-        if summary["degenerate"]:
+        if (degeneration := self.degeneration(rounds)) is not None:
+            summary.update(degeneration.as_summary())
             print(f"warning: {self.scenario}/{self.method_name}/seed{self.seed}: {self.method_name} "
                   f"{summary['degenerate']}", file=sys.stderr)
         summary["provenance"] = run_provenance(self.config, self.training)

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from cflpipe.fl.data import FederatedData, SplitData as Split
 from cflpipe.fl.method import Context, Method, sampled_hook_applies
 from cflpipe.seeds import rng
-from cflpipe.metrics import (clustering_scores, device_f1, f1_macro_over_classes, intra_inter_accuracy,
+from cflpipe.metrics import (clustering_scores, mixture_error, device_f1, f1_macro_over_classes, intra_inter_accuracy,
                              per_client_accuracy, per_client_f1, per_client_mean, personalized_summary)
 
 # Global accuracy and intra/inter accuracy score every distinct model on all clients' pooled
@@ -142,7 +142,19 @@ def evaluate(ctx: Context, method: Method, data: FederatedData, eval_batch_size:
     for name, columns in method.eval_tables().items():
         length = len(next(iter(columns.values()))) if columns else 0
         own[name] = {"round": np.full(length, round_number), **columns}
+    if everyone.mixture_weights is not None:  # a mixture scenario: soft methods' shares scored
+        figures["mixture_error"] = _mixture_error(everyone.mixture_weights, own.get("mixture"))
     return Evaluation(figures, tables, own)
+
+
+def _mixture_error(true_weights: np.ndarray, table: dict[str, np.ndarray] | None) -> float:
+    """metrics.mixture_error of a soft method's `mixture` table (client, cluster, weight); nan for
+    a method without shares."""
+    if table is None:
+        return float("nan")
+    shares = np.zeros((len(true_weights), int(np.max(table["cluster"])) + 1))
+    shares[table["client"], table["cluster"]] = table["weight"]
+    return mixture_error(true_weights, shares)
 
 
 def _sampled_models(method: Method, clients: np.ndarray) -> tuple[list[torch.Tensor], np.ndarray]:

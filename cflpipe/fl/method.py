@@ -519,7 +519,14 @@ class Method:
     def gate_note(self, rounds: Any) -> str | None:
         """After a run: "never clustered: <why>" when a gate of its own stayed shut (e.g. FedTSDP's
         Hopkins test), read from the run's rounds table (a pandas DataFrame: the outputs are rebuilt
-        from it without the method's state); None when it opened or the method has none."""
+        from it without the method's state); None when it opened or the method has none. A gate
+        that opened without its clustering ever splitting the clients is said here too."""
+        return None
+
+    def clustering_hint(self, rounds: Any, kind: str) -> str | None:
+        """After a run whose clustering came to none (`kind`: fl/diagnosis.KINDS), what of the
+        method's own settings did it, when the method can tell from the rounds table (PACFL: a
+        threshold below every angle between two clients); appended to the run's warning line."""
         return None
 
     def eval_tables(self) -> dict[str, dict[str, np.ndarray]]:

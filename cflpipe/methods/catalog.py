@@ -233,8 +233,9 @@ class FCCAParams(HyperParams):
                             "the plain gradient step Algorithm 1 line 5 writes")
     flow_lr: float = Field(0.01, gt=0, description="the cINN's step size (the paper's η = 0.01; not the run's "
                                                     "lr, which is the classifier's SGD step)")
-    flow_steps: int | None = Field(None, ge=1, description="the cINN's iterations per round (default: the "
-                                                           "run's local steps, the paper's K)")
+    flow_steps: int | None = Field(20, ge=1, description="the cINN's iterations per round: the paper's K = 20 "
+                                                         "whatever the run's local budget (fewer leave D without the "
+                                                         "groups); null: the run's local steps or epochs")
     flow_restart: bool = Field(False, description="start each round's cINN from its initialization instead "
                                                   "of the client's last one")
     cosine: Literal["mean", "sample", "batch"] = Field(

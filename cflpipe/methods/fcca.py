@@ -73,8 +73,12 @@ Our readings where the paper is open (METHODS.md, FCCA):
   the paper's η = 0.01 whatever the run's lr: Adam's steps do not scale with the gradient, so
   the SGD step size that suits the classifier says nothing about them (with the run's lr 0.05 on
   the same two groups, 10 local steps, ARI was 0.2; with 0.01, 1.0; with 0.001, −0.05: the
-  cINN's lr matters, and the paper's value is the one that worked). Iterations default to the
-  run's local steps (the paper's K). Algorithm 1 line 2's "initialize θ_k = θ" could restart c each
+  cINN's lr matters, and the paper's value is the one that worked). Its iterations are the
+  paper's K = 20 whatever the run's local budget, for the same reason: they are the clustering's
+  budget, not the classifier's. Tied to a run's 5 local steps, D carried no group signal
+  (same-group/other-group ratio 1.00) and FCCA clustered at random, on label swaps with and
+  without Dirichlet skew (docs/robustness.md); `flow_steps: null` ties them to the run's local
+  steps as before. Algorithm 1 line 2's "initialize θ_k = θ" could restart c each
   round (the server never aggregates c); `flow_restart: true` does that, and gave ARI ≈ 0 in the
   same check (20 Adam steps per round are too few), so by default the client keeps training its
   own cINN, which the paper's "continuous learning of encoded representations" supports.

@@ -174,10 +174,17 @@ class FedTSDP(Method):
                   "times_clustered")
 
     def gate_note(self, rounds) -> str | None:
-        if "clustering_ran" not in rounds or rounds["clustering_ran"].max() > 0:
+        if "clustering_ran" not in rounds:
             return None
-        return (f"never clustered: its Hopkins gate never opened (H <= hopkins_threshold "
-                f"{self.hp.hopkins_threshold:g} in every round)")
+        opened = int((rounds["clustering_ran"] > 0).sum())
+        if not opened:
+            return (f"never clustered: its Hopkins gate never opened (H <= hopkins_threshold "
+                    f"{self.hp.hopkins_threshold:g} in every round; largest H {rounds['hopkins'].max():.3f})")
+        counts = rounds["n_clusters"].dropna() if "n_clusters" in rounds else rounds[:0]
+        if len(counts) and int(counts.max()) <= 1:
+            return (f"never clustered: its Hopkins gate opened in {opened} of {len(rounds)} rounds, but the "
+                    f"two-stage clustering never split the clients (one cluster in every evaluated round)")
+        return None
 
     def __init__(self, ctx: Context):
         super().__init__(ctx)

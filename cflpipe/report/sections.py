@@ -298,12 +298,11 @@ class Sections:
         out = []
         for name, sc in view.spec.scenarios.items():
             stats = view.stats[name]
-            step = sc.group_step()
             item: dict[str, Any] = {
                 "name": name, "dataset": sc.dataset.name,
                 "dataset_params": ", ".join(f"{k}={v}" for k, v in sc.dataset.params.items()),
                 "clients": sc.clients, "steps": [_step_text(s) for s in sc.partition],
-                "groups": f"{step.groups} ({step.kind})" if step is not None else "none",
+                "groups": sc.groups_text(),
                 "test_fraction": sc.test_fraction, "pool": sc.pool, "partition_seed": sc.seed,
                 "methods": [view.label(m) for m in view.methods_on(name)], "label": view.scenario_labels[name],
                 "seeds": sorted({int(k) for k in view.runs.loc[view.runs["scenario"] == name, "seed"]}),
@@ -325,6 +324,8 @@ class Sections:
 
 def _step_text(step) -> str:
     fields = step.model_dump(exclude={"kind"}, exclude_none=True)
+    if fields.get("ground_truth") is True:  # the default: said only when a step's groups are not the truth
+        del fields["ground_truth"]
     if not fields:
         return step.kind
     return f"{step.kind}(" + ", ".join(f"{k}={v}" for k, v in fields.items()) + ")"

@@ -131,7 +131,7 @@ class Cell:
     text: str
     mark: str = ""                # "best" (bold), "tied" or ""
     p: float = float("nan")       # paired t-test against the column's best (NaN: not tested)
-    one_cluster: int = 0          # seeds in which a clustered method never clustered (summary's `degenerate`)
+    one_cluster: int = 0          # seeds whose clustering came to none (summary's `degenerate`)
 
     @property
     def missing(self) -> bool:
@@ -221,8 +221,9 @@ class PaperTable:
         if flagged:
             cases = ", ".join(f"{self.method_label(m)} on {self.scenario_label(s)} "
                               f"({self.cells[(m, s)].one_cluster} of {self.cells[(m, s)].n} seeds)" for m, s in flagged)
-            notes.append(f"{ONE_CLUSTER_MARK} never clustered (one cluster throughout, or its gate never "
-                         f"opened): {cases}.")
+            notes.append(f"{ONE_CLUSTER_MARK} no clustering at the end (one cluster throughout or by the end, "
+                         f"about one cluster per client, or a gate that never let it cluster; the runs' "
+                         f"summary.json says which): {cases}.")
         return notes
 
 
@@ -297,7 +298,7 @@ def seed_values(per_seed: pd.DataFrame, scenario: str, method: str, figure: str,
 
 
 def one_cluster_seeds(per_seed: pd.DataFrame, scenario: str, method: str) -> int:
-    """Seeds whose run says it never clustered (runs.parquet's `degenerate`, from summary.json)."""
+    """Seeds whose run says its clustering came to none (runs.parquet's `degenerate`, from summary.json)."""
     if "degenerate" not in per_seed.columns:
         return 0
     rows = per_seed[(per_seed["scenario"] == scenario) & (per_seed["method"] == method)]

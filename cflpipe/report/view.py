@@ -63,7 +63,7 @@ class AggregateView:
         stats = self.stats[scenario]
         if stats is not None:
             return bool((stats["group"] >= 0).any())
-        return self.spec.scenarios[scenario].group_step() is not None
+        return bool(self.spec.scenarios[scenario].true_groups)
 
     def summary_row(self, scenario: str, method: str) -> pd.Series | None:
         return self._summary_rows.get((scenario, method))
@@ -136,7 +136,9 @@ class AggregateView:
                 or any(m in self.clustered_methods(s) for s in self.spec.scenarios)]
 
     def never_clustered(self, scenario: str) -> list[str]:
-        """One line per method that, in some seed, never clustered (summary.json's `degenerate`)."""
+        """One line per method whose clustering, in some seed, came to none (summary.json's
+        `degenerate`: one cluster throughout or at the end, one per client, a gate that kept it
+        from clustering), with the runs' own reasons."""
         if "degenerate" not in self.runs.columns:
             return []
         rows = self.runs[(self.runs["scenario"] == scenario) & (self.runs["degenerate"].fillna("") != "")]
@@ -146,8 +148,8 @@ class AggregateView:
             if len(mine):
                 seeds = int((self.runs["scenario"].eq(scenario) & self.runs["method"].eq(m)).sum())
                 reasons = "; ".join(sorted(set(mine["degenerate"])))
-                lines.append(f"{self.label(m)} never clustered in {len(mine)} of {seeds} seeds ({reasons}): its "
-                             f"figures are those of the method without clusters, not of a clustering")
+                lines.append(f"{self.label(m)}: no clustering in {len(mine)} of {seeds} seeds ({reasons}): its "
+                             f"figures there are not those of a clustering")
         return lines
 
 

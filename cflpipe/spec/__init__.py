@@ -32,6 +32,7 @@ from cflpipe.spec._models import (
     FlipStep,
     IIDStep,
     LabelSwapStep,
+    MixtureStep,
     MethodEntry,
     NaturalStep,
     PartitionStep,
@@ -78,7 +79,7 @@ from cflpipe.spec._yaml import (
 
 __all__ = [
     "DatasetRef", "DirichletStep", "DuplicateKeyError", "FLIP_AXES", "FlipStep", "GROUP_TRANSFORMS",
-    "HYPERPARAM_NAME", "IIDStep", "LABEL_MAX", "LABEL_SPLITS", "LATER_STEP_DEFAULTS", "LabelSwapStep",
+    "HYPERPARAM_NAME", "IIDStep", "LABEL_MAX", "LABEL_SPLITS", "LATER_STEP_DEFAULTS", "LabelSwapStep", "MixtureStep",
     "MAX_COUNT", "MAX_MLP_DEPTH", "MAX_SEED", "MAX_SPEC_BYTES", "MAX_SPEC_VALUES", "MAX_SWEEP_ENTRIES",
     "BUILTIN_TRAINERS", "MODEL_NAMES", "MethodEntry", "NAME_PATTERN", "NaturalStep", "PERCENT_FIGURES", "PaperTableEntry",
     "PartitionStep", "PathologicalStep", "PublicData", "QuantityStep", "RESERVED_ENTRY_KEYS",

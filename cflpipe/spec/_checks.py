@@ -276,7 +276,7 @@ def _check_method(spec: Spec, method: str) -> list[str]:
                         f"{scenario} has no `public:` (e.g. public: {{source: test, size: 500}} with pool: train)"]
     if capabilities.needs_groups:
         for scenario, sc in spec.scenarios.items():
-            if spec.runs_on(method, scenario) and sc.group_step() is None:
+            if spec.runs_on(method, scenario) and not sc.true_groups:
                 return [f"{where}: {spec.method_type(method)} needs ground-truth groups, but scenario "
                         f"{scenario} has none; list the scenarios it should run on in {where}.scenarios"]
     return []

@@ -3,6 +3,8 @@ method entries. No torch: model names are checked as names only."""
 
 from __future__ import annotations
 
+import math
+
 import re
 from typing import Annotated, Any, Literal, Union
 
@@ -246,6 +248,9 @@ class RotationStep(Strict):
     kind: Literal["rotation"]
     groups: int = Field(ge=1)
     angles: list[float] | None = Field(None, description="degrees per group; default evenly spaced")
+    ground_truth: bool = Field(True, description="its groups are part of the scenario's ground-truth groups "
+                                                 "(false: a shift every client may carry that a method should not "
+                                                 "cluster by, e.g. FedRC's feature shift beside a concept shift)")
 
     @model_validator(mode="after")
     def _angles_per_group(self) -> "RotationStep":
@@ -267,6 +272,9 @@ class LabelSwapStep(Strict):
     kind: Literal["label_swap"]
     groups: int = Field(ge=1)
     pairs: int | None = Field(None, ge=1)
+    ground_truth: bool = Field(True, description="its groups are part of the scenario's ground-truth groups "
+                                                 "(false: a shift every client may carry that a method should not "
+                                                 "cluster by, e.g. FedRC's feature shift beside a concept shift)")
 
 
 FLIP_AXES = ("none", "horizontal", "vertical", "both")
@@ -278,6 +286,9 @@ class FlipStep(Strict):
     kind: Literal["flip"]
     groups: int = Field(2, ge=1, le=4)
     axes: list[Literal["none", "horizontal", "vertical", "both"]] | None = None
+    ground_truth: bool = Field(True, description="its groups are part of the scenario's ground-truth groups "
+                                                 "(false: a shift every client may carry that a method should not "
+                                                 "cluster by, e.g. FedRC's feature shift beside a concept shift)")
 
     @model_validator(mode="after")
     def _axes_per_group(self) -> "FlipStep":
@@ -289,9 +300,20 @@ class FlipStep(Strict):
         return list(self.axes) if self.axes is not None else list(FLIP_AXES[: self.groups])
 
 
+class MixtureStep(Strict):
+    """Clients whose data mix the scenario's groups (FedEM's, FedSoft's and FedRC's premise): each
+    client draws weights over the groups ~ Dir(alpha), and each of its samples takes a group's
+    transform in those proportions (exact counts, largest remainders). Its ground-truth group is
+    its largest weight; the weights are recorded (stats.parquet `weight_<g>`)."""
+
+    kind: Literal["mixture"]
+    alpha: float = Field(gt=0, description="concentration of each client's group weights; small: one group "
+                                           "dominates, large: an even mix")
+
+
 PartitionStep = Annotated[
     Union[IIDStep, DirichletStep, PathologicalStep, QuantityStep, NaturalStep,
-          RotationStep, LabelSwapStep, FlipStep],
+          RotationStep, LabelSwapStep, FlipStep, MixtureStep],
     Field(discriminator="kind"),
 ]
 LABEL_SPLITS = ("iid", "dirichlet", "pathological", "natural")
@@ -317,7 +339,8 @@ class PublicData(Strict):
 
 # Partition-step options added after partitions were first written, with their defaults: left out
 # of a scenario's definition when at the default, so existing partitions keep their fingerprints.
-LATER_STEP_DEFAULTS = {"natural": {"holdout": "fraction"}, "pathological": {"label_sets": "cyclic"}}
+LATER_STEP_DEFAULTS = {"natural": {"holdout": "fraction"}, "pathological": {"label_sets": "cyclic"},
+                       **{kind: {"ground_truth": True} for kind in GROUP_TRANSFORMS}}
 
 
 # A display name: one line of text, shown in figures and tables instead of the entry's name.
@@ -379,8 +402,15 @@ class Scenario(Strict):
         if "quantity" in kinds and "natural" in kinds:
             raise ValueError("partition: quantity cannot resize a natural split")
         transforms = [k for k in kinds if k in GROUP_TRANSFORMS]
-        if len(transforms) > 1:
-            raise ValueError(f"partition has more than one group transform ({', '.join(transforms)})")
+        twice = sorted({k for k in transforms if transforms.count(k) > 1})
+        if twice:
+            raise ValueError(f"partition has more than one {twice[0]} step; give each group transform once (several "
+                             f"kinds combine: every client draws one group of each)")
+        if kinds.count("mixture") > 1:
+            raise ValueError("partition has more than one mixture step")
+        if "mixture" in kinds and not transforms:
+            raise ValueError(f"partition: mixture mixes the groups of a group transform ({', '.join(GROUP_TRANSFORMS)}); "
+                             f"add one")
         natural = self.step("natural")
         if natural is not None and natural.holdout == "dataset" and self.pool != "all":
             raise ValueError("partition: natural with holdout: dataset takes each client's test samples from "
@@ -391,6 +421,11 @@ class Scenario(Strict):
         for index, step in enumerate(self.partition):
             if step.kind in GROUP_TRANSFORMS and step.groups > self.clients:
                 raise ValueError(f"partition[{index}].groups: must be <= clients ({self.clients}), got {step.groups}")
+        cells = math.prod(step.groups for step in self.group_steps())
+        if len(transforms) > 1 and "mixture" not in kinds and cells > self.clients:
+            raise ValueError(f"partition: the group transforms combine into {cells} groups "
+                             f"({' × '.join(str(s.groups) for s in self.group_steps())}), more than the {self.clients} "
+                             f"clients; fewer groups, more clients, or a mixture step")
         return self
 
     def definition(self) -> dict[str, Any]:
@@ -409,10 +444,30 @@ class Scenario(Strict):
         return data
 
     def group_step(self) -> RotationStep | LabelSwapStep | FlipStep | None:
-        for step in self.partition:
-            if step.kind in GROUP_TRANSFORMS:
-                return step  # type: ignore[return-value]
-        return None
+        """The first group transform (None without one)."""
+        return next(iter(self.group_steps()), None)
+
+    def group_steps(self) -> list[RotationStep | LabelSwapStep | FlipStep]:
+        """The group transforms in their order; several combine (every client draws one group of each)."""
+        return [step for step in self.partition if step.kind in GROUP_TRANSFORMS]  # type: ignore[misc]
+
+    @property
+    def true_groups(self) -> int:
+        """The number of ground-truth groups: the product of the groups of the transforms that
+        define them (0: none)."""
+        steps = [step for step in self.group_steps() if step.ground_truth]
+        return math.prod(step.groups for step in steps) if steps else 0
+
+    def groups_text(self) -> str:
+        """How the scenario's groups are made, for people: "4 (rotation)", "6 (rotation × label_swap),
+        mixed by Dirichlet 0.5"; "none"."""
+        steps = self.group_steps()
+        if not steps:
+            return "none"
+        kinds = " × ".join(f"{s.kind}" + ("" if s.ground_truth else f" ({s.groups}, not ground truth)") for s in steps)
+        text = f"{self.true_groups} ({kinds})"
+        mixture = self.step("mixture")
+        return text + (f", mixed in each client by Dirichlet {mixture.alpha:g}" if mixture is not None else "")
 
     def step(self, kind: str):
         return next((s for s in self.partition if s.kind == kind), None)

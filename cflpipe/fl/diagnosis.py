@@ -1,0 +1,53 @@
+"""What a clustered method's run did with its clusters, said after the run when it is not a
+clustering a reader would take it for: FedAvg in disguise (one cluster throughout, or collapsed
+to one by the end), Local in disguise (about one cluster per client at the end), or a gate that
+never let it cluster. Read from the run's rounds table alone, so a run rebuilt from its tables
+says the same. No torch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+
+# "About one cluster per client": the final clusters are at least this share of the clients
+# (mean cluster size below 1.25). CFL's 10 clusters for 18 clients are a clustering; 15 are not.
+SINGLETON_SHARE = 0.8
+# Below this many clients "one cluster each" and "a few clusters" are the same thing.
+SINGLETON_MIN_CLIENTS = 4
+
+ONE_CLUSTER, COLLAPSED, SINGLETONS, GATE = "one_cluster", "collapsed", "singletons", "gate"
+KINDS = (ONE_CLUSTER, COLLAPSED, SINGLETONS, GATE)
+
+
+@dataclass(frozen=True)
+class Degeneration:
+    kind: str   # one of KINDS
+    line: str   # what the run did, for summary.json, the warning and the report
+
+    def as_summary(self) -> dict[str, str]:
+        return {"degenerate": self.line, "degenerate_kind": self.kind}
+
+
+def diagnose_clustering(rounds: pd.DataFrame, clients: int, gate_note: str | None = None) -> Degeneration | None:
+    """The first of: a gate of the method's own that kept it from clustering (`gate_note`, its
+    own line), never more than one cluster in an evaluated round, one cluster at the final
+    evaluation after more before, about one cluster per client at the final evaluation. None
+    for a run that ended with a clustering (or has no evaluated round)."""
+    if gate_note is not None:
+        return Degeneration(GATE, gate_note)
+    counts = rounds["n_clusters"].dropna() if "n_clusters" in rounds else rounds[:0]
+    if not len(counts):
+        return None
+    most, final = int(counts.max()), int(counts.iloc[-1])
+    if most <= 1:
+        return Degeneration(ONE_CLUSTER, "never formed more than one cluster in an evaluated round")
+    if final <= 1:
+        rounds_with_more = rounds.loc[counts.index[counts > 1], "round"]
+        return Degeneration(COLLAPSED, f"collapsed to one cluster by the end (it had {most} clusters; the last "
+                                       f"evaluated round with more than one was round {int(rounds_with_more.iloc[-1])}): "
+                                       f"its final figures are those of one model for all")
+    if clients >= SINGLETON_MIN_CLIENTS and final >= SINGLETON_SHARE * clients:
+        return Degeneration(SINGLETONS, f"ended with about one cluster per client ({final} clusters for {clients} "
+                                        f"clients): its final figures are those of clients trained alone, Local")
+    return None
