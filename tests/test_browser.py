@@ -492,7 +492,7 @@ def test_critical_difference_diagram_renders(built_report_dir, tmp_path, monkeyp
     want = rank_methods(scores)
     assert want.significant and want.groups and len(want.groups) < len(methods)
     monkeypatch.setattr(AggregateView, "rank_scores", lambda self: (scores, {}))
-    html, _ = build.render_report(spec, read_aggregate(spec))
+    html, *_ = build.render_report(spec, read_aggregate(spec))
     page = tmp_path / "cd.html"
     page.write_text(html)
     seen = open_in_browser(binary, page, tmp_path / "profile", tmp_path / "cd.png",

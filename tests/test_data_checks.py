@@ -29,7 +29,7 @@ def spec(tmp_path, **scenario) -> dict:
      "scenarios.s.partition[0].kind: dataset digits has no natural split (no generating device per sample); "
      "use iid, dirichlet or pathological"),
     ({"dataset": "mnist1d", "partition": [{"kind": "iid"}, {"kind": "rotation", "groups": 2}]},
-     "scenarios.s.partition[1].kind: rotation needs an image dataset; dataset mnist1d has inputs of shape (40,)"),
+     "scenarios.s.partition[1].kind: rotation needs an image dataset; dataset mnist1d has inputs of shape (40,); on feature vectors, groups by label_swap (a concept shift) work"),
 ])
 def test_an_impossible_partition_is_named_by_validate(tmp_path, scenario, line):
     assert data_problems(parse_spec(spec(tmp_path, **scenario))) == ([line], [])

@@ -963,7 +963,8 @@ def test_the_summary_names_the_run(tmp_path):
     spec = parse_spec(tiny_spec(tmp_path))
     summary = train_run(spec, "swap", "fedprox", 1, progress=False).summary
     assert list(summary) == ["scenario", "method", "method_type", "seed", "rounds", "clients", "final",
-                             "best_acc_macro", "bytes_down_total", "bytes_up_total", "degenerate", "provenance"]
+                             "best_acc_macro", "bytes_down_total", "bytes_up_total", "degenerate", "degenerate_kind",
+                             "provenance"]
     assert (summary["scenario"], summary["method"], summary["method_type"], summary["seed"], summary["rounds"],
             summary["clients"]) == ("swap", "fedprox", "fedprox", 1, 6, 8)
     rounds = pd.read_parquet(spec.run_dir("swap", "fedprox", 1) / "rounds.parquet")

@@ -649,7 +649,7 @@ def test_report_states_the_setup_and_uses_labels(built):
     data["scenarios"]["swap"]["label"] = "Label swap <2>"
     data["methods"]["prox-lo"]["label"] = "FedProx (μ = 0.01)"
     spec = parse_spec(data)
-    page, paper = render_report(spec, read_aggregate(spec))
+    page, paper, _ = render_report(spec, read_aggregate(spec))
     assert "FedProx (μ = 0.01)" in paper[0].method_label("prox-lo") and paper[0].scenario_label("swap") == \
         "Label swap <2>"
     assert "Label swap &lt;2&gt;" in page and "Label swap <2>" not in page  # escaped in HTML
@@ -868,7 +868,7 @@ def test_ranking_leaves_out_a_method_without_a_result(built):
     summary = tables["summary"]
     # As if every seed of prox-hi diverged on skew: its mean is undefined there.
     summary.loc[(summary["scenario"] == "skew") & (summary["method"] == "prox-hi"), "acc_macro_mean"] = math.nan
-    html, _ = render_report(spec, tables)
+    html, *_ = render_report(spec, tables)
     section = re.search(r'<section id="ranking">.*?</section>', html, re.S).group(0)
     assert "Not ranked: reference (told the true groups): oracle; no acc_macro on skew: prox-hi." in section
     assert re.findall(r'<tr><th scope="row">([^<]+)</th>', section.split('id="ranking-table"')[1]) \

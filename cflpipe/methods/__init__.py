@@ -63,6 +63,11 @@ class Capabilities:
 # (hyper-parameters) -> (the hyper-parameter that delays clustering, the first 0-based round in
 # which the method may form more than one cluster), or None: it may cluster from the start.
 ClusteringStarts = Callable[[Any], "tuple[str, int] | None"]
+# (hyper-parameters, resolved training, scenario) -> what in them goes against the method's own
+# premises (a budget its clustering needs, a kind of group it cannot see): (the hyper-parameter
+# at fault, or "" for the method as a whole; what is wrong and what to change), which `cflpipe
+# validate` prints as warnings.
+Premises = Callable[[Any, Any, Any], "list[tuple[str, str]]"]
 
 
 @dataclass(frozen=True)
@@ -76,6 +81,11 @@ class MethodInfo:
     # The method it is a variant of (fcca for fcca_per, cfl for cfl_awcfl); None for a method.
     base: str | None = None
     starts: ClusteringStarts | None = None
+    premises: Premises | None = None
+
+    def premise_warnings(self, hp: Any, training: Any, scenario: Any) -> list[tuple[str, str]]:
+        """What in a run's settings or scenario goes against the method's premises (declared)."""
+        return self.premises(hp, training, scenario) if self.premises is not None else []
 
     @property
     def cls(self) -> type:
@@ -135,13 +145,15 @@ def _variant_description(description: str, what: str) -> str:
 
 def declare(name: str, params: type[HyperParams], implementation: str, description: str,
             capabilities: Capabilities = Capabilities(), starts: ClusteringStarts | None = None,
-            variants: "tuple[Variant, ...]" = ()) -> None:
+            variants: "tuple[Variant, ...]" = (), premises: Premises | None = None) -> None:
     """Declare a method without importing it: its hyper-parameters, capabilities, when its
-    clustering may start, its variants (each the same class with the variant's parameters) and
-    the `module:Class` that implements it, whose @register must agree."""
-    infos = [MethodInfo(name, params, description, capabilities, implementation, starts=starts)]
+    clustering may start, what its premises ask of a run (warned about by validate), its variants
+    (each the same class with the variant's parameters) and the `module:Class` that implements
+    it, whose @register must agree."""
+    infos = [MethodInfo(name, params, description, capabilities, implementation, starts=starts, premises=premises)]
     infos += [MethodInfo(variant, _variant_params(params, extra), _variant_description(description, what),
-                         capabilities, implementation, base=name, starts=starts) for variant, extra, what in variants]
+                         capabilities, implementation, base=name, starts=starts, premises=premises)
+              for variant, extra, what in variants]
     for info in infos:
         _add(info)
         DECLARED[info.name] = info

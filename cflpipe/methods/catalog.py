@@ -393,6 +393,25 @@ def _kmeans_cfl_starts(hp: KMeansCFLParams) -> tuple[str, int]:
     return "cluster_start", max(hp.cluster_start - 1, 0)  # clusters once round + 1 >= cluster_start
 
 
+def _fcca_premises(hp: FCCAParams, training: Any, scenario: Any) -> list[tuple[str, str]]:
+    steps = hp.flow_steps if hp.flow_steps is not None else training.local_steps
+    if steps is None or steps >= 10:
+        return []
+    value = steps if hp.flow_steps is not None else f"null (the run's {steps} local steps)"
+    return [("flow_steps", f"{value}: FCCA clusters by what the cINN learns in these iterations a round; with 5 "
+                           f"(the paper's K is 20) its similarity D carried no group signal and FCCA clustered at "
+                           f"random (docs/robustness.md); leave flow_steps at its default 20")]
+
+
+def _pacfl_premises(hp: PACFLParams, training: Any, scenario: Any) -> list[tuple[str, str]]:
+    truth = [step.kind for step in scenario.group_steps() if step.ground_truth]
+    if not truth or set(truth) != {"label_swap"}:
+        return []
+    return [("", "PACFL compares the subspaces of each label's inputs, not which label an input has: label-swap "
+                 "groups hold the same inputs, so it cannot tell them apart (ARI about 0 on the robustness map); "
+                 "its figures there are those of an arbitrary clustering")]
+
+
 _CLUSTERED_K = Capabilities(clustered=True, k_param="clusters")
 _PERSONAL = Capabilities(personalized=True)
 _PERSONAL_CLUSTERED_K = Capabilities(clustered=True, personalized=True, k_param="clusters")
@@ -444,12 +463,12 @@ declare("kmeans_cfl", KMeansCFLParams, "cflpipe.methods.kmeans_cfl:KMeansCFL",
         cluster_options("kmeans_cfl", awcfl="awcfl", mcfl="mcfl"))
 declare("pacfl", PACFLParams, "cflpipe.methods.pacfl:PACFL",
         "PACFL: clients clustered once, before training, by the principal angles between their data subspaces.",
-        _CLUSTERED_K, variants=cluster_options("pacfl"))
+        _CLUSTERED_K, variants=cluster_options("pacfl"), premises=_pacfl_premises)
 
 # The other clustered methods.
 declare("fcca", FCCAParams, "cflpipe.methods.fcca:FCCA",
         "FCCA: global encoder, cluster-wise classifiers, clients clustered by their cINNs' reconstructions.",
-        _CLUSTERED_K, variants=fcca_options("fcca"))
+        _CLUSTERED_K, variants=fcca_options("fcca"), premises=_fcca_premises)
 declare("fedac", FedACParams, "cflpipe.methods.fedac:FedAC",
         "FedAC: personalized models pulled to cluster centers (μ) and a global embedding (λ); LrCos EM "
         "clustering; CNT.", _PERSONAL_CLUSTERED_K)

@@ -496,3 +496,51 @@ class FigureBuilder:
                 figs.append(self.curve_figure(scenario, figure, f"{view.scenario_labels[scenario]}: {title}", ytitle, methods=methods,
                                               eval_only=False, yaxis=yaxis))
         return [f for f in figs if f is not None]
+
+
+# The map's ARI colours: red (no recovery) through yellow to green (the true groups); below 0
+# (worse than chance) drawn as 0.
+ARI_SCALE = [[0.0, "#d73027"], [0.5, "#fee08b"], [1.0, "#1a9850"]]
+
+
+def robustness_heatmaps(registry: Figures, rmap, labels: dict[str, str]) -> list[Figure]:
+    """One figure per method family of the robustness map (report/robustness.py): ARI per cell
+    on the left, personalized accuracy on the right, the references' rows on top of each; a
+    marked cell is one whose clustering came to none in some seed."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    from cflpipe.report.robustness import cell_text
+
+    columns = [rmap.column_label(s, "<br>") for s in rmap.scenarios]
+    figures = []
+    for family, methods in rmap.families.items():
+        rows = list(dict.fromkeys([*rmap.references, *methods]))
+        names = [labels.get(m, m) for m in rows]
+        ari = rmap.ari.loc[rows, rmap.scenarios].to_numpy(dtype=float)
+        acc = rmap.acc.loc[rows, rmap.scenarios].to_numpy(dtype=float)
+        marked = rmap.degenerate.loc[rows, rmap.scenarios].to_numpy(dtype=float)
+        seeds = rmap.seeds.loc[rows, rmap.scenarios].to_numpy(dtype=float)
+        ari_text = [[cell_text(a, d) for a, d in zip(ra, rd)] for ra, rd in zip(ari, marked)]
+        acc_text = [[cell_text(a, 0, 0, 100) for a in ra] for ra in acc]
+        hover = [[f"{names[i]}<br>{rmap.column_label(s)}<br>ARI {cell_text(ari[i, j], marked[i, j])}, accuracy "
+                  f"{cell_text(acc[i, j], 0, 1, 100)} %<br>{int(seeds[i, j]) if math.isfinite(seeds[i, j]) else 0} "
+                  f"seed(s)" + (f", {int(marked[i, j])} without a clustering" if marked[i, j] > 0 else "")
+                  for j, s in enumerate(rmap.scenarios)] for i in range(len(rows))]
+        # Stacked, each the page's full width: a map has a column per cell (24 in the map spec).
+        fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.1,
+                            subplot_titles=("ARI of the final clustering", "personalized accuracy (%)"))
+        fig.add_trace(go.Heatmap(z=np.clip(ari, 0, 1), x=columns, y=names, text=ari_text, texttemplate="%{text}",
+                                 customdata=hover, hovertemplate="%{customdata}<extra></extra>",
+                                 colorscale=ARI_SCALE, zmin=0, zmax=1, xgap=1, ygap=1, showscale=False), 1, 1)
+        fig.add_trace(go.Heatmap(z=acc * 100, x=columns, y=names, text=acc_text, texttemplate="%{text}",
+                                 customdata=hover, hovertemplate="%{customdata}<extra></extra>",
+                                 colorscale="Blues", zmin=0, zmax=100, xgap=1, ygap=1, showscale=False), 2, 1)
+        fig.update_yaxes(autorange="reversed", type="category")
+        fig.update_xaxes(type="category", tickangle=0, tickfont=dict(size=9), showticklabels=True)
+        axes = ", ".join(rmap.varying)
+        fig.update_layout(title=f"Robustness map: {family} (columns: {axes}; references on top; mean over seeds)")
+        ticks = 14 * max(len(rmap.varying), 1)
+        height = 150 + 2 * (22 * len(rows) + ticks)
+        figures.append(registry.add(fig, f"robustness-{family}", height, margin=dict(l=110, b=30 + ticks)))
+    return figures

@@ -30,12 +30,14 @@ import json
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
 from cflpipe import __version__, store
 from cflpipe.errors import CflpipeError
 from cflpipe.report.aggregate import aggregate_dir, read_aggregate
+from cflpipe.report.robustness import write_map_tables
 from cflpipe.report.sections import Sections
 from cflpipe.report.tables import ALPHA, TIE_MARK, PaperTable, is_reference, write_tables
 from cflpipe.report.view import AggregateView
@@ -43,7 +45,8 @@ from cflpipe.spec import Spec
 
 SECTIONS = (("setup", "Setup"), ("accuracy", "Accuracy & loss vs round"), ("comparison", "Final comparison"),
             ("ranking", "Average rank"), ("clients", "Per-client accuracy"), ("clustering", "Clustering"),
-            ("communication", "Communication & time"), ("intra-inter", "Intra- vs inter-cluster accuracy"),
+            ("robustness", "Robustness map"), ("communication", "Communication & time"),
+            ("intra-inter", "Intra- vs inter-cluster accuracy"),
             ("sweeps", "Hyper-parameter sweeps"), ("overview", "Scenarios & labels"))
 PLOT_CONFIG = {"responsive": True, "displaylogo": False, "showLink": False,
                "modeBarButtonsToRemove": ["sendDataToCloud"]}
@@ -67,8 +70,9 @@ def plotly_bundle() -> str:
     return js
 
 
-def render_report(spec: Spec, tables: dict[str, pd.DataFrame]) -> tuple[str, list[PaperTable]]:
-    """The page's HTML and the paper tables, from the aggregate tables (no files written)."""
+def render_report(spec: Spec, tables: dict[str, pd.DataFrame]) -> tuple[str, list[PaperTable], Any]:
+    """The page's HTML, the paper tables and the robustness map (None without one), from the
+    aggregate tables (no files written)."""
     import plotly
 
     view = AggregateView(spec, tables)
@@ -81,7 +85,7 @@ def render_report(spec: Spec, tables: dict[str, pd.DataFrame]) -> tuple[str, lis
         "plotly_version": plotly.__version__, "sections": SECTIONS, "seeds": list(spec.seeds),
         "n_runs": len(view.runs), "accuracy": sections.accuracy(),
         "paper_tables": paper, "details": details, "ranking": sections.ranking(), "clients": sections.clients(),
-        "clustering": sections.clustering(),
+        "clustering": sections.clustering(), "robustness": (robustness := sections.robustness()),
         "communication": sections.communication(), "intra_inter": sections.intra_inter(),
         "sweeps": sections.sweeps(), "scenarios": sections.overview(), "plot_config": json.dumps(PLOT_CONFIG, sort_keys=True),
         "alpha": f"{ALPHA:g}", "tie_mark": TIE_MARK,
@@ -89,7 +93,7 @@ def render_report(spec: Spec, tables: dict[str, pd.DataFrame]) -> tuple[str, lis
         "spec_file": shown_spec_path(spec._source),
     }
     html = _environment().get_template("index.html.j2").render(plotly_js=plotly_bundle(), **context)
-    return html, paper
+    return html, paper, None if robustness is None else robustness["map"]
 
 
 def report_dir(spec: Spec) -> Path:
@@ -112,8 +116,9 @@ def build_report(spec: Spec) -> Path:
     tables = read_aggregate(spec)
     if not len(tables["summary"]):
         raise CflpipeError(f"{aggregate_dir(spec) / 'summary.parquet'}: no runs to report")
-    html, paper = render_report(spec, tables)
+    html, paper, rmap = render_report(spec, tables)
     out = report_dir(spec)
     write_tables(paper, out / "tables")
+    write_map_tables(rmap, {m: spec.method_label(m) for m in spec.methods}, out / "tables")
     store.write_text(out / "index.html", html)
     return out / "index.html"

@@ -289,6 +289,20 @@ class Sections:
                         "note": None if fig else "intra/inter-cluster accuracy was not recorded"})
         return out
 
+    def robustness(self) -> dict[str, Any] | None:
+        """The robustness map (report/robustness.py): a heat map per method family, the cells'
+        coordinates, and the map itself for tables/robustness.*; None without one."""
+        from cflpipe.report.figures import robustness_heatmaps
+        from cflpipe.report.robustness import robustness_map
+
+        rmap = robustness_map(self.view)
+        if rmap is None:
+            return None
+        figures = robustness_heatmaps(self.figures.registry, rmap, self.view.method_labels)
+        cells = [{"label": rmap.column_label(s), "scenario": self.view.scenario_labels[s],
+                  "coordinates": rmap.coordinates[s]} for s in rmap.scenarios]
+        return {"map": rmap, "figures": figures, "cells": cells, "axes": rmap.varying, "notes": rmap.notes}
+
     def sweeps(self) -> list[dict[str, Any]]:
         found = find_sweeps(self.view.summary, self.view.spec)
         return [{"sweep": sw, "figure": self.figures.sweep_figure(sw)} for sw in found]

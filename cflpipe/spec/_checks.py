@@ -285,24 +285,34 @@ def _check_method(spec: Spec, method: str) -> list[str]:
 def spec_warnings(spec: Spec) -> list[str]:
     """Things a valid spec asks for that make a result meaningless without being an error: a
     clustered method whose clustering starts at or after the run's last round stays one cluster
-    (FedAvg) throughout. One line each, naming the key. Reads the methods' declarations (a
-    plugin's module is imported, a built-in's is not)."""
+    (FedAvg) throughout; a run that goes against a method's declared premises (a budget its
+    clustering needs, a kind of group it cannot see). One line each, naming the key. Reads the
+    methods' declarations (a plugin's module is imported, a built-in's is not)."""
     from cflpipe.methods import method_info, resolved_hyperparams
 
     lines = []
     for method in spec.methods:
         info = method_info(spec.method_type(method))
+        premises: dict[tuple[str, str], list[str]] = {}  # one line per premise, its scenarios listed
         for scenario in spec.scenarios:
             if not spec.runs_on(method, scenario):
                 continue
-            start = info.clustering_starts(resolved_hyperparams(spec, scenario, method))
-            rounds = spec.resolved_training(scenario, method).rounds
+            hp = resolved_hyperparams(spec, scenario, method)
+            training = spec.resolved_training(scenario, method)
+            for found in info.premise_warnings(hp, training, spec.scenarios[scenario]):
+                premises.setdefault(found, []).append(scenario)
+            start = info.clustering_starts(hp)
+            rounds = training.rounds
             if start is not None and start[1] >= rounds:
                 key, first = start
                 value = getattr(resolved_hyperparams(spec, scenario, method), key)
                 lines.append(f"methods.{method}.{key}: {value} leaves no round to cluster in the {rounds} rounds "
                              f"of scenario {scenario} (it may first cluster in round {first + 1}): {method} stays "
                              f"one cluster, FedAvg, throughout; lower it or raise training.rounds")
+        for (key, text), scenarios in premises.items():
+            where = ", ".join(scenarios[:3]) + (f" and {len(scenarios) - 3} more" if len(scenarios) > 3 else "")
+            lines.append(f"methods.{method}{'.' + key if key else ''}: {text} (scenario{'s' * (len(scenarios) > 1)} "
+                         f"{where})")
     return lines
 
 
