@@ -166,3 +166,25 @@ def test_pacfl_whose_threshold_is_below_every_angle_says_it_left_every_client_al
     assert alone["degenerate_kind"] == "singletons" and alone["final"]["n_clusters"] == 6
     assert "threshold 4.9° is below the smallest angle between two clients' subspaces" in alone["degenerate"]
     assert train_run(spec, "s", "pacfl-k", 0, progress=False).summary["degenerate"] is None
+
+
+def test_validate_warns_when_a_run_goes_against_a_methods_premises_and_only_then(tmp_path):
+    methods = {"fcca": {}, "fcca-short": {"method": "fcca", "flow_steps": 4},
+               "fcca-tied": {"method": "fcca", "flow_steps": None}, "pacfl": {}}
+    swaps = spec_dict(tmp_path, methods)
+    lines = spec_warnings(parse_spec(swaps))
+    assert [line.split(":")[0] for line in lines] == ["methods.fcca-short.flow_steps", "methods.fcca-tied.flow_steps",
+                                                      "methods.pacfl"]
+    assert lines[0].startswith("methods.fcca-short.flow_steps: 4: FCCA clusters by what the cINN learns")
+    assert lines[1].startswith("methods.fcca-tied.flow_steps: null (the run's 3 local steps)")
+    assert "cannot tell them apart" in lines[2] and lines[2].endswith("(scenario s)")
+    # the paper's budget through the run's own local steps, and groups PACFL can see: quiet
+    swaps["training"]["local_steps"] = 20
+    rotations = spec_dict(tmp_path, {"fcca-tied": {"method": "fcca", "flow_steps": None}, "pacfl": {}},
+                          partition=[{"kind": "iid"}, {"kind": "rotation", "groups": 2}])
+    rotations["training"]["local_steps"] = 20
+    assert spec_warnings(parse_spec(rotations)) == []
+    # one line per premise, its scenarios listed
+    two = spec_dict(tmp_path, {"pacfl": {}})
+    two["scenarios"]["t"] = dict(two["scenarios"]["s"])
+    assert spec_warnings(parse_spec(two))[0].endswith("(scenarios s, t)")

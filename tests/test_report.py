@@ -401,8 +401,8 @@ def test_paper_table_rules():
 # --------------------------------------------------------------------------- html
 
 
-SECTION_IDS = ("setup", "accuracy", "comparison", "ranking", "clients", "clustering", "communication", "intra-inter",
-               "sweeps", "overview")
+SECTION_IDS = ("setup", "accuracy", "comparison", "ranking", "clients", "clustering", "robustness", "communication",
+               "intra-inter", "sweeps", "overview")
 
 
 def test_report_is_one_self_contained_file(built):

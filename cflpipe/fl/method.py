@@ -516,6 +516,14 @@ class Method:
 
         return declared_starts(cls, hp)
 
+    @classmethod
+    def premises(cls, hp: Any, training: Any, scenario: Any) -> list[tuple[str, str]]:
+        """What in a run's hyper-parameters, training or scenario goes against the method's own
+        premises (a budget its clustering needs, a kind of group it cannot see): (the
+        hyper-parameter at fault or "", what is wrong and what to change); `cflpipe validate`
+        warns with each. A built-in's is declared in cflpipe.methods.catalog."""
+        return []
+
     def gate_note(self, rounds: Any) -> str | None:
         """After a run: "never clustered: <why>" when a gate of its own stayed shut (e.g. FedTSDP's
         Hopkins test), read from the run's rounds table (a pandas DataFrame: the outputs are rebuilt

@@ -84,8 +84,13 @@ class MethodInfo:
     premises: Premises | None = None
 
     def premise_warnings(self, hp: Any, training: Any, scenario: Any) -> list[tuple[str, str]]:
-        """What in a run's settings or scenario goes against the method's premises (declared)."""
-        return self.premises(hp, training, scenario) if self.premises is not None else []
+        """What in a run's settings or scenario goes against the method's premises (declared, or
+        a plugin's class's own `premises`)."""
+        if self.premises is not None:
+            return self.premises(hp, training, scenario)
+        if self.implementation in _CLASSES:
+            return list(getattr(_CLASSES[self.implementation], "premises", lambda *_: [])(hp, training, scenario))
+        return []
 
     @property
     def cls(self) -> type:

@@ -64,7 +64,7 @@ _NOT_FIGURES = {"round", "sampled", "skipped", "bytes_down", "bytes_up", "global
 TOTALS = ("bytes_down_total", "bytes_up_total", "bytes_total")
 # Figures averaged over seeds into summary.parquet (`<name>_mean`, `<name>_std`).
 SUMMARY_FIGURES = ("acc_macro", "acc_micro", "acc_worst10", "global_acc_mean", "f1_macro", "f1_micro",
-                   "ari", "nmi", "n_clusters", "intra_acc", "inter_acc", "bytes_down_total",
+                   "ari", "nmi", "n_clusters", "intra_acc", "inter_acc", "mixture_error", "bytes_down_total",
                    "bytes_up_total", "bytes_total", "seconds_per_round")
 TIMING_FIGURES = ("seconds_total", "seconds_per_round", "server_seconds_per_round")
 # runs.parquet columns from summary.json's `provenance` (deterministic: what made the run).
@@ -280,8 +280,9 @@ def summary_frame(spec: Spec, runs_df: pd.DataFrame, timing_df: pd.DataFrame) ->
         row: dict[str, Any] = {"scenario": scenario, "method": method,
                                "method_type": spec.method_type(method),
                                "hyperparams": group["hyperparams"].iloc[0], "seeds": len(group)}
-        for f in SUMMARY_FIGURES:
-            row[f"{f}_mean"], row[f"{f}_std"] = _mean_std(group[f].to_numpy(dtype=float))
+        for f in SUMMARY_FIGURES:  # mixture_error exists only for mixture scenarios' runs
+            values = group[f].to_numpy(dtype=float) if f in group else np.full(len(group), np.nan)
+            row[f"{f}_mean"], row[f"{f}_std"] = _mean_std(values)
         rows.append(row)
     frame = pd.DataFrame(rows)
     frame["seeds"] = frame["seeds"].astype("int64")
