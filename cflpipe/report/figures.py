@@ -528,7 +528,7 @@ def robustness_heatmaps(registry: Figures, rmap, labels: dict[str, str]) -> list
                   f"seed(s)" + (f", {int(marked[i, j])} without a clustering" if marked[i, j] > 0 else "")
                   for j, s in enumerate(rmap.scenarios)] for i in range(len(rows))]
         # Stacked, each the page's full width: a map has a column per cell (24 in the map spec).
-        fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.1,
+        fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.06,
                             subplot_titles=("ARI of the final clustering", "personalized accuracy (%)"))
         fig.add_trace(go.Heatmap(z=np.clip(ari, 0, 1), x=columns, y=names, text=ari_text, texttemplate="%{text}",
                                  customdata=hover, hovertemplate="%{customdata}<extra></extra>",
@@ -537,10 +537,11 @@ def robustness_heatmaps(registry: Figures, rmap, labels: dict[str, str]) -> list
                                  customdata=hover, hovertemplate="%{customdata}<extra></extra>",
                                  colorscale="Blues", zmin=0, zmax=100, xgap=1, ygap=1, showscale=False), 2, 1)
         fig.update_yaxes(autorange="reversed", type="category")
-        fig.update_xaxes(type="category", tickangle=0, tickfont=dict(size=9), showticklabels=True)
+        fig.update_xaxes(type="category", tickangle=0, tickfont=dict(size=9))
+        fig.update_xaxes(showticklabels=False, row=1, col=1)  # the cells are named once, under both maps
         axes = ", ".join(rmap.varying)
         fig.update_layout(title=f"Robustness map: {family} (columns: {axes}; references on top; mean over seeds)")
         ticks = 14 * max(len(rmap.varying), 1)
-        height = 150 + 2 * (22 * len(rows) + ticks)
+        height = 170 + 2 * 22 * len(rows) + ticks
         figures.append(registry.add(fig, f"robustness-{family}", height, margin=dict(l=110, b=30 + ticks)))
     return figures
