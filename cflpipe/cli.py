@@ -241,6 +241,8 @@ def cmd_methods(args) -> int:
                 print(f"{name}: {info.description}")
                 if info.capabilities.summary():
                     print(f"    [{info.capabilities.summary()}]")
+                if info.needs:
+                    print(f"    needs: {info.needs}")
                 if info.params.model_fields:
                     print(f"    hyper-parameters: {', '.join(info.params.model_fields)}")
             print()
@@ -256,6 +258,8 @@ def cmd_methods(args) -> int:
     print(f"{args.name}: {info.description}")
     if info.capabilities.summary():
         print(f"capabilities: {info.capabilities.summary()}")
+    if info.needs:
+        print(f"needs: {info.needs}")
     fields = info.params.model_fields
     print("hyper-parameters (default):" if fields else "hyper-parameters: none")
     for field, f in fields.items():

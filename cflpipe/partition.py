@@ -67,9 +67,13 @@ _ENUMERATE_PERMUTATIONS_UP_TO = 7
 @dataclass(frozen=True)
 class Partition:
     """`clients`: one row per (client, sample) sorted by client, train before test, sample;
-    columns client int32, split 'train'|'test', sample int64 (pool index), group int32 (-1 without
-    a group transform), transform str, label int64 (the label the client sees).
-    `stats`: one row per client: client, group, transform, n_train, n_test, label_0..label_{C-1}."""
+    columns client int32, split 'train'|'test', sample int64 (pool index), group int32 (the
+    client's ground-truth group; -1 without one), transform str (the sample's: a mixture
+    client's samples each have their own), label int64 (the label the client sees), and in a
+    mixture scenario component int32 (the ground-truth group the sample was drawn from).
+    `stats`: one row per client: client, group, transform (MIXED for a mixture client), n_train,
+    n_test, label_0..label_{C-1}, and in a mixture scenario weight_0..weight_{G-1} (the drawn
+    weights of the ground-truth groups)."""
 
     clients: pd.DataFrame
     stats: pd.DataFrame
@@ -744,6 +748,20 @@ def client_indices(partition: Partition) -> dict[int, dict[str, np.ndarray]]:
 def client_transforms(partition: Partition) -> dict[int, str]:
     """client → its transform; a mixture client's is MIXED (see client_sample_transforms)."""
     return dict(zip(partition.stats["client"].astype(int), partition.stats["transform"].astype(str)))
+
+
+def realized_weights(partition: Partition, split: str = "train") -> np.ndarray | None:
+    """A mixture scenario's (clients × ground-truth groups) shares of each group in each client's
+    `split`, as its samples fell (the drawn weights, rounded to whole samples and then split at
+    random by the hold-out); the drawn weights for a client with no sample there. None without
+    a mixture."""
+    if partition.weights is None or "component" not in partition.clients:
+        return None
+    rows = partition.clients[partition.clients["split"] == split]
+    counts = np.zeros_like(partition.weights)
+    np.add.at(counts, (rows["client"].to_numpy(np.int64), rows["component"].to_numpy(np.int64)), 1.0)
+    sizes = counts.sum(axis=1, keepdims=True)
+    return np.where(sizes > 0, counts / np.maximum(sizes, 1.0), partition.weights)
 
 
 def client_sample_transforms(partition: Partition) -> dict[int, dict[str, np.ndarray]]:

@@ -58,6 +58,27 @@ def test_a_plugin_subclass_inherits_its_ancestors_clustering_start(registry):
     assert Sub.clustering_starts(FLHCParams()) is None  # parameters without CFL's warm-up: no start to tell
 
 
+def test_a_plugins_class_states_its_own_premises_and_validate_reads_them(registry):
+    from cflpipe.methods.fedavg import FedAvg
+    from cflpipe.spec import parse_spec, spec_warnings
+
+    def premises(cls, hp, training, scenario):
+        return [("", f"needs 20 local steps, got {training.local_steps}")] if training.local_steps < 20 else []
+
+    Plugin = type("Plugin", (FedAvg,), {"__module__": __name__, "__qualname__": "Plugin", "__doc__": "Plugin: test.",
+                                       "premises": classmethod(premises)})
+    register("premised", HyperParams)(Plugin)
+    assert methods.METHODS["premised"].premise_warnings(HyperParams(), type("T", (), {"local_steps": 5})(), None) \
+        == [("", "needs 20 local steps, got 5")]
+    spec = parse_spec({"seeds": [0], "training": {"model": "mlp", "local_steps": 5, "clients_per_round": 4},
+                       "methods": {"premised": {}},
+                       "scenarios": {"s": {"dataset": "digits", "clients": 4}}})
+    assert spec_warnings(spec) == ["methods.premised: needs 20 local steps, got 5 (scenario s)"]
+    # a built-in declares its own; what `cflpipe methods` prints of it
+    assert methods.METHODS["fcca"].needs.startswith("its cINN's 20 iterations a round")
+    assert methods.METHODS["fedavg"].needs == "" and methods.METHODS["fedavg"].premise_warnings(None, None, None) == []
+
+
 def test_every_built_in_is_declared():
     assert len(BUILT_IN) == 45 and {"fedavg", "fcca_per_prox", "awcfl", "ifca_mcfl", "fedrc"} <= set(BUILT_IN)
 

@@ -130,6 +130,15 @@ def test_about_one_cluster_per_client_at_the_end_is_local_in_disguise():
     assert diagnose_clustering(rounds_of([1, 15]), clients=18).kind == "singletons"   # 15 >= 0.8 · 18
     assert diagnose_clustering(rounds_of([1, 14]), clients=18) is None                # 14 clusters are a clustering
     assert diagnose_clustering(rounds_of([3, 3]), clients=3) is None                  # too few clients to tell
+    assert diagnose_clustering(rounds_of([4, 4]), clients=5, true_groups=4) is None   # as many as the true groups
+    assert diagnose_clustering(rounds_of([5, 5]), clients=5, true_groups=4).kind == "singletons"
+
+
+def test_a_soft_methods_lines_say_it_still_predicts_with_every_component():
+    collapsed = diagnose_clustering(rounds_of([3, 1]), clients=18, soft=True)
+    assert collapsed.kind == "collapsed" and "largest share is in one component" in collapsed.line
+    assert "FedAvg" not in collapsed.line and "one model for all" not in collapsed.line
+    assert "one component" in diagnose_clustering(rounds_of([1, 1]), clients=18, soft=True).line
 
 
 def test_a_good_clustering_and_one_that_clustered_late_stay_quiet():
@@ -176,6 +185,7 @@ def test_validate_warns_when_a_run_goes_against_a_methods_premises_and_only_then
     assert [line.split(":")[0] for line in lines] == ["methods.fcca-short.flow_steps", "methods.fcca-tied.flow_steps",
                                                       "methods.pacfl"]
     assert lines[0].startswith("methods.fcca-short.flow_steps: 4: FCCA clusters by what the cINN learns")
+    assert "fewer than 10 (the paper's K is 20)" in lines[0]
     assert lines[1].startswith("methods.fcca-tied.flow_steps: null (the run's 3 local steps)")
     assert "cannot tell them apart" in lines[2] and lines[2].endswith("(scenario s)")
     # the paper's budget through the run's own local steps, and groups PACFL can see: quiet

@@ -10,7 +10,7 @@ import pytest
 from cflpipe.data import load_dataset
 from cflpipe.errors import SpecError
 from cflpipe.metrics import mixture_error
-from cflpipe.partition import MIXED, apply_transform, build_partition, client_arrays
+from cflpipe.partition import MIXED, apply_sample_transforms, apply_transform, build_partition, client_arrays
 from cflpipe.spec import parse_spec
 
 
@@ -149,3 +149,50 @@ def test_a_run_on_a_mixture_scores_a_soft_methods_shares_and_only_those(tmp_path
     soft = train_run(spec, "s", "fedem", 0, progress=False).summary["final"]
     hard = train_run(spec, "s", "ifca", 0, progress=False).summary["final"]
     assert 0.0 <= soft["mixture_error"] <= 1.0 and hard["mixture_error"] is None
+
+
+def test_the_engines_client_tensors_take_each_samples_transform_and_score_against_the_train_shares(tmp_path):
+    import torch
+
+    from cflpipe.fl.data import build_federated_data
+    from cflpipe.partition import load_partition, realized_weights
+
+    spec = parse_spec({"seeds": [0], "results_dir": str(tmp_path / "results"), "data_dir": "resources/datasets",
+                       "training": {"model": "mlp", "clients_per_round": 6}, "methods": {"fedavg": {}},
+                       "scenarios": {"s": {"dataset": "digits", "clients": 6, "partition": MIXED_SWAPS}}})
+    from cflpipe.fl.data import partition_scenario
+
+    partition_scenario(spec, "s")
+    partition = load_partition(spec.partition_dir("s"))
+    data = build_federated_data(spec, "s", torch.device("cpu"))
+    table = partition.clients
+    for client in range(6):
+        for split, tensors in (("train", data.train), ("test", data.test)):
+            rows = table[(table["client"] == client) & (table["split"] == split)].sort_values("sample")
+            _, y = tensors.of(client)
+            assert y.tolist() == rows["label"].tolist()
+        train = table[(table["client"] == client) & (table["split"] == "train")]
+        shares = np.bincount(train["component"], minlength=6) / len(train)
+        np.testing.assert_allclose(data.mixture_weights[client], shares)
+    np.testing.assert_allclose(realized_weights(partition, "train"), data.mixture_weights)
+    np.testing.assert_allclose(partition.weights, build_partition(spec.scenarios["s"], load_dataset(
+        "digits", {}, "resources/datasets")).weights)
+    # every input is its pool row standardized and then turned by its own sample's transform
+    from cflpipe.fl.data import _standardizer
+
+    dataset = load_dataset("digits", {}, "resources/datasets")
+    standardize = _standardizer(dataset)
+    pool_x, pool_y, _ = dataset.pool("all")
+    x, _ = data.train.of(2)
+    rows = table[(table["client"] == 2) & (table["split"] == "train")].sort_values("sample")
+    expected, _ = apply_sample_transforms(standardize(pool_x[rows["sample"]]), pool_y[rows["sample"]],
+                                          rows["transform"].to_numpy(object))
+    np.testing.assert_array_equal(x.numpy(), expected)
+    assert rows["transform"].str.startswith("rotate:180").any() and rows["transform"].str.startswith("rotate:0").any()
+
+
+def test_a_mixture_of_groups_none_of_which_is_ground_truth_is_refused():
+    with pytest.raises(SpecError) as error:
+        scenario([{"kind": "iid"}, {"kind": "rotation", "groups": 2, "ground_truth": False},
+                  {"kind": "mixture", "alpha": 1.0}])
+    assert "no group transform here has ground_truth: true" in str(error.value)

@@ -10,11 +10,12 @@ import shutil
 import signal
 import subprocess
 import time
+import typing
 
 import pytest
 import yaml
 
-from cflpipe.spec import load_spec
+from cflpipe.spec import PartitionStep, load_spec, read_yaml
 
 from conftest import ROOT, TINY_RUNS, TINY_SPEC, snakemake, write_spec
 
@@ -43,6 +44,19 @@ def test_snakemake_schema_knows_every_spec_key():
     schema = yaml.safe_load((ROOT / "workflow/schemas/config.schema.yaml").read_text())
     assert set(schema["properties"]) == set(Spec.model_fields)
     assert set(schema["$defs"]["training"]["properties"]) == set(Training.model_fields)
+    steps = typing.get_args(typing.get_args(PartitionStep)[0])
+    kinds = {typing.get_args(step.model_fields["kind"].annotation)[0] for step in steps}
+    assert set(schema["$defs"]["partition_step"]["properties"]["kind"]["enum"]) == kinds
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "config").rglob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_spec_passes_the_snakemake_schema(path):
+    """What common.smk checks before any job: a shipped spec the schema refused would stop its
+    workflow at the first line."""
+    import jsonschema
+
+    schema = yaml.safe_load((ROOT / "workflow/schemas/config.schema.yaml").read_text())
+    jsonschema.validate(read_yaml(path), schema)
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ import torch
 
 from cflpipe.data import load_dataset
 from cflpipe.partition import (MIXED, PUBLIC_FILE, apply_sample_transforms, apply_transform, build_partition,
-                               client_indices, client_sample_transforms, load_partition)
+                               client_indices, client_sample_transforms, load_partition, realized_weights)
 from cflpipe.errors import PartitionError
 from cflpipe.partition_files import (  # noqa: F401  (partition_scenario, input_digests: their old home)
     DIGESTS, FINGERPRINT, PARTITION_FILES, _digest_problem, _fingerprint, input_digests, partition_scenario)
@@ -58,8 +58,8 @@ class FederatedData:
     # Inputs the server holds without labels (scenario `public:`), preprocessed as the clients'
     # inputs and untransformed (no group's rotation or label swap); None without `public:`.
     public: torch.Tensor | None = None
-    # A mixture scenario's (clients × groups) weights of the groups each client's samples come
-    # from (None: every client is one group's).
+    # A mixture scenario's (clients × groups) shares of each group in each client's training
+    # samples (partition.realized_weights; None: every client is one group's).
     mixture_weights: np.ndarray | None = None
 
     @property
@@ -180,7 +180,9 @@ def build_federated_data(spec: Spec, scenario: str, device: torch.device) -> Fed
             offsets=offsets,
             owner=torch.from_numpy(np.repeat(np.arange(len(clients)), sizes)).to(device),
         )
-    weights = None if partition.weights is None else partition.weights[clients]
+    # A soft method's shares are estimated from the training samples: scored against those.
+    realized = realized_weights(partition)
+    weights = None if realized is None else realized[clients]
     return FederatedData(splits["train"], splits["test"], groups, partition.num_classes,
                          tuple(dataset.input_shape), transforms, public, weights)
 

@@ -29,11 +29,14 @@ class Degeneration:
         return {"degenerate": self.line, "degenerate_kind": self.kind}
 
 
-def diagnose_clustering(rounds: pd.DataFrame, clients: int, gate_note: str | None = None) -> Degeneration | None:
+def diagnose_clustering(rounds: pd.DataFrame, clients: int, gate_note: str | None = None, true_groups: int = 0,
+                        soft: bool = False) -> Degeneration | None:
     """The first of: a gate of the method's own that kept it from clustering (`gate_note`, its
     own line), never more than one cluster in an evaluated round, one cluster at the final
-    evaluation after more before, about one cluster per client at the final evaluation. None
-    for a run that ended with a clustering (or has no evaluated round)."""
+    evaluation after more before, about one cluster per client at the final evaluation (unless
+    the scenario has as many `true_groups`). None for a run that ended with a clustering (or has
+    no evaluated round). A `soft` method's clusters are its clients' largest shares: it still
+    predicts with every component, so its lines say so rather than naming FedAvg or Local."""
     if gate_note is not None:
         return Degeneration(GATE, gate_note)
     counts = rounds["n_clusters"].dropna() if "n_clusters" in rounds else rounds[:0]
@@ -41,13 +44,21 @@ def diagnose_clustering(rounds: pd.DataFrame, clients: int, gate_note: str | Non
         return None
     most, final = int(counts.max()), int(counts.iloc[-1])
     if most <= 1:
-        return Degeneration(ONE_CLUSTER, "never formed more than one cluster in an evaluated round")
+        return Degeneration(ONE_CLUSTER, "every client's largest share was in one component in every evaluated "
+                                         "round" if soft else "never formed more than one cluster in an evaluated round")
     if final <= 1:
         rounds_with_more = rounds.loc[counts.index[counts > 1], "round"]
-        return Degeneration(COLLAPSED, f"collapsed to one cluster by the end (it had {most} clusters; the last "
-                                       f"evaluated round with more than one was round {int(rounds_with_more.iloc[-1])}): "
-                                       f"its final figures are those of one model for all")
-    if clients >= SINGLETON_MIN_CLIENTS and final >= SINGLETON_SHARE * clients:
+        before = f"it had {most} clusters; the last evaluated round with more than one was round " \
+                 f"{int(rounds_with_more.iloc[-1])}"
+        if soft:
+            return Degeneration(COLLAPSED, f"collapsed by the end: every client's largest share is in one component "
+                                           f"({before})")
+        return Degeneration(COLLAPSED, f"collapsed to one cluster by the end ({before}): its final figures are those "
+                                       f"of one model for all")
+    if clients >= SINGLETON_MIN_CLIENTS and final >= SINGLETON_SHARE * clients and final > true_groups:
+        if soft:
+            return Degeneration(SINGLETONS, f"ended with about one component per client as largest share ({final} for "
+                                            f"{clients} clients)")
         return Degeneration(SINGLETONS, f"ended with about one cluster per client ({final} clusters for {clients} "
                                         f"clients): its final figures are those of clients trained alone, Local")
     return None

@@ -444,7 +444,8 @@ class Run:
             return None
         if capabilities.k_param and getattr(self.method.hp, capabilities.k_param, None) == 1:
             return None
-        found = diagnose_clustering(rounds, self.data.num_clients, self.method.gate_note(rounds))
+        found = diagnose_clustering(rounds, self.data.num_clients, self.method.gate_note(rounds),
+                                    self.data.num_groups, capabilities.soft)
         if found is not None and (hint := self.method.clustering_hint(rounds, found.kind)):
             found = Degeneration(found.kind, f"{found.line}; {hint}")
         return found

@@ -142,7 +142,7 @@ def evaluate(ctx: Context, method: Method, data: FederatedData, eval_batch_size:
     for name, columns in method.eval_tables().items():
         length = len(next(iter(columns.values()))) if columns else 0
         own[name] = {"round": np.full(length, round_number), **columns}
-    if everyone.mixture_weights is not None:  # a mixture scenario: soft methods' shares scored
+    if everyone.mixture_weights is not None:  # how well the shares a soft method learnt tell the mixture
         figures["mixture_error"] = _mixture_error(everyone.mixture_weights, own.get("mixture"))
     return Evaluation(figures, tables, own)
 
@@ -154,7 +154,7 @@ def _mixture_error(true_weights: np.ndarray, table: dict[str, np.ndarray] | None
         return float("nan")
     shares = np.zeros((len(true_weights), int(np.max(table["cluster"])) + 1))
     shares[table["client"], table["cluster"]] = table["weight"]
-    return mixture_error(true_weights, shares)
+    return mixture_error(true_weights, shares) if np.isfinite(shares).all() else float("nan")
 
 
 def _sampled_models(method: Method, clients: np.ndarray) -> tuple[list[torch.Tensor], np.ndarray]:

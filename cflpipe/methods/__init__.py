@@ -82,6 +82,9 @@ class MethodInfo:
     base: str | None = None
     starts: ClusteringStarts | None = None
     premises: Premises | None = None
+    # What the method needs of a run for its clustering to mean anything, in a sentence (`cflpipe
+    # methods` prints it; `premises` warns when a spec gives less).
+    needs: str = ""
 
     def premise_warnings(self, hp: Any, training: Any, scenario: Any) -> list[tuple[str, str]]:
         """What in a run's settings or scenario goes against the method's premises (declared, or
@@ -150,14 +153,15 @@ def _variant_description(description: str, what: str) -> str:
 
 def declare(name: str, params: type[HyperParams], implementation: str, description: str,
             capabilities: Capabilities = Capabilities(), starts: ClusteringStarts | None = None,
-            variants: "tuple[Variant, ...]" = (), premises: Premises | None = None) -> None:
+            variants: "tuple[Variant, ...]" = (), premises: Premises | None = None, needs: str = "") -> None:
     """Declare a method without importing it: its hyper-parameters, capabilities, when its
     clustering may start, what its premises ask of a run (warned about by validate), its variants
     (each the same class with the variant's parameters) and the `module:Class` that implements
     it, whose @register must agree."""
-    infos = [MethodInfo(name, params, description, capabilities, implementation, starts=starts, premises=premises)]
+    infos = [MethodInfo(name, params, description, capabilities, implementation, starts=starts, premises=premises,
+                        needs=needs)]
     infos += [MethodInfo(variant, _variant_params(params, extra), _variant_description(description, what),
-                         capabilities, implementation, base=name, starts=starts, premises=premises)
+                         capabilities, implementation, base=name, starts=starts, premises=premises, needs=needs)
               for variant, extra, what in variants]
     for info in infos:
         _add(info)

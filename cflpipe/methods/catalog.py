@@ -393,14 +393,20 @@ def _kmeans_cfl_starts(hp: KMeansCFLParams) -> tuple[str, int]:
     return "cluster_start", max(hp.cluster_start - 1, 0)  # clusters once round + 1 >= cluster_start
 
 
+# Fewer cINN iterations a round than this: FCCA's clustering is warned about (docs/robustness.md:
+# at 5, D carried no group signal; at 10 and 20 it recovered the groups).
+FCCA_MIN_FLOW_STEPS = 10
+
+
 def _fcca_premises(hp: FCCAParams, training: Any, scenario: Any) -> list[tuple[str, str]]:
     steps = hp.flow_steps if hp.flow_steps is not None else training.local_steps
-    if steps is None or steps >= 10:
+    if steps is None or steps >= FCCA_MIN_FLOW_STEPS:  # with local_epochs the count is the data's
         return []
     value = steps if hp.flow_steps is not None else f"null (the run's {steps} local steps)"
-    return [("flow_steps", f"{value}: FCCA clusters by what the cINN learns in these iterations a round; with 5 "
-                           f"(the paper's K is 20) its similarity D carried no group signal and FCCA clustered at "
-                           f"random (docs/robustness.md); leave flow_steps at its default 20")]
+    return [("flow_steps", f"{value}: FCCA clusters by what the cINN learns in these iterations a round; with "
+                           f"fewer than {FCCA_MIN_FLOW_STEPS} (the paper's K is 20) its similarity D carried no group "
+                           f"signal and FCCA clustered at random (docs/robustness.md); leave flow_steps at its "
+                           f"default 20")]
 
 
 def _pacfl_premises(hp: PACFLParams, training: Any, scenario: Any) -> list[tuple[str, str]]:
@@ -463,12 +469,14 @@ declare("kmeans_cfl", KMeansCFLParams, "cflpipe.methods.kmeans_cfl:KMeansCFL",
         cluster_options("kmeans_cfl", awcfl="awcfl", mcfl="mcfl"))
 declare("pacfl", PACFLParams, "cflpipe.methods.pacfl:PACFL",
         "PACFL: clients clustered once, before training, by the principal angles between their data subspaces.",
-        _CLUSTERED_K, variants=cluster_options("pacfl"), premises=_pacfl_premises)
+        _CLUSTERED_K, variants=cluster_options("pacfl"), premises=_pacfl_premises,
+        needs="groups that differ in their inputs (rotation, flip, label skew); label swaps look alike to it")
 
 # The other clustered methods.
 declare("fcca", FCCAParams, "cflpipe.methods.fcca:FCCA",
         "FCCA: global encoder, cluster-wise classifiers, clients clustered by their cINNs' reconstructions.",
-        _CLUSTERED_K, variants=fcca_options("fcca"), premises=_fcca_premises)
+        _CLUSTERED_K, variants=fcca_options("fcca"), premises=_fcca_premises,
+        needs="its cINN's 20 iterations a round (flow_steps, the paper's K; with 5, D carried no group signal)")
 declare("fedac", FedACParams, "cflpipe.methods.fedac:FedAC",
         "FedAC: personalized models pulled to cluster centers (μ) and a global embedding (λ); LrCos EM "
         "clustering; CNT.", _PERSONAL_CLUSTERED_K)

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from cflpipe.clustering import cut_dendrogram
+from cflpipe.fl.diagnosis import SINGLETONS
 from cflpipe.fl.method import ClientView
 from cflpipe.metrics import tensor_bytes
 from cflpipe.methods import register
@@ -131,7 +132,7 @@ class PACFL(ClusterModels):
     def clustering_hint(self, rounds, kind: str) -> str | None:
         """The angles are the data's, not a scale the threshold knows: the authors' 4.9° (their
         CIFAR-10 value) lies below every angle between digits clients, so nothing merges."""
-        if kind != "singletons" or self.hp.clusters is not None or "pacfl_angle_min" not in rounds:
+        if kind != SINGLETONS or self.hp.clusters is not None or "pacfl_angle_min" not in rounds:
             return None
         smallest, median = rounds["pacfl_angle_min"].min(), rounds["pacfl_angle_median"].min()
         if not smallest > self.hp.threshold:

@@ -211,6 +211,20 @@ def _canonical(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"))
 
 
+def _diagnosed(spec: Spec, r: RunOutputs):
+    """fl/diagnosis of a finished run from its rounds table, for a run whose summary predates
+    it (its own gate, read by the method's class, is left to the summary it wrote)."""
+    from cflpipe.fl.diagnosis import diagnose_clustering
+    from cflpipe.methods import method_info
+
+    capabilities = method_info(spec.method_type(r.method)).capabilities
+    k = capabilities.k_param and r.config.get("hyperparams", {}).get(capabilities.k_param)
+    if not capabilities.clustered or capabilities.needs_groups or k == 1 or r.summary.get("degenerate"):
+        return None
+    return diagnose_clustering(r.rounds, int(r.summary.get("clients", 0)),
+                               true_groups=spec.scenarios[r.scenario].true_groups, soft=capabilities.soft)
+
+
 def runs_frame(spec: Spec, runs: list[RunOutputs]) -> pd.DataFrame:
     extra = sorted({k for r in runs for k, v in r.summary.get("final", {}).items()
                     if k not in FINAL_FIGURES and k not in _NOT_FIGURES and _is_scalar_figure(v)})
@@ -230,8 +244,12 @@ def runs_frame(spec: Spec, runs: list[RunOutputs]) -> pd.DataFrame:
         row["bytes_down_total"] = _float(down)
         row["bytes_up_total"] = _float(up)
         row["bytes_total"] = _float(down) + _float(up)
-        # why a clustered method never clustered ("" when it did, or is not clustered)
-        row["degenerate"] = str(r.summary.get("degenerate") or "")
+        # what a clustered method's clustering came to when it is none ("" when it clustered, or
+        # is not clustered); runs written before degenerate_kind existed are diagnosed here
+        degenerate, kind = r.summary.get("degenerate"), r.summary.get("degenerate_kind")
+        if "degenerate_kind" not in r.summary and (found := _diagnosed(spec, r)) is not None:
+            degenerate, kind = found.line, found.kind
+        row["degenerate"], row["degenerate_kind"] = str(degenerate or ""), str(kind or "")
         row["summary_sha256"] = r.summary_sha256  # lets the report notice runs newer than the aggregate
         provenance = r.summary.get("provenance") or {}  # runs written before it existed: unknown ("")
         row.update({column: str(provenance.get(key) or "") for column, key in PROVENANCE_COLUMNS.items()})

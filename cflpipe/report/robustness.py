@@ -17,8 +17,9 @@ import numpy as np
 import pandas as pd
 
 from cflpipe import store
-from cflpipe.report.tables import ONE_CLUSTER_MARK, is_clustered, is_reference
+from cflpipe.report.tables import ONE_CLUSTER_MARK, is_clustered, is_reference, one_cluster_seeds
 from cflpipe.report.view import AggregateView
+from cflpipe.spec import LABEL_SPLITS, step_text
 
 # Methods drawn above every family's rows when the spec runs them: told the groups, the method
 # that recovered every group in the issue that asked for the map, and one model for all.
@@ -31,11 +32,10 @@ def cell_coordinates(view: AggregateView, scenario: str) -> dict[str, str]:
     share of clients a round trains and the local budget."""
     sc = view.spec.scenarios[scenario]
     t = view.scenario_training(scenario)
-    steps = sc.group_steps()
-    groups = " × ".join(f"{s.groups} {s.kind.replace('_', ' ')}" for s in steps) or "none"
+    groups = " × ".join(step_text(s).replace("_", " ") for s in sc.group_steps()) or "none"
     if (mixture := sc.step("mixture")) is not None:
         groups += f", mixed (Dir {mixture.alpha:g})"
-    split = next((s for s in sc.partition if s.kind in ("iid", "dirichlet", "pathological", "natural")), None)
+    split = next((s for s in sc.partition if s.kind in LABEL_SPLITS), None)
     skew = {"iid": "IID", "natural": "natural"}.get(getattr(split, "kind", "iid"))
     if skew is None:
         skew = f"Dir {split.alpha:g}" if split.kind == "dirichlet" else f"{split.labels_per_client} labels"
@@ -58,8 +58,13 @@ class RobustnessMap:
     degenerate: pd.DataFrame              # seeds whose clustering came to none (summary.json)
     notes: list[str] = field(default_factory=list)
 
+    # Scenarios whose coordinates are the same (cells that differ in what is no axis: the dataset,
+    # the clients, the seed of the partition), named by their labels too.
+    clashing: dict[str, str] = field(default_factory=dict)
+
     def column_label(self, scenario: str, joiner: str = " · ") -> str:
-        return joiner.join(self.coordinates[scenario][axis] for axis in self.varying) or scenario
+        text = joiner.join(self.coordinates[scenario][axis] for axis in self.varying) or scenario
+        return f"{text}{joiner}{self.clashing[scenario]}" if scenario in self.clashing else text
 
     def rows(self) -> list[str]:
         return list(dict.fromkeys([*self.references, *(m for ms in self.families.values() for m in ms)]))
@@ -93,12 +98,14 @@ def robustness_map(view: AggregateView) -> RobustnessMap | None:
             frames["ari"].loc[m, s] = _mean(mine["ari"]) if "ari" in mine else math.nan
             frames["acc"].loc[m, s] = _mean(mine["acc_macro"])
             frames["seeds"].loc[m, s] = len(mine)
-            frames["degenerate"].loc[m, s] = int((mine["degenerate"].fillna("").astype(str) != "").sum()) \
-                if "degenerate" in mine else 0
+            frames["degenerate"].loc[m, s] = one_cluster_seeds(per_seed, s, m)
     notes = [f"{ONE_CLUSTER_MARK}: in some seed the clustering came to none (one cluster throughout or by the end, "
              f"about one cluster per client, or a gate that never opened); the Clustering section says which."]
-    return RobustnessMap(scenarios, coordinates, varying, references, families, frames["ari"], frames["acc"],
+    rmap = RobustnessMap(scenarios, coordinates, varying, references, families, frames["ari"], frames["acc"],
                          frames["seeds"], frames["degenerate"], notes)
+    labels = [rmap.column_label(s) for s in scenarios]
+    rmap.clashing = {s: view.scenario_labels[s] for s, label in zip(scenarios, labels) if labels.count(label) > 1}
+    return rmap
 
 
 def _mean(values: pd.Series) -> float:

@@ -305,7 +305,7 @@ def spec_warnings(spec: Spec) -> list[str]:
             rounds = training.rounds
             if start is not None and start[1] >= rounds:
                 key, first = start
-                value = getattr(resolved_hyperparams(spec, scenario, method), key)
+                value = getattr(hp, key)
                 lines.append(f"methods.{method}.{key}: {value} leaves no round to cluster in the {rounds} rounds "
                              f"of scenario {scenario} (it may first cluster in round {first + 1}): {method} stays "
                              f"one cluster, FedAvg, throughout; lower it or raise training.rounds")

@@ -300,6 +300,19 @@ class FlipStep(Strict):
         return list(self.axes) if self.axes is not None else list(FLIP_AXES[: self.groups])
 
 
+def step_text(step) -> str:
+    """A group transform in a few words: "3 label_swap", "2 rotation (0/90°)", "2 label_swap (1
+    pair)", "2 rotation, not ground truth"."""
+    detail = ""
+    if step.kind == "rotation" and step.angles is not None:
+        detail = f" ({'/'.join(f'{a:g}' for a in step.angles)}°)"
+    elif step.kind == "label_swap" and step.pairs is not None:
+        detail = f" ({step.pairs} pair{'s' * (step.pairs > 1)})"
+    elif step.kind == "flip" and step.axes is not None:
+        detail = f" ({'/'.join(step.axes)})"
+    return f"{step.groups} {step.kind}{detail}" + ("" if step.ground_truth else ", not ground truth")
+
+
 class MixtureStep(Strict):
     """Clients whose data mix the scenario's groups (FedEM's, FedSoft's and FedRC's premise): each
     client draws weights over the groups ~ Dir(alpha), and each of its samples takes a group's
@@ -411,6 +424,9 @@ class Scenario(Strict):
         if "mixture" in kinds and not transforms:
             raise ValueError(f"partition: mixture mixes the groups of a group transform ({', '.join(GROUP_TRANSFORMS)}); "
                              f"add one")
+        if "mixture" in kinds and not any(step.ground_truth for step in self.group_steps()):
+            raise ValueError("partition: mixture weighs a client's ground-truth groups, and no group transform here "
+                             "has ground_truth: true; give one of them ground_truth: true")
         natural = self.step("natural")
         if natural is not None and natural.holdout == "dataset" and self.pool != "all":
             raise ValueError("partition: natural with holdout: dataset takes each client's test samples from "
@@ -459,13 +475,13 @@ class Scenario(Strict):
         return math.prod(step.groups for step in steps) if steps else 0
 
     def groups_text(self) -> str:
-        """How the scenario's groups are made, for people: "4 (rotation)", "6 (rotation × label_swap),
-        mixed by Dirichlet 0.5"; "none"."""
+        """How the scenario's groups are made, for people: "4 (4 rotation)", "6 (2 rotation × 3
+        label_swap), mixed in each client by Dirichlet 0.5", "3 (2 rotation, not ground truth × 3
+        label_swap)"; "none"."""
         steps = self.group_steps()
         if not steps:
             return "none"
-        kinds = " × ".join(f"{s.kind}" + ("" if s.ground_truth else f" ({s.groups}, not ground truth)") for s in steps)
-        text = f"{self.true_groups} ({kinds})"
+        text = f"{self.true_groups or 'none'} ({' × '.join(step_text(s) for s in steps)})"
         mixture = self.step("mixture")
         return text + (f", mixed in each client by Dirichlet {mixture.alpha:g}" if mixture is not None else "")
 
