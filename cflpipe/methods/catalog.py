@@ -409,6 +409,36 @@ def _fcca_premises(hp: FCCAParams, training: Any, scenario: Any) -> list[tuple[s
                            f"default 20")]
 
 
+# FedTSDP's clustering signal is one round's local drift away from a shared model: below this
+# many local steps its Hopkins gate rarely opened on the robustness map (docs/robustness.md).
+FEDTSDP_MIN_LOCAL_STEPS = 20
+
+
+def _fedtsdp_premises(hp: FedTSDPParams, training: Any, scenario: Any) -> list[tuple[str, str]]:
+    found = []
+    if training.clients_per_round < scenario.clients:
+        found.append(("", f"its Hopkins gate and clustering read only the round's {training.clients_per_round} of "
+                          f"{scenario.clients} clients (the paper samples all of them); with half of them it recovered the "
+                          f"groups in none of the robustness map's 12 cells (docs/robustness.md)"))
+    if training.local_steps is not None and training.local_steps < FEDTSDP_MIN_LOCAL_STEPS:
+        found.append(("", f"it clusters by how far one round's local training moves each client's outputs from the "
+                          f"shared model (the paper trains 2 local epochs); with all clients every round it recovered "
+                          f"the groups in 1 of the robustness map's 6 cells at 5 local steps (where its gate opened, "
+                          f"DBSCAN kept one cluster), in 3 at 20 (docs/robustness.md); this run has "
+                          f"{training.local_steps}"))
+    return found
+
+
+def _fesem_premises(hp: FeSEMParams, training: Any, scenario: Any) -> list[tuple[str, str]]:
+    skewed = any(step.kind in ("dirichlet", "pathological") for step in scenario.partition)
+    if not (skewed and scenario.true_groups and training.local_steps is not None and training.local_steps < 20):
+        return []
+    return [("", f"its first clustering, of models one round from a common start, is the one it keeps (a client "
+                 f"trains from its center, pulled to it, and stays nearest to it); under label skew inside the "
+                 f"groups, 5 local steps left that clustering at ARI 0.15 on the robustness map's Dirichlet 1.0 "
+                 f"cells, 20 at 0.91 (docs/robustness.md); this run has {training.local_steps}")]
+
+
 def _pacfl_premises(hp: PACFLParams, training: Any, scenario: Any) -> list[tuple[str, str]]:
     truth = [step.kind for step in scenario.group_steps() if step.ground_truth]
     if not truth or set(truth) != {"label_swap"}:
@@ -455,7 +485,8 @@ declare("fedgroup", FedGroupParams, "cflpipe.methods.fedgroup:FedGroup",
         "pre-training updates.", _CLUSTERED_K, variants=cluster_options("fedgroup"))
 declare("fesem", FeSEMParams, "cflpipe.methods.fesem:FeSEM",
         "FeSEM (Long et al.): K centers by stochastic EM on model weights (L2), eq. 7 local pull to the center.",
-        _CLUSTERED_K, variants=cluster_options("fesem"))
+        _CLUSTERED_K, variants=cluster_options("fesem"), premises=_fesem_premises,
+        needs="a first round of local training long enough to tell the groups apart: it keeps its first clustering")
 declare("flhc", FLHCParams, "cflpipe.methods.flhc:FLHC",
         "FL+HC: FedAvg, then one hierarchical clustering of all clients' updates, then FedAvg per cluster.",
         _CLUSTERED_K, _flhc_starts, cluster_options("flhc"))
@@ -482,7 +513,10 @@ declare("fedac", FedACParams, "cflpipe.methods.fedac:FedAC",
         "clustering; CNT.", _PERSONAL_CLUSTERED_K)
 declare("fedtsdp", FedTSDPParams, "cflpipe.methods.fedtsdp:FedTSDP",
         "FedTSDP (Zhu et al.): Hopkins-gated two-stage clustering (JS of public outputs, then weights) with "
-        "shrinking shared layers.", Capabilities(clustered=True, personalized=True, needs_public=True))
+        "shrinking shared layers.", Capabilities(clustered=True, personalized=True, needs_public=True),
+        premises=_fedtsdp_premises,
+        needs="every client every round and the paper's local budget (2 epochs; 20 steps or more): its gate reads "
+              "one round's drift of the round's clients' outputs")
 declare("fedem", FedEMParams, "cflpipe.methods.fedem:FedEM",
         "FedEM: K shared component models, a mixture weight per client and component, EM on the clients.",
         _SOFT_K)

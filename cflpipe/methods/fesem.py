@@ -55,9 +55,11 @@ class FeSEM(ClusterModels):
       paper's FedProx μ).
     - The authors' code starts from a random first clustering (uniform random points stand in
       for the client models); the paper's text — k-means on the clients' models — is followed.
-    Models trained once from a common random initialization barely show the clients' groups,
-    and the E-step rarely moves a client away from the center it trained from, so the first
-    clustering tends to persist (see the scenario tests for measured ARI)."""
+    What it needs: the E-step does not move a client away from the center it trained from
+    (pulled towards it), so the first clustering, of models one round from a common start, is
+    the one the run keeps. It recovers groups when that first round's local training tells them
+    apart better than the label skew inside them does (docs/robustness.md); `cflpipe validate`
+    warns below 20 local steps on label-skewed groups."""
 
     @classmethod
     def check_hyperparams(cls, params):
