@@ -20,7 +20,7 @@ import yaml
 from cflpipe.errors import CflpipeError
 from cflpipe.spec import parse_spec
 
-SEEDS = [0, 1]
+SEEDS = [0, 1, 2]  # three: fewer are too few to test a best (tables.MIN_TEST_SEEDS)
 SCENARIOS = ("swap", "skew")
 METHODS = ("fedavg", "oracle", "prox-lo", "prox-hi")
 
@@ -112,7 +112,7 @@ def close(a: float, b: float) -> bool:
 
 def test_matrix_is_what_the_tests_expect(built):
     spec = built["spec"]
-    assert len(spec.matrix()) == (4 * 2) + (3 * 2)  # oracle only on the grouped scenario
+    assert len(spec.matrix()) == (4 + 3) * len(SEEDS)  # oracle only on the grouped scenario
 
 
 def test_summary_matches_hand_computed_means_and_stds(built):
@@ -125,7 +125,7 @@ def test_summary_matches_hand_computed_means_and_stds(built):
                        for k in SEEDS] for s, m, _ in spec.matrix()}
     for row in summary.itertuples(index=False):
         runs = by_key[(row.scenario, row.method)]
-        assert row.seeds == len(runs) == 2
+        assert row.seeds == len(runs) == len(SEEDS)
         for figure in ("acc_macro", "acc_micro", "acc_worst10", "global_acc_mean", "f1_macro", "f1_micro", "ari",
                        "nmi", "n_clusters", "intra_acc", "inter_acc"):
             mean, std = mean_std([r["final"].get(figure) for r in runs])
@@ -181,7 +181,7 @@ def test_curves_average_every_round(built):
         assert close(one.loc[r, "acc_macro_mean"], mean) and close(one.loc[r, "acc_macro_std"], std)
     for r in (1, 2, 3):  # every-round figures are there on non-evaluation rounds too
         assert close(one.loc[r, "bytes_down_mean"], float(np.mean([int(x.loc[r, "bytes_down"]) for x in rounds])))
-        assert one.loc[r, "seeds"] == 2
+        assert one.loc[r, "seeds"] == len(SEEDS)
 
 
 def test_cumulative_bytes_are_summed_per_run_then_averaged(built):
@@ -320,13 +320,13 @@ def test_paper_tables_mark_the_best_by_a_paired_test(built):
                 got = rows.loc[m, "mark"]
                 assert (got if isinstance(got, str) else "") == want.get(m, ""), (table, scenario, m)
                 mean, std = mean_std(list(values[m].values()))
-                assert math.isclose(rows.loc[m, "mean"], mean, rel_tol=1e-9) and rows.loc[m, "n"] == 2
+                assert math.isclose(rows.loc[m, "mean"], mean, rel_tol=1e-9) and rows.loc[m, "n"] == len(SEEDS)
                 assert math.isclose(rows.loc[m, "std"], std, rel_tol=1e-9, abs_tol=1e-12)
             if "oracle" in rows.index:
                 assert not isinstance(rows.loc["oracle", "mark"], str) and rows.loc["oracle", "reference"]
     # Markdown: the caption states n and the std; bold / ≈ follow the CSV's marks; the test is named.
     accuracy_md = md.split("**Global accuracy")[0]
-    assert accuracy_md.startswith("**Personalized accuracy (%); mean ± sample std (n − 1) over n = 2 seeds**")
+    assert accuracy_md.startswith("**Personalized accuracy (%); mean ± sample std (n − 1) over n = 3 seeds**")
     assert "two-sided paired t-test over seeds (p < 0.05)" in accuracy_md
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
             for line in accuracy_md.splitlines() if line.startswith("| ") and not line.startswith("| method")}
@@ -342,7 +342,7 @@ def test_paper_tables_mark_the_best_by_a_paired_test(built):
     # LaTeX: booktabs, one table per block, escaped names, the reference dagger, the footnote.
     assert tex.count(r"\toprule") == tex.count(r"\bottomrule") == len(set(csv["table"]))
     accuracy_tex = tex.split(r"\end{table}")[0]
-    assert r"\caption{Personalized accuracy (\%); mean $\pm$ sample std (n $-$ 1) over n = 2 seeds}" in accuracy_tex
+    assert r"\caption{Personalized accuracy (\%); mean $\pm$ sample std (n $-$ 1) over n = 3 seeds}" in accuracy_tex
     assert r"\begin{tabular}{lcc}" in accuracy_tex and r"oracle$^\dagger$ & " in accuracy_tex
     assert r"paired t-test" in accuracy_tex and r"$^\dagger$ reference" in accuracy_tex
     tex_rows = {line.split(" & ")[0]: line.removesuffix(r" \\").split(" & ")[1:]
@@ -437,7 +437,7 @@ def test_report_content(built):
     csv = pd.read_csv(built["report"] / "tables" / "summary.csv", keep_default_na=False)
     for key, rows in csv.groupby("table", sort=False):
         html_table = re.search(rf'<table class="paper" id="table-{key}">.*?</table>', body, re.S).group(0)
-        assert "over n = 2 seeds" in html_table
+        assert "over n = 3 seeds" in html_table
         assert html_table.count('class="best"') == (rows["mark"] == "best").sum(), key
         assert html_table.count('class="tied"') == (rows["mark"] == "tied").sum(), key
     assert (csv["mark"] != "").any() and "paired t-test" in body
@@ -546,7 +546,7 @@ def test_runs_record_their_provenance(built):
     assert set(runs["torch_version"]) == {torch.__version__} and set(timing["spec_sha256"]) == {spec_sha256(spec)}
     assert set(timing["git_commit"]) == {""} and timing["finished_utc"].str.endswith("+00:00").all()
     # One config hash per scenario × method: the seed is part of the run, the thread count is not.
-    assert runs.groupby(["scenario", "method"])["config_sha256"].nunique().eq(2).all()
+    assert runs.groupby(["scenario", "method"])["config_sha256"].nunique().eq(len(SEEDS)).all()
 
 
 def test_git_commit_of_the_results_checkout(tmp_path):
@@ -633,7 +633,7 @@ def test_report_states_the_setup_and_uses_labels(built):
     assert rows["model"] == ["mlp", "mlp"] and rows["local work per round"] == ["2 steps", "2 steps"]
     assert rows["lr"] == ["0.1", "0.1"] and rows["batch size"] == ["16", "16"] and rows["momentum"] == ["0", "0"]
     assert rows["clients per round"] == ["4", "4"] and rows["rounds"] == ["3", "3"]
-    assert rows["partition seed"] == ["0", "0"] and rows["seeds"] == ["0, 1", "0, 1"]
+    assert rows["partition seed"] == ["0", "0"] and rows["seeds"] == ["0, 1, 2", "0, 1, 2"]
     methods = setup.split('id="setup-methods"')[1]
     assert re.search(r'<th scope="row">prox-hi</th><td class="left">fedprox</td><td class="left">baselines</td>'
                      r'<td class="left">all</td><td class="left">—</td><td class="left">mu=1.0</td>', methods)
@@ -922,3 +922,17 @@ def test_scatter_labels_are_kept_apart():
     points = {"a": (50.0, 90.0), "b": (50.5, 89.8), "c": (70.0, 60.0), "d": (30.0, 89.9)}
     assert label_apart(points, 3.0) == {"a", "c", "d"}
     assert label_apart(points, 0.1) == set(points)
+
+
+def test_two_seeds_are_too_few_to_test_and_the_verdict_says_so_in_words():
+    from cflpipe.report.tables import ACCURACY, paper_table, verdict
+
+    two = pd.DataFrame([{"scenario": "a", "method": m, "seed": k, "acc_macro": v}
+                        for m, values in (("x", (0.54, 0.55)), ("y", (0.23, 0.34))) for k, v in enumerate(values)])
+    table = paper_table(two, ["a"], ["x", "y"], ACCURACY)
+    assert not table.cell("x", "a").bold and not table.cell("x", "a").tied and not table.cell("y", "a").tied
+    assert table.notes[0].startswith("Two seeds: too few to test")
+    best = {0: 0.9, 1: 0.91, 2: 0.92}
+    assert verdict(best, {0: 0.5, 1: 0.52, 2: 0.49}).startswith("separated by a paired t-test over 3 seeds (p = ")
+    assert verdict(best, {0: 0.95, 1: 0.85, 2: 0.9}).startswith("not separated at n = 3 (p = ")
+    assert verdict({0: 0.9, 1: 0.9}, {0: 0.1, 1: 0.2}) == "too few seeds to test (n = 2)"
