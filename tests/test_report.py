@@ -401,7 +401,7 @@ def test_paper_table_rules():
 # --------------------------------------------------------------------------- html
 
 
-SECTION_IDS = ("setup", "accuracy", "comparison", "ranking", "clients", "clustering", "robustness", "communication",
+SECTION_IDS = ("glance", "setup", "accuracy", "comparison", "ranking", "clients", "clustering", "robustness", "communication",
                "intra-inter", "sweeps", "overview")
 
 
@@ -936,3 +936,17 @@ def test_two_seeds_are_too_few_to_test_and_the_verdict_says_so_in_words():
     assert verdict(best, {0: 0.5, 1: 0.52, 2: 0.49}).startswith("separated by a paired t-test over 3 seeds (p = ")
     assert verdict(best, {0: 0.95, 1: 0.85, 2: 0.9}).startswith("not separated at n = 3 (p = ")
     assert verdict({0: 0.9, 1: 0.9}, {0: 0.1, 1: 0.2}) == "too few seeds to test (n = 2)"
+
+
+def test_the_report_opens_with_who_won_per_scenario(built):
+    html = built["index"].read_text()
+    glance = html[html.index('<section id="glance">'):html.index('<section id="setup">')]
+    spec = built["spec"]
+    rows = pd.read_parquet(built["aggregate"] / "summary.parquet")
+    for scenario in SCENARIOS:
+        mine = rows[(rows["scenario"] == scenario) & (rows["method"] != "oracle")]
+        best = mine.sort_values("acc_macro_mean", ascending=False, kind="stable").iloc[0]
+        assert f"<strong>{spec.method_label(best['method'])}</strong> {best['acc_macro_mean'] * 100:.1f} %" in glance
+    assert glance.count("separated") + glance.count("too few seeds") >= len(SCENARIOS)
+    # no method but the Oracle (told the groups) clusters here: no ARI columns
+    assert "best ARI" not in glance and 'id="glance-rank"' in glance

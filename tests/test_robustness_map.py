@@ -114,6 +114,8 @@ def test_the_report_draws_the_map_and_writes_it_as_tables(mapped):
     row = csv[(csv["method"] == "oracle") & (csv["scenario"] == "rot-iid")].iloc[0]
     assert row["ari"] == pytest.approx(1.0) and row["groups"] == "2 rotation" and row["seeds"] == 1
     assert (csv.loc[csv["method"] == "cfl", "no_clustering_seeds"] == 1).all()
+    glance = html[html.index('<section id="glance">'):html.index('<section id="setup">')]
+    assert "best ARI" in glance and "too few seeds to test (n = 1)" in glance
 
 
 def test_no_map_without_two_grouped_scenarios(tmp_path):

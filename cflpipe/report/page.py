@@ -43,7 +43,7 @@ from cflpipe.report.tables import ALPHA, TIE_MARK, PaperTable, is_reference, wri
 from cflpipe.report.view import AggregateView
 from cflpipe.spec import Spec
 
-SECTIONS = (("setup", "Setup"), ("accuracy", "Accuracy & loss vs round"), ("comparison", "Final comparison"),
+SECTIONS = (("glance", "At a glance"), ("setup", "Setup"), ("accuracy", "Accuracy & loss vs round"), ("comparison", "Final comparison"),
             ("ranking", "Average rank"), ("clients", "Per-client accuracy"), ("clustering", "Clustering"),
             ("robustness", "Robustness map"), ("communication", "Communication & time"),
             ("intra-inter", "Intra- vs inter-cluster accuracy"),
@@ -77,10 +77,11 @@ def render_report(spec: Spec, tables: dict[str, pd.DataFrame]) -> tuple[str, lis
 
     view = AggregateView(spec, tables)
     sections = Sections(view)
+    glance = sections.glance()  # before any figure: it draws none, and figure ids follow the build order
     setup = sections.setup()
     paper, details = sections.comparison()
     context = {
-        "setup": setup,
+        "setup": setup, "glance": glance,
         "title": "cflpipe report", "description": spec.description or "", "version": __version__,
         "plotly_version": plotly.__version__, "sections": SECTIONS, "seeds": list(spec.seeds),
         "n_runs": len(view.runs), "accuracy": sections.accuracy(),

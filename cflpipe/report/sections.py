@@ -16,7 +16,7 @@ from cflpipe.report.figures import FigureBuilder
 from cflpipe.report.ranks import q_alpha, rank_methods
 from cflpipe.report.styles import FAMILY_TITLES
 from cflpipe.report.tables import (DASH, PaperTable, format_mean_std, is_reference, mark_best, paper_tables,
-                                   seed_values, table_specs)
+                                   seed_values, table_specs, verdict)
 from cflpipe.report.view import RANK_FIGURE, RANK_FIGURE_TITLE, AggregateView, find_sweeps
 from cflpipe.spec import TRAINING_KEYS, Training, spec_sha256
 
@@ -43,6 +43,47 @@ class Sections:
     def __init__(self, view: AggregateView):
         self.view = view
         self.figures = FigureBuilder(view)
+
+    def glance(self) -> dict[str, Any]:
+        """Who won, on screen one: per scenario the best personalized accuracy and, where there
+        are true groups, the best ARI among the methods that are not told the groups, each with
+        the runner-up and the paired test's verdict in words; and the best average rank."""
+        view = self.view
+        rows = []
+        for s in view.spec.scenarios:
+            methods = [m for m in view.methods_on(s) if not is_reference(view.method_types[m])]
+            clustered = [m for m in methods if m in view.clustering_methods()]
+            rows.append({"scenario": view.scenario_labels[s], "anchor": s,
+                         "accuracy": self._leader(s, methods, "acc_macro", 100.0, 1, " %"),
+                         "ari": self._leader(s, clustered, "ari", 1.0, 2, "") if view.has_groups(s) else None})
+        scores, excluded = view.rank_scores()
+        ranking = rank_methods(scores, excluded, RANK_FIGURE) if scores.shape[1] else None
+        rank = None
+        if ranking is not None and len(ranking.average):
+            order = ranking.average.sort_values(kind="stable")
+            rank = {"method": view.label(order.index[0]), "average": f"{order.iloc[0]:.2f}",
+                    "next": view.label(order.index[1]) if len(order) > 1 else None,
+                    "next_average": f"{order.iloc[1]:.2f}" if len(order) > 1 else None,
+                    "scenarios": len(ranking.scenarios),
+                    "test": (f"Friedman p = {ranking.p_value:.2g}" if ranking.tested else "not tested")}
+        return {"rows": rows, "rank": rank, "grouped": any(r["ari"] is not None for r in rows)}
+
+    def _leader(self, scenario: str, methods: list[str], figure: str, scale: float, digits: int,
+                unit: str) -> dict[str, str] | None:
+        view = self.view
+        values = {m: seed_values(view.per_seed, scenario, m, figure) for m in methods}
+        means = {m: sum(v.values()) / len(v) for m, v in values.items() if v}
+        if not means:
+            return None
+        order = sorted(means, key=lambda m: -means[m])  # stable: the spec's order on equal means
+        best = order[0]
+        out = {"best": view.label(best), "value": f"{means[best] * scale:.{digits}f}{unit}", "next": None,
+               "next_value": None, "verdict": f"n = {len(values[best])}"}
+        if len(order) > 1:
+            second = order[1]
+            out.update(next=view.label(second), next_value=f"{means[second] * scale:.{digits}f}{unit}",
+                       verdict=verdict(values[best], values[second]))
+        return out
 
     def setup(self) -> dict[str, Any]:
         from cflpipe.methods import scenario_hyperparams
