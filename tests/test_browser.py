@@ -387,8 +387,8 @@ def test_report_renders_in_chromium(report_page, tmp_path):
     outside = [u for u in requested_urls(events) if not u.startswith(("file:", "data:", "about:"))]
     assert outside == [], f"the page requested non-local resources: {outside}"
     assert state["plotly"], "plotly.js was not defined on the page"
-    assert state["sections"] == ["setup", "accuracy", "comparison", "ranking", "clients", "clustering",
-                                 "communication", "intra-inter", "sweeps", "overview"]
+    assert state["sections"] == ["glance", "setup", "accuracy", "comparison", "ranking", "clients", "clustering",
+                                 "robustness", "communication", "intra-inter", "sweeps", "overview"]
     assert state["figures"] > 10
     assert state["failed"] == 0
     assert state["drawn"] == state["figures"], state
