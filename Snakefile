@@ -15,7 +15,9 @@ from snakemake.utils import min_version
 min_version("8.0")
 
 
-configfile: "config/config.yaml"
+# No `configfile:` directive: the spec is the one `--configfile` names, else config/config.yaml
+# (workflow/rules/common.smk), and the rules read that file, never Snakemake's `config`. A
+# directive made every `--configfile` run print that config/config.yaml was "extended".
 
 
 report: "workflow/report/workflow.rst"

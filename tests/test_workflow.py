@@ -135,6 +135,7 @@ def test_scenario_jobs_redo_only_runs_that_are_missing_or_new(tiny_snakemake_run
     again = snakemake("--configfile", "tiny.yaml", "--cores", "2", "--forcerun", "aggregate", cwd=workdir)
     assert again.returncode == 0, again.stdout
     assert job_counts(again.stdout) == {"train": 1, "aggregate": 1, "report": 1, "all": 1, "total": 4}
+    assert "is extended by additional config" not in again.stdout  # no default config merged under it
     log = (results / "logs/train/swap.log").read_text()
     assert "swap/fedavg/seed0: already finished" in log and "swap/fedprox/seed0: finished: personalized" in log
     assert run_bytes(results, TINY_RUNS) == before

@@ -28,7 +28,7 @@ def fail(lines, code=2):
 
 def spec_file():
     """The spec path handed to every `cflpipe` call: the `--configfile` given to snakemake, else
-    the Snakefile's `configfile:` default. Snakemake deep-merges several config files into
+    DEFAULT_CONFIG (the Snakefile has no `configfile:`). Snakemake deep-merges several config files into
     `config`, but cflpipe reads exactly one file, so the rules never use `config` itself."""
     given = list(workflow.config_settings.configfiles)  # --configfile, made absolute by snakemake
     if len(given) > 1:
