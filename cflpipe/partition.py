@@ -732,16 +732,17 @@ def label_heatmap_png(partition: Partition, title: str | None = None) -> bytes: 
 
 def client_indices(partition: Partition) -> dict[int, dict[str, np.ndarray]]:
     """client → {'train': pool indices, 'test': pool indices}, each ascending."""
+    return _per_client_split(partition, "sample")
+
+
+def _per_client_split(partition: Partition, column: str) -> dict[int, dict[str, np.ndarray]]:
+    """client → {'train': …, 'test': …} of clients.parquet's `column`, rows in ascending sample."""
     table = partition.clients
-    client = table["client"].to_numpy(np.int64)
-    is_test = (table["split"] == "test").to_numpy()
-    sample = table["sample"].to_numpy(np.int64)
-    key = client * 2 + is_test
-    order = np.lexsort((sample, key))
-    key, sample = key[order], sample[order]
+    key = table["client"].to_numpy(np.int64) * 2 + (table["split"] == "test").to_numpy()
+    order = np.lexsort((table["sample"].to_numpy(np.int64), key))
+    key, values = key[order], table[column].to_numpy()[order]
     bounds = np.searchsorted(key, np.arange(2 * partition.num_clients + 1))
-    return {k: {"train": sample[bounds[2 * k]:bounds[2 * k + 1]],
-                "test": sample[bounds[2 * k + 1]:bounds[2 * k + 2]]}
+    return {k: {"train": values[bounds[2 * k]:bounds[2 * k + 1]], "test": values[bounds[2 * k + 1]:bounds[2 * k + 2]]}
             for k in range(partition.num_clients)}
 
 
@@ -767,14 +768,7 @@ def realized_weights(partition: Partition, split: str = "train") -> np.ndarray |
 def client_sample_transforms(partition: Partition) -> dict[int, dict[str, np.ndarray]]:
     """client → {'train': transform of each sample, 'test': …}, in client_indices' order (by
     sample): a mixture client's samples each have their own."""
-    table = partition.clients
-    client = table["client"].to_numpy(np.int64)
-    key = client * 2 + (table["split"] == "test").to_numpy()
-    order = np.lexsort((table["sample"].to_numpy(np.int64), key))
-    key, transform = key[order], table["transform"].to_numpy(object)[order]
-    bounds = np.searchsorted(key, np.arange(2 * partition.num_clients + 1))
-    return {k: {"train": transform[bounds[2 * k]:bounds[2 * k + 1]], "test": transform[bounds[2 * k + 1]:bounds[2 * k + 2]]}
-            for k in range(partition.num_clients)}
+    return _per_client_split(partition, "transform")
 
 
 def apply_sample_transforms(x: np.ndarray, y: np.ndarray, transforms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -244,13 +244,17 @@ class NaturalStep(Strict):
                                 "the dataset's own test split (LEAF's sample- or user-level split; needs pool: all)")
 
 
+# Every group transform's `ground_truth` key.
+GROUND_TRUTH = Field(True, description="its groups are part of the scenario's ground-truth groups (false: a shift "
+                                       "every client may carry that a method should not cluster by, e.g. FedRC's "
+                                       "feature shift beside a concept shift)")
+
+
 class RotationStep(Strict):
     kind: Literal["rotation"]
     groups: int = Field(ge=1)
     angles: list[float] | None = Field(None, description="degrees per group; default evenly spaced")
-    ground_truth: bool = Field(True, description="its groups are part of the scenario's ground-truth groups "
-                                                 "(false: a shift every client may carry that a method should not "
-                                                 "cluster by, e.g. FedRC's feature shift beside a concept shift)")
+    ground_truth: bool = GROUND_TRUTH
 
     @model_validator(mode="after")
     def _angles_per_group(self) -> "RotationStep":
@@ -272,9 +276,7 @@ class LabelSwapStep(Strict):
     kind: Literal["label_swap"]
     groups: int = Field(ge=1)
     pairs: int | None = Field(None, ge=1)
-    ground_truth: bool = Field(True, description="its groups are part of the scenario's ground-truth groups "
-                                                 "(false: a shift every client may carry that a method should not "
-                                                 "cluster by, e.g. FedRC's feature shift beside a concept shift)")
+    ground_truth: bool = GROUND_TRUTH
 
 
 FLIP_AXES = ("none", "horizontal", "vertical", "both")
@@ -286,9 +288,7 @@ class FlipStep(Strict):
     kind: Literal["flip"]
     groups: int = Field(2, ge=1, le=4)
     axes: list[Literal["none", "horizontal", "vertical", "both"]] | None = None
-    ground_truth: bool = Field(True, description="its groups are part of the scenario's ground-truth groups "
-                                                 "(false: a shift every client may carry that a method should not "
-                                                 "cluster by, e.g. FedRC's feature shift beside a concept shift)")
+    ground_truth: bool = GROUND_TRUTH
 
     @model_validator(mode="after")
     def _axes_per_group(self) -> "FlipStep":
