@@ -182,7 +182,7 @@ def test_image_models_need_image_datasets():
 @pytest.mark.parametrize("report, line", [
     ({"tables": [{"figure": "acc", "title": "x"}]},
      "report.tables[0].figure: must be one of 'acc_macro', 'acc_micro', 'acc_worst10', 'global_acc_mean', "
-     "'f1_macro', 'f1_micro', 'ari', 'nmi', 'n_clusters', 'intra_acc', 'inter_acc', 'bytes_down_total', "
+     "'f1_macro', 'f1_micro', 'ari', 'nmi', 'n_clusters', 'intra_acc', 'inter_acc', 'mixture_error', 'bytes_down_total', "
      "'bytes_up_total', 'bytes_total' or 'seconds_per_round', got 'acc'"),
     ({"tables": []}, "report.tables: must not be empty, got []"),
     ({"table": 1}, "report.table: unknown key, got 1; allowed: tables"),
