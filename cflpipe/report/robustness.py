@@ -5,7 +5,8 @@ runs them); ARI of the final clustering and personalized accuracy, mean over see
 coordinates are read from the scenarios themselves (group transforms, label split, clients per
 round, local budget), so any spec with two or more grouped scenarios has a map; the map spec
 (config/experiments/robustness.yaml) is the grid of them. Drawn per method family; written as
-tables/robustness.{md,csv}."""
+tables/robustness.{md,csv}. A method entry's own `training` overrides are not coordinates: its
+row sits under the scenario's participation and budget (the map spec gives methods none)."""
 
 from __future__ import annotations
 
