@@ -141,7 +141,7 @@ class FigureBuilder:
         share = np.divide(counts, totals, out=np.zeros_like(counts), where=totals > 0)
         # Colour: share of the client's samples (label skew stays visible when sizes differ a lot).
         fig = go.Figure(go.Heatmap(z=share, x=[c[6:] for c in labels], y=names, colorscale="Blues", zmin=0,
-                                   customdata=counts, colorbar=dict(title="share", tickformat=".0%"),
+                                   customdata=counts, colorbar=dict(title=dict(text="share", side="right"), tickformat=".0%"),
                                    hovertemplate="client %{y}<br>label %{x}<br>%{customdata:.0f} samples "
                                                  "(%{z:.0%})<extra></extra>"))
         shapes = self._group_lines(stats["group"].to_numpy(), len(labels)) if grouped else []
@@ -180,7 +180,7 @@ class FigureBuilder:
         k = int(np.nanmax(z)) + 1 if np.isfinite(z).any() else 1
         fig = go.Figure(go.Heatmap(
             z=z, x=[str(r) for r in table.columns], y=names, colorscale=discrete_scale(k), zmin=-0.5,
-            zmax=k - 0.5, colorbar=dict(title="cluster", tickvals=list(range(k)) if k <= 16 else None),
+            zmax=k - 0.5, colorbar=dict(title=dict(text="cluster", side="right"), tickvals=list(range(k)) if k <= 16 else None),
             xgap=1, hovertemplate="client %{y}<br>round %{x}<br>cluster %{z}<extra></extra>"))
         shapes = self._group_lines(np.array([int(groups[c]) for c in order]), len(table.columns)) if grouped else []
         fig.update_layout(title=f"{view.scenario_labels[scenario]} · {view.label(method)} (seed {seed}): client clusters per round",
