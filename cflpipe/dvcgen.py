@@ -71,8 +71,11 @@ def dvc_runs(config: str | Path) -> dict:
     else:
         jobs = {job_name(s): {"scenario": s, "methods": " ".join(m for t, m in pairs if t == s), "runs": s,
                               "param": "methods", "seeds": seeds} for s in dict.fromkeys(s for s, _ in pairs)}
+    from cflpipe.report.aggregate import plot_columns
+
+    curves = {f"{spec.results_dir}/aggregate/plots.csv": plot_columns(pairs)}
     return {"config": config, "results": spec.results_dir, "data": spec.data_dir,
-            "downloads": downloads, "partitions": partitions, "jobs": jobs}
+            "downloads": downloads, "partitions": partitions, "jobs": jobs, "curves": curves}
 
 
 def render(config: str | Path) -> str:
@@ -96,6 +99,8 @@ def render(config: str | Path) -> str:
         *(f"  {flow(name)}: {flow(item)}" for name, item in data["partitions"].items()),
         "jobs:" + ("" if data["jobs"] else " {}"),
         *(f"  {flow(name)}: {flow(item)}" for name, item in data["jobs"].items()),
+        "curves:",  # dvc.yaml's plot: plots.csv's column of every scenario × method
+        *(f"  {flow(name)}: {flow(item)}" for name, item in data["curves"].items()),
     ]
     return "\n".join(lines) + "\n"
 

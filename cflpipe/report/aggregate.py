@@ -18,15 +18,21 @@ writes `results/aggregate/`, every file atomically:
 - `summary.parquet`, `summary.csv`
                      scenario × method: `<figure>_mean`/`<figure>_std` of the final figures
                      (SUMMARY_FIGURES), `seeds` (how many runs were averaged).
-- `metrics.json`     the summary's figures as {scenario: {method: {figure: value}}} for DVC
-                     (`dvc metrics show`, `dvc exp show`).
+- `metrics.json`     the headline for DVC (`dvc metrics show`, `dvc exp show`): per scenario ×
+                     method the seeds' mean of the final personalized accuracy (`acc`), ARI
+                     (`ari`, with ground-truth groups), clusters (`clusters`) and seconds per
+                     round (`sec_round`), as {scenario: {method: {figure: value}}}. Kept small
+                     so an experiment table stays readable; summary.csv has every figure.
+- `plots.csv`        personalized accuracy per evaluated round, a column `<scenario>/<method>`
+                     each (the seeds' mean; empty where that run was not evaluated): what
+                     dvc.yaml's `plots` draws (`dvc plots show`, `dvc plots diff` of experiments).
 - `timing.parquet`   one row per run: seconds_total, seconds_per_round, server_seconds_per_round,
                      device, finished_utc, git_commit, git_dirty, spec_sha256 (wall-clock figures and where and
                      when the run finished, from timing.json).
 
 Everything but the wall-clock columns is a pure function of the runs' deterministic outputs, so
 the same runs give the same bytes: `runs.parquet` and `curves.parquet` hold no wall-clock figure;
-`summary.*` and `metrics.json` carry `seconds_per_round_mean/std` (the only columns that change when a run is
+`summary.*` and `metrics.json` carry `seconds_per_round` figures (the only columns that change when a run is
 re-trained with the same seed) and `timing.parquet` holds the per-run wall-clock figures.
 
 Std is the sample std over seeds (ddof = 1, what a paper reports as "± std" over n runs), taken
@@ -52,7 +58,12 @@ from cflpipe.spec import Spec, without_threads
 
 STD_DDOF = 1
 AGGREGATE_FILES = ("runs.parquet", "curves.parquet", "summary.parquet", "summary.csv", "timing.parquet",
-                   "metrics.json", "final_clients.parquet")
+                   "metrics.json", "plots.csv", "final_clients.parquet")
+# metrics.json's figures: its name there ← the summary's column (the mean over seeds).
+HEADLINE_FIGURES = {"acc": "acc_macro_mean", "ari": "ari_mean", "clusters": "n_clusters_mean",
+                    "sec_round": "seconds_per_round_mean"}
+# The figure drawn per round in plots.csv.
+PLOTTED_FIGURE = "acc_macro_mean"
 
 # Final evaluation figures (summary.json's `final`) always present in runs.parquet, in this order;
 # a method's own scalar figures follow, sorted by name.
@@ -94,19 +105,40 @@ def aggregate(spec: Spec) -> Path:
     store.write_text(out / "summary.csv", tables["summary"].to_csv(index=False, float_format="%.10g",
                                                                     na_rep="", lineterminator="\n"))
     store.write_text(out / "metrics.json", json.dumps(metrics_tree(tables["summary"]), indent=1) + "\n")
+    store.write_text(out / "plots.csv", plots_table(tables["curves"]).to_csv(
+        index=False, float_format="%.6g", na_rep="", lineterminator="\n"))
     return out
 
 
+def plot_columns(pairs) -> list[str]:
+    """plots.csv's column of each (scenario, method): dvc.yaml's plot names them (dvc-runs.yaml)."""
+    return [f"{scenario}/{method}" for scenario, method in pairs]
+
+
 def metrics_tree(summary: pd.DataFrame) -> dict:
-    """The summary's numeric figures as {scenario: {method: {figure: value}}}: what `dvc metrics
-    show` and `dvc exp show` read (DVC reads JSON, not Parquet). Missing figures are left out."""
+    """The headline figures (HEADLINE_FIGURES) as {scenario: {method: {figure: value}}}: what `dvc
+    metrics show` and `dvc exp show` read (DVC reads JSON, not Parquet). A figure a row lacks (ARI
+    without ground truth) is left out; 4 decimals, so an experiment table stays narrow."""
     tree: dict = {}
     for row in summary.to_dict("records"):
-        figures = {key: float(value) for key, value in row.items()
-                   if key not in ("scenario", "method", "method_type", "hyperparams")
-                   and isinstance(value, (int, float, np.integer, np.floating)) and math.isfinite(value)}
+        figures = {name: round(float(row[column]), 4) for name, column in HEADLINE_FIGURES.items()
+                   if isinstance(row.get(column), (int, float, np.integer, np.floating))
+                   and math.isfinite(row[column])}
         tree.setdefault(row["scenario"], {})[row["method"]] = figures
     return tree
+
+
+def plots_table(curves: pd.DataFrame) -> pd.DataFrame:
+    """Evaluated rounds × `<scenario>/<method>` of the seeds' mean personalized accuracy."""
+    if curves.empty:
+        return pd.DataFrame({"round": pd.Series([], dtype="int64")})
+    evaluated = curves[curves["eval"]]
+    wide = evaluated.pivot_table(index="round", columns=["scenario", "method"], values=PLOTTED_FIGURE,
+                                 sort=False, dropna=False)
+    pairs = list(dict.fromkeys(zip(curves["scenario"], curves["method"])))
+    wide = wide.reindex(columns=pd.MultiIndex.from_tuples(pairs)).sort_index()
+    wide.columns = plot_columns(pairs)
+    return wide.reset_index()
 
 
 # --------------------------------------------------------------------------- reading runs

@@ -15,6 +15,7 @@ rule aggregate:
         timing=f"{AGGREGATE}/timing.parquet",
         final_clients=f"{AGGREGATE}/final_clients.parquet",
         metrics=f"{AGGREGATE}/metrics.json",
+        plots=f"{AGGREGATE}/plots.csv",
         csv=report(
             f"{AGGREGATE}/summary.csv",
             caption="../report/summary.rst",
