@@ -165,8 +165,13 @@ def _train_runs(args) -> int:
 
     failed: list[tuple[str, CflpipeError]] = []
     total, done, trained, trained_seconds = len(methods) * len(seeds), 0, 0, 0.0
+    # The estimate counts only the runs still to train: a resumed job's finished runs are skipped.
+    to_train = [(m, k) for m in methods for k in seeds
+                if args.force or not (spec.run_dir(scenario, m, k) / "summary.json").is_file()]
     for method in methods:
         for seed in seeds:
+            if (method, seed) in to_train:
+                to_train.remove((method, seed))
             started = time.monotonic()
             try:
                 result = train_run(spec, scenario, method, seed, force=args.force, progress=not args.quiet)
@@ -178,7 +183,8 @@ def _train_runs(args) -> int:
             elapsed = time.monotonic() - started
             if not result.skipped:
                 trained, trained_seconds = trained + 1, trained_seconds + elapsed
-            print(f"{result.message} ({_run_progress(elapsed, done, total, trained, trained_seconds)})", flush=True)
+            print(f"{result.message} ({_run_progress(elapsed, done, total, trained, trained_seconds, len(to_train))})",
+                  flush=True)
     if failed:
         _, first = failed[0]
         others = [name for name, _ in failed[1:]]
@@ -187,11 +193,10 @@ def _train_runs(args) -> int:
     return 0
 
 
-def _run_progress(elapsed: float, done: int, total: int, trained: int, trained_seconds: float) -> str:
+def _run_progress(elapsed: float, done: int, total: int, trained: int, trained_seconds: float, left: int) -> str:
     """`41 s; run 3 of 6 of this job, about 2 min left` (the estimate: the mean time of the runs
-    trained so far, skipped and failed ones aside, for each run left)."""
+    trained so far, skipped and failed ones aside, for each of the `left` runs still to train)."""
     text = f"{_duration(elapsed)}; run {done} of {total} of this job"
-    left = total - done
     if left and trained:
         text += f", about {_duration(trained_seconds / trained * left)} left"
     return text

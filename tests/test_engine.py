@@ -588,6 +588,21 @@ def test_several_runs_in_one_process_equal_one_process_per_run(tmp_path):
     assert twice.returncode == 2 and twice.stderr == "error: --seed: 0 given twice; give each seed once\n"
 
 
+def test_a_resumed_jobs_estimate_counts_only_the_runs_left_to_train(tmp_path):
+    """The job's line after each run estimates the time left from the runs still to train: a
+    resumed job's finished runs, skipped in a moment, add nothing to it."""
+    data = tiny_spec(tmp_path / "results", rounds=1)
+    config = tmp_path / "spec.yaml"
+    config.write_text(yaml.safe_dump(data))
+    subprocess.run(_train(config, ["fedprox"], [0, 1]), check=True, capture_output=True)
+    out = subprocess.run(_train(config, ["fedavg", "fedprox"], [0, 1]), check=True, capture_output=True,
+                         text=True).stdout.splitlines()
+    assert [line.split(": ")[1].split(" (")[0] for line in out] == ["finished", "finished", "already finished",
+                                                                   "already finished"], out
+    assert "run 1 of 4 of this job, about" in out[0] and " left)" in out[0], out  # fedavg seed 1 is left
+    assert out[1].endswith("run 2 of 4 of this job)"), out  # the two fedprox runs left need no training
+
+
 def test_a_failed_seed_does_not_stop_the_jobs_other_seeds(tmp_path):
     """The workflow's job trains all seeds: seed 0 failing (here: another process holds its run)
     still trains seed 1, and the job exits with seed 0's error and code."""
