@@ -30,6 +30,18 @@ def spec_dict(tmp_path, methods: dict, rounds: int = 3, **sc) -> dict:
     }
 
 
+def test_validate_warns_when_a_scenario_runs_far_below_its_datasets_typical_budget(tmp_path):
+    """MNIST-1D's stated budget is 50 rounds: 25 or fewer warn once per scenario, naming the key,
+    the dataset and the evidence; 26 and datasets without a measured budget stay quiet."""
+    methods = {"fedavg": {}, "fedprox": {"mu": 0.1}}
+    one_d = {"dataset": "mnist1d", "partition": [{"kind": "iid"}], "pool": "all", "public": None}
+    lines = spec_warnings(parse_spec(spec_dict(tmp_path, methods, rounds=25, **one_d)))
+    assert len(lines) == 1 and lines[0].startswith(
+        "training.rounds: 25 on scenario s is under half of mnist1d's typical budget of 50 rounds (FedAvg "), lines
+    assert spec_warnings(parse_spec(spec_dict(tmp_path, methods, rounds=26, **one_d))) == []
+    assert spec_warnings(parse_spec(spec_dict(tmp_path, methods, rounds=2))) == []  # digits: no stated budget
+
+
 def test_validate_warns_naming_the_key_when_clustering_would_start_after_the_last_round(tmp_path, capsys):
     methods = {"fedavg": {}, "cfl": {}, "flhc": {"cluster_round": 14}, "kmeans_cfl": {"cluster_start": 16},
                "fesem": {"clusters": 2}, "ifca": {"clusters": 2}}

@@ -112,6 +112,10 @@ class DatasetInfo:
     # Digest the inputs into the partition's fingerprint, so a partition of an edited file is not
     # trained on (small user files; LEAF's gigabytes are left to the workflows' mtime tracking).
     hash_inputs: bool = False
+    # The rounds after which FedAvg's accuracy on it levels off at the usual training (measured;
+    # None where not measured): `validate` warns when a scenario runs under half of it, and why.
+    typical_rounds: int | None = None
+    typical_rounds_evidence: str = ""
 
 
 DATASETS: dict[str, DatasetInfo] = {}

@@ -288,9 +288,17 @@ def spec_warnings(spec: Spec) -> list[str]:
     (FedAvg) throughout; a run that goes against a method's declared premises (a budget its
     clustering needs, a kind of group it cannot see). One line each, naming the key. Reads the
     methods' declarations (a plugin's module is imported, a built-in's is not)."""
+    from cflpipe.data.base import dataset_info
     from cflpipe.methods import method_info, resolved_hyperparams
 
     lines = []
+    for scenario, sc in spec.scenarios.items():
+        info = dataset_info(sc.dataset.name)
+        rounds = [spec.resolved_training(scenario, m).rounds for m in spec.methods if spec.runs_on(m, scenario)]
+        if info.typical_rounds and rounds and min(rounds) * 2 <= info.typical_rounds:
+            lines.append(f"training.rounds: {min(rounds)} on scenario {scenario} is under half of {info.name}'s "
+                         f"typical budget of {info.typical_rounds} rounds ({info.typical_rounds_evidence}); its "
+                         f"accuracies will be far from converged")
     for method in spec.methods:
         info = method_info(spec.method_type(method))
         premises: dict[tuple[str, str], list[str]] = {}  # one line per premise, its scenarios listed
