@@ -199,6 +199,11 @@ class Run:
 
         bar = tqdm(total=rounds, initial=self.start_round, disable=None if progress else True,
                    desc=f"{self.scenario}/{self.method_name}/seed{self.seed}", unit="round", leave=False)
+        live = None
+        if self.resolved.live:
+            from cflpipe.fl.live import LiveCurves
+
+            live = LiveCurves(self.run_dir, self.start_round)
         for r in range(self.start_round, rounds):
             self.ctx.round = r
             self.ctx.extra_bytes_down = self.ctx.extra_bytes_up = 0
@@ -236,6 +241,8 @@ class Run:
             if self.training.is_evaluated(r + 1):
                 row.update(self.evaluate(r + 1))
                 bar.set_postfix(acc=f"{row['acc_macro']:.3f}", clusters=row["n_clusters"])
+                if live is not None:
+                    live.log(r + 1, row)
             t3 = time.perf_counter()
             self.append("rounds", row)
             self.append("timing", {"round": r + 1, "seconds": t3 - t0, "train_seconds": t1 - t0,
@@ -244,6 +251,8 @@ class Run:
             if (r + 1) % self.training.checkpoint_every == 0 or r + 1 == rounds:
                 self.save_state(r + 1)
         bar.close()
+        if live is not None:
+            live.close()
         self.check_trained()
         summary = self.write_outputs()
         return RunResult(self.run_dir, False, summary)

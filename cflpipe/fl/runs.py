@@ -45,6 +45,7 @@ class ResolvedRun:
     spec_sha256: str
     load_data: Callable[[torch.device], FederatedData]
     key_path: Callable[[str], str]  # where a training key of this run was written in the spec
+    live: bool = False  # workflow.live: curves while it trains (fl/live.py)
 
     @property
     def state_path(self) -> Path:
@@ -59,7 +60,7 @@ def resolve_run(spec: Spec, scenario: str, method: str, seed: int, threads: int 
         scenario, method, config["method_type"], seed, spec.run_dir(scenario, method, seed),
         spec.resolved_training(scenario, method), info.params(**config["hyperparams"]), config, dump_yaml(config),
         spec_sha256(spec), lambda device: build_federated_data(spec, scenario, device),
-        lambda key: training_key_path(spec, scenario, method, key))
+        lambda key: training_key_path(spec, scenario, method, key), spec.workflow.live)
 
 
 def resolved_config(spec: Spec, scenario: str, method: str, seed: int, threads: int | None = None

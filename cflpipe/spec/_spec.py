@@ -54,7 +54,8 @@ RUN_OUTPUT_FILES = ("metrics.parquet", "clusters.parquet", "rounds.parquet", "ti
 
 
 class WorkflowOptions(Strict):
-    """`workflow:` — how Snakemake and DVC cut the spec's runs into jobs. Changes no run."""
+    """`workflow:` — how Snakemake and DVC cut the spec's runs into jobs, and whether runs show
+    their curves while they train. Changes no run."""
 
     # One process per job pays Python's and torch's start-up (2–3 s) once: per scenario, the
     # default spec's 156 runs are 4 jobs instead of 52 (2 min 48 s–3 min 12 s on 2 cores, against
@@ -63,6 +64,8 @@ class WorkflowOptions(Strict):
     train_jobs: Literal["scenario", "method"] = Field(
         "scenario", description="one training job per scenario (every method × seed of it, one after the other) "
                                 "or per scenario × method (every seed of it)")
+    live: bool = Field(False, description="write each run's curves as it trains (RUN/live/, DVCLive: `dvc plots "
+                                          "show RUN/live/plots/metrics`); costs about a second per job")
 
 
 class Spec(Strict):

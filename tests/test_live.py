@@ -1,0 +1,53 @@
+"""`workflow.live`: a run's curves while it trains (DVCLive files), the same figures as
+rounds.parquet, each round once after a resume, and no other file of the run changed."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from cflpipe.fl.engine import train_run
+from cflpipe.fl.live import LiveCurves
+from cflpipe.spec import parse_spec
+
+RUN_FILES = ("metrics.parquet", "clusters.parquet", "rounds.parquet", "plots.csv", "summary.json", "config.yaml")
+
+
+def spec(results, live: bool):
+    return parse_spec({
+        "seeds": [0],
+        "training": {"model": "mlp", "rounds": 4, "clients_per_round": 4, "local_steps": 2, "batch_size": 16,
+                     "lr": 0.05, "eval_every": 1, "checkpoint_every": 2, "device": "cpu"},
+        "scenarios": {"s": {"dataset": "digits", "clients": 4,
+                            "partition": [{"kind": "iid"}, {"kind": "label_swap", "groups": 2}]}},
+        "methods": {"ifca": {"clusters": 2}},
+        "results_dir": str(results), "workflow": {"live": live},
+    })
+
+
+def test_live_curves_follow_the_rounds_resume_without_repeats_and_change_no_output(tmp_path, monkeypatch):
+    log = LiveCurves.log
+
+    class Killed(Exception):
+        pass
+
+    def log_then_die(self, round_number, row):
+        log(self, round_number, row)
+        if round_number == 3:  # evaluated and drawn, not yet checkpointed (every 2 rounds)
+            raise Killed
+
+    with monkeypatch.context() as patch:
+        patch.setattr(LiveCurves, "log", log_then_die)
+        with pytest.raises(Killed):
+            train_run(spec(tmp_path / "live", True), "s", "ifca", 0, progress=False)
+    run_dir = train_run(spec(tmp_path / "live", True), "s", "ifca", 0, progress=False).run_dir
+    quiet_dir = train_run(spec(tmp_path / "quiet", False), "s", "ifca", 0, progress=False).run_dir
+
+    assert not (quiet_dir / "live").exists()
+    for name in RUN_FILES:
+        assert (run_dir / name).read_bytes() == (quiet_dir / name).read_bytes(), name
+    rounds = pd.read_parquet(run_dir / "rounds.parquet")
+    for figure in ("acc_macro", "ari", "n_clusters", "train_loss"):
+        drawn = pd.read_csv(run_dir / "live/plots/metrics" / f"{figure}.tsv", sep="\t")
+        assert drawn["step"].tolist() == [1, 2, 3, 4], figure  # round 3 once, though trained twice
+        assert drawn[figure].tolist() == pytest.approx(rounds[figure].astype(float).tolist()), figure
