@@ -248,3 +248,22 @@ def _limit_cpu_seconds(seconds: float) -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_CPU)
     if soft == resource.RLIM_INFINITY or limit < soft:
         resource.setrlimit(resource.RLIMIT_CPU, (limit, hard))
+
+
+def train_spec(spec) -> None:
+    """Partition every scenario of `spec` and train its whole matrix in this process, one torch
+    thread as the workflow's jobs (the bytes of a run depend on it)."""
+    import torch
+
+    from cflpipe.fl.data import partition_scenario
+    from cflpipe.fl.engine import train_run
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for scenario in spec.scenarios:
+            partition_scenario(spec, scenario)
+        for scenario, method, seed in spec.matrix():
+            train_run(spec, scenario, method, seed, progress=False)
+    finally:
+        torch.set_num_threads(threads)

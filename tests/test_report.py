@@ -20,6 +20,8 @@ import yaml
 from cflpipe.errors import CflpipeError
 from cflpipe.spec import parse_spec
 
+from conftest import train_spec
+
 SEEDS = [0, 1, 2]  # three: fewer are too few to test a best (tables.MIN_TEST_SEEDS)
 SCENARIOS = ("swap", "skew")
 METHODS = ("fedavg", "oracle", "prox-lo", "prox-hi")
@@ -50,20 +52,7 @@ def built_runs(tmp_path_factory) -> dict:
     root = tmp_path_factory.getbasetemp() / "report-runs"
     spec = parse_spec(spec_data(root))
     if not (root / "trained").exists():
-        import torch
-
-        from cflpipe.fl.data import partition_scenario
-        from cflpipe.fl.engine import train_run
-
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            for scenario in spec.scenarios:
-                partition_scenario(spec, scenario)
-            for scenario, method, seed in spec.matrix():
-                train_run(spec, scenario, method, seed, progress=False)
-        finally:
-            torch.set_num_threads(threads)
+        train_spec(spec)
         (root / "trained").write_text("ok\n")
     return {"root": root, "spec": spec}
 

@@ -13,6 +13,8 @@ import pytest
 from cflpipe.report.tables import ONE_CLUSTER_MARK
 from cflpipe.spec import parse_spec
 
+from conftest import train_spec
+
 
 def spec_data(root, scenarios=None) -> dict:
     cell = {"dataset": "digits", "clients": 8, "hyperparams": {"clusters": 2}}
@@ -38,23 +40,11 @@ def spec_data(root, scenarios=None) -> dict:
 
 
 def build(root, data):
-    import torch
-
-    from cflpipe.fl.data import partition_scenario
-    from cflpipe.fl.engine import train_run
     from cflpipe.report.aggregate import aggregate
     from cflpipe.report.build import build_report
 
     spec = parse_spec(data)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        for scenario in spec.scenarios:
-            partition_scenario(spec, scenario)
-        for scenario, method, seed in spec.matrix():
-            train_run(spec, scenario, method, seed, progress=False)
-    finally:
-        torch.set_num_threads(threads)
+    train_spec(spec)
     aggregate(spec)
     return spec, build_report(spec)
 
