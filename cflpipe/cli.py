@@ -143,7 +143,8 @@ def cmd_train(args) -> int:
 
 
 def _train_runs(args) -> int:
-    from cflpipe.fl.engine import train_run
+    from cflpipe.fl.engine import is_finished, train_run
+    from cflpipe.fl.runs import resolve_run
 
     spec = _load(args)
     scenario = _scenario(spec, args.scenario)
@@ -167,7 +168,7 @@ def _train_runs(args) -> int:
     total, done, trained, trained_seconds = len(methods) * len(seeds), 0, 0, 0.0
     # The estimate counts only the runs still to train: a resumed job's finished runs are skipped.
     to_train = [(m, k) for m in methods for k in seeds
-                if args.force or not (spec.run_dir(scenario, m, k) / "summary.json").is_file()]
+                if args.force or not is_finished(resolve_run(spec, scenario, m, k, threads=args.threads))]
     for method in methods:
         for seed in seeds:
             if (method, seed) in to_train:
@@ -460,8 +461,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _sub(sub, "aggregate", "mean ± std over seeds of the spec's runs",
              "Reads every run of the spec (its scenarios × methods × seeds, nothing else under RESULTS/runs)\n"
-             "and writes RESULTS/aggregate/: runs, summary, curves and timing as Parquet, summary.csv and\n"
-             "metrics.json (for `dvc metrics show`). Fails with one line when a run is missing or stale.",
+             "and writes RESULTS/aggregate/: runs, summary, curves and timing as Parquet, summary.csv, and\n"
+             "for DVC metrics.json (the headline per scenario × method) and plots.csv (accuracy per round).\n"
+             "Fails with one line when a run is missing or stale.",
              "  cflpipe aggregate --config config/experiments/fesem.yaml\n")
     _add_config(p)
     p.set_defaults(func=cmd_aggregate)

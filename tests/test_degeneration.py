@@ -37,8 +37,12 @@ def test_validate_warns_when_a_scenario_runs_far_below_its_datasets_typical_budg
     one_d = {"dataset": "mnist1d", "partition": [{"kind": "iid"}], "pool": "all", "public": None}
     lines = spec_warnings(parse_spec(spec_dict(tmp_path, methods, rounds=25, **one_d)))
     assert len(lines) == 1 and lines[0].startswith(
-        "training.rounds: 25 on scenario s is under half of mnist1d's typical budget of 50 rounds (FedAvg "), lines
+        "training.rounds: 25 on scenario s is half or less of mnist1d's typical budget of 50 rounds (FedAvg "), lines
     assert spec_warnings(parse_spec(spec_dict(tmp_path, methods, rounds=26, **one_d))) == []
+    # the key that gives the fewest rounds is named: here a method's own training block
+    methods["fedprox"]["training"] = {"rounds": 10}
+    lines = spec_warnings(parse_spec(spec_dict(tmp_path, methods, rounds=40, **one_d)))
+    assert len(lines) == 1 and lines[0].startswith("methods.fedprox.training.rounds: 10 on scenario s is half"), lines
     assert spec_warnings(parse_spec(spec_dict(tmp_path, methods, rounds=2))) == []  # digits: no stated budget
 
 

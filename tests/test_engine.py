@@ -20,6 +20,7 @@ import yaml
 
 from cflpipe.errors import DivergenceError, SpecError
 from cflpipe.fl.checkpoint import read_state
+from cflpipe.fl import engine
 from cflpipe.fl.engine import OUTPUT_FILES, prepare_run, train_run
 from cflpipe.fl.local import Anchor, batch_indices, sgd
 from cflpipe.fl.params import ParamSpace, cluster_average, weighted_average
@@ -601,6 +602,11 @@ def test_a_resumed_jobs_estimate_counts_only_the_runs_left_to_train(tmp_path):
                                                                    "already finished"], out
     assert "run 1 of 4 of this job, about" in out[0] and " left)" in out[0], out  # fedavg seed 1 is left
     assert out[1].endswith("run 2 of 4 of this job)"), out  # the two fedprox runs left need no training
+    data["methods"]["fedprox"]["mu"] = 0.2  # a changed entry: its finished runs train again
+    config.write_text(yaml.safe_dump(data))
+    out = subprocess.run(_train(config, ["fedprox"], [0, 1]), check=True, capture_output=True,
+                         text=True).stdout.splitlines()
+    assert out[0].split(": ")[1] == "finished" and "run 1 of 2 of this job, about" in out[0], out
 
 
 def test_a_failed_seed_does_not_stop_the_jobs_other_seeds(tmp_path):
@@ -949,11 +955,28 @@ def test_evaluations_checkpoints_and_timing_follow_the_schedule(tmp_path, monkey
     assert rounds.dropna(subset=["acc_macro"])["round"].tolist() == [3, 6, 7]  # and always the last
     assert saved == [4, 7]
     timing = pd.read_parquet(run_dir / "timing.parquet")
-    assert list(timing.columns) == ["round", "seconds", "train_seconds", "server_seconds", "eval_seconds"]
+    assert list(timing.columns) == ["round", "seconds", "train_seconds", "server_seconds", "eval_seconds", "warmup"]
+    assert timing["warmup"].sum() <= 1  # only the process's first round: earlier tests warmed it
     assert timing["round"].tolist() == list(range(1, 8))
     parts = timing[["train_seconds", "server_seconds", "eval_seconds"]]
     assert (parts.to_numpy() >= 0).all() and (timing["train_seconds"] > 0).all()
     assert np.allclose(timing["seconds"], parts.sum(axis=1), rtol=1e-9, atol=1e-9)  # the round's three parts
+
+
+def test_only_the_first_round_of_the_process_counts_as_warm_up(tmp_path, monkeypatch):
+    """The first round a process trains is marked `warmup` and left out of the per-round means
+    (reported apart); the next run of the same process, the job's second, has none."""
+    monkeypatch.setattr(engine, "_process_warm", False)
+    spec = parse_spec(tiny_spec(tmp_path, rounds=3))
+    first = train_run(spec, "swap", "fedavg", 0, progress=False).run_dir
+    second = train_run(spec, "swap", "fedprox", 0, progress=False).run_dir
+    timing = pd.read_parquet(first / "timing.parquet")
+    assert timing["warmup"].tolist() == [True, False, False]
+    summary = json.loads((first / "timing.json").read_text())
+    assert summary["seconds_per_round"] == pytest.approx(timing["seconds"].iloc[1:].mean())
+    assert summary["warmup_round_seconds"] == pytest.approx(timing["seconds"].iloc[0])
+    assert not pd.read_parquet(second / "timing.parquet")["warmup"].any()
+    assert json.loads((second / "timing.json").read_text())["warmup_round_seconds"] == 0.0
 
 
 def test_traffic_a_method_counts_itself_is_added_to_the_rounds_bytes(tmp_path, monkeypatch):
@@ -994,9 +1017,10 @@ def test_the_summary_names_the_run(tmp_path):
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", timing["finished_utc"])
     assert timing["seconds_total"] == pytest.approx(seconds["seconds"].sum())
     # per-round figures leave out the process's first round (its warm-up), reported apart
-    assert timing["warmup_round_seconds"] == pytest.approx(seconds["seconds"].iloc[0])
-    assert timing["seconds_per_round"] == pytest.approx(seconds["seconds"].iloc[1:].mean())
-    assert timing["server_seconds_per_round"] == pytest.approx(seconds["server_seconds"].iloc[1:].mean())
+    steady = seconds[~seconds["warmup"]]
+    assert timing["warmup_round_seconds"] == pytest.approx(seconds.loc[seconds["warmup"], "seconds"].sum())
+    assert timing["seconds_per_round"] == pytest.approx(steady["seconds"].mean())
+    assert timing["server_seconds_per_round"] == pytest.approx(steady["server_seconds"].mean())
     assert (timing["device"], timing["trainer"], timing["plans_trained"]) == ("cpu", "batched",
                                                                              {"sequential": 0, "batched": 24})
     plots = pd.read_csv(run_dir / "plots.csv")

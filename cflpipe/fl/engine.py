@@ -40,6 +40,9 @@ PLOT_COLUMNS = ("round", "acc_macro", "acc_micro", "global_acc_mean", "loss", "t
                 "n_clusters", "intra_acc", "inter_acc")
 
 STANDARD_TABLES = ("metrics", "clusters", "rounds", "timing")
+# Whether this process has trained a round yet: its first pays one-time costs (allocations, first
+# kernels, lazy imports), which made a job's first run (FedAvg in most specs) look slowest.
+_process_warm = False
 METRICS_SCHEMA = {"round": "int32", "client": "int32", "split": "str", "model": "int32", "group": "int32",
                   "acc": "float64", "loss": "float64", "f1": "float64", "n": "int64"}
 CLUSTERS_SCHEMA = {"round": "int32", "client": "int32", "cluster": "int32", "true_group": "int32"}
@@ -73,6 +76,13 @@ def train_run(spec: Spec, scenario: str, method: str, seed: int, force: bool = F
     return train_resolved(resolve_run(spec, scenario, method, seed, threads=torch.get_num_threads()), force, progress)
 
 
+def is_finished(resolved: ResolvedRun) -> bool:
+    """The run's folder holds it finished, with this configuration: training it again is skipped."""
+    run_dir = resolved.run_dir
+    return (run_dir / "summary.json").exists() and (run_dir / "config.yaml").exists() \
+        and same_run(run_dir / "config.yaml", resolved.config) and all((run_dir / f).exists() for f in OUTPUT_FILES)
+
+
 def train_resolved(resolved: ResolvedRun, force: bool = False, progress: bool = True) -> RunResult:
     """Train a resolved run (skipped when its folder holds it finished, resumed when killed)."""
     run_dir = resolved.run_dir
@@ -89,9 +99,7 @@ def train_resolved(resolved: ResolvedRun, force: bool = False, progress: bool = 
     with store.exclusive(run_dir / LOCK_FILE, f"run {resolved.scenario}/{resolved.method}/seed{resolved.seed} "
                                               f"({run_dir})"):
         try:
-            if not force and summary_path.exists() and (run_dir / "config.yaml").exists() \
-                    and same_run(run_dir / "config.yaml", resolved.config) \
-                    and all((run_dir / f).exists() for f in OUTPUT_FILES):
+            if not force and is_finished(resolved):
                 return RunResult(run_dir, True, read_json(summary_path))
             store.sweep_temp_files(run_dir, *state_folders(run_dir))  # left by a killed writer
             return Run(resolved).execute(resume=not force, progress=progress)
@@ -245,8 +253,10 @@ class Run:
                     live.log(r + 1, row)
             t3 = time.perf_counter()
             self.append("rounds", row)
+            global _process_warm
             self.append("timing", {"round": r + 1, "seconds": t3 - t0, "train_seconds": t1 - t0,
-                                   "server_seconds": t2 - t1, "eval_seconds": t3 - t2})
+                                   "server_seconds": t2 - t1, "eval_seconds": t3 - t2, "warmup": not _process_warm})
+            _process_warm = True
             bar.update(1)
             if (r + 1) % self.training.checkpoint_every == 0 or r + 1 == rounds:
                 self.save_state(r + 1)
@@ -487,9 +497,9 @@ class Run:
             print(f"warning: {self.scenario}/{self.method_name}/seed{self.seed}: {self.method_name} "
                   f"{summary['degenerate']}", file=sys.stderr)
         summary["provenance"] = run_provenance(self.config, self.training)
-        # The first round a process trains pays its one-time costs (allocations, first kernels):
-        # in the per-round means it made the job's first run (FedAvg in most specs) look slowest.
-        warmup = timing["round"] == self.start_round + 1
+        # Per-round means leave out the rounds that were a process's first (a resumed run can hold
+        # two), unless nothing else is left; those rounds' seconds are reported apart.
+        warmup = timing["warmup"].astype(bool) if "warmup" in timing else pd.Series(False, index=timing.index)
         steady = timing[~warmup] if len(timing) > int(warmup.sum()) else timing
         timing_summary = {"seconds_total": float(timing["seconds"].sum()),
                           "seconds_per_round": float(steady["seconds"].mean()),

@@ -37,7 +37,7 @@ re-trained with the same seed) and `timing.parquet` holds the per-run wall-clock
 
 Std is the sample std over seeds (ddof = 1, what a paper reports as "± std" over n runs), taken
 over the seeds where the figure is defined (ARI/NMI are null without ground-truth groups); with a
-single seed it is null (empty in the CSV, absent from metrics.json), not 0.
+single seed it is null (empty in the CSV), not 0.
 """
 
 from __future__ import annotations

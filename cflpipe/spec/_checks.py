@@ -294,11 +294,12 @@ def spec_warnings(spec: Spec) -> list[str]:
     lines = []
     for scenario, sc in spec.scenarios.items():
         info = dataset_info(sc.dataset.name)
-        rounds = [spec.resolved_training(scenario, m).rounds for m in spec.methods if spec.runs_on(m, scenario)]
-        if info.typical_rounds and rounds and min(rounds) * 2 <= info.typical_rounds:
-            lines.append(f"training.rounds: {min(rounds)} on scenario {scenario} is under half of {info.name}'s "
-                         f"typical budget of {info.typical_rounds} rounds ({info.typical_rounds_evidence}); its "
-                         f"accuracies will be far from converged")
+        rounds = {m: spec.resolved_training(scenario, m).rounds for m in spec.methods if spec.runs_on(m, scenario)}
+        if info.typical_rounds and rounds and 2 * min(rounds.values()) <= info.typical_rounds:
+            fewest = min(rounds, key=rounds.get)
+            lines.append(f"{training_key_path(spec, scenario, fewest, 'rounds')}: {rounds[fewest]} on scenario "
+                         f"{scenario} is half or less of {info.name}'s typical budget of {info.typical_rounds} "
+                         f"rounds ({info.typical_rounds_evidence}); its accuracies will be far from converged")
     for method in spec.methods:
         info = method_info(spec.method_type(method))
         premises: dict[tuple[str, str], list[str]] = {}  # one line per premise, its scenarios listed
