@@ -208,10 +208,10 @@ class Run:
         bar = tqdm(total=rounds, initial=self.start_round, disable=None if progress else True,
                    desc=f"{self.scenario}/{self.method_name}/seed{self.seed}", unit="round", leave=False)
         live = None
-        if self.resolved.live:
+        if self.resolved.live_dir is not None:
             from cflpipe.fl.live import LiveCurves
 
-            live = LiveCurves(self.run_dir, self.start_round)
+            live = LiveCurves(self.resolved.live_dir, self.start_round)
         for r in range(self.start_round, rounds):
             self.ctx.round = r
             self.ctx.extra_bytes_down = self.ctx.extra_bytes_up = 0

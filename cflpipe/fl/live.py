@@ -1,10 +1,12 @@
-"""A run's curves while it trains (`workflow: {live: true}`), written with DVCLive.
+"""A run's curves while it trains (`workflow: {live: true}`), as TensorBoard event files.
 
-At every evaluation the run appends its headline figures to `RUN/live/plots/metrics/<figure>.tsv`
-(step = round) and rewrites `RUN/live/metrics.json`: what `dvc plots show RUN/live/plots/metrics`,
-DVC's VS Code extension and Studio draw as the run goes. Off by default: importing DVCLive costs
-about a second per process. The folder is a view, not an output: nothing reads it back, it changes
-no other file of the run, and a resumed run first drops the rows its checkpoint does not hold.
+At every evaluation the run adds its headline figures (step = round) to
+`RESULTS/live/SCENARIO/METHOD/seedK/`: `tensorboard --logdir RESULTS/live` draws every run of the
+spec as it trains, one curve per run. The folder is a view, not an output: it sits outside the runs'
+folders (no workflow tracks it, no run reads it), changes no other file, and holds wall-clock
+times. A resumed run purges the steps from its checkpoint on (TensorBoard's purge_step), so the
+rounds it trains again are drawn once. Off by default: importing TensorBoard's writer costs one to
+three seconds per process.
 """
 
 from __future__ import annotations
@@ -13,40 +15,28 @@ import math
 import shutil
 from pathlib import Path
 
-LIVE_DIR = "live"
 # rounds.parquet's figures a researcher watches: accuracy, the clustering, the training loss.
 LIVE_FIGURES = ("acc_macro", "acc_micro", "ari", "n_clusters", "train_loss")
 
 
-class LiveCurves:
-    def __init__(self, run_dir: Path, start_round: int):
-        from dvclive import Live
+def live_dir(results_dir: str | Path, scenario: str, method: str, seed: int) -> Path:
+    return Path(results_dir) / "live" / scenario / method / f"seed{seed}"
 
-        folder = run_dir / LIVE_DIR
-        if start_round == 0:
+
+class LiveCurves:
+    def __init__(self, folder: Path, start_round: int):
+        from torch.utils.tensorboard import SummaryWriter
+
+        if start_round == 0:  # a run trained from its first round: an earlier attempt's curves go
             shutil.rmtree(folder, ignore_errors=True)
-        else:
-            _drop_rows_after(folder / "plots" / "metrics", start_round)
-        # No dvc.yaml, no experiment, no system monitor: the workflow owns those.
-        self.live = Live(dir=str(folder), resume=start_round > 0, save_dvc_exp=False, dvcyaml=None,
-                         monitor_system=False)
+        self.writer = SummaryWriter(log_dir=str(folder), purge_step=start_round + 1 if start_round else None)
 
     def log(self, round_number: int, row: dict) -> None:
-        self.live.step = round_number
         for name in LIVE_FIGURES:
             value = row.get(name)
             if isinstance(value, (int, float)) and math.isfinite(value):
-                self.live.log_metric(name, float(value))
-        self.live.make_summary()
+                self.writer.add_scalar(name, float(value), round_number)
+        self.writer.flush()
 
     def close(self) -> None:
-        self.live.end()
-
-
-def _drop_rows_after(folder: Path, last_round: int) -> None:
-    """A run killed after an evaluation and before its next checkpoint re-trains those rounds:
-    their rows go, so the curve does not draw them twice."""
-    for path in folder.glob("*.tsv") if folder.is_dir() else ():
-        header, *rows = path.read_text().splitlines()
-        kept = [row for row in rows if int(row.split("\t", 1)[0]) <= last_round]
-        path.write_text("\n".join([header, *kept]) + "\n")
+        self.writer.close()

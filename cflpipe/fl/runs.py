@@ -17,6 +17,7 @@ from cflpipe import __version__, store
 from cflpipe.errors import SpecError
 from cflpipe.fl.checkpoint import manifest_bytes, read_state, rows_folder, state_bytes, write_state
 from cflpipe.fl.data import FederatedData, build_federated_data, input_digests
+from cflpipe.fl.live import live_dir
 from cflpipe.methods import method_info, resolved_hyperparams
 from cflpipe.plugins import run_plugins
 from cflpipe.spec import (RUN_OUTPUT_FILES, Spec, Training, dump_yaml, same_trainer_as_sequential, spec_sha256,
@@ -45,7 +46,7 @@ class ResolvedRun:
     spec_sha256: str
     load_data: Callable[[torch.device], FederatedData]
     key_path: Callable[[str], str]  # where a training key of this run was written in the spec
-    live: bool = False  # workflow.live: curves while it trains (fl/live.py)
+    live_dir: Path | None = None  # with workflow.live: where its curves go while it trains (fl/live.py)
 
     @property
     def state_path(self) -> Path:
@@ -60,7 +61,8 @@ def resolve_run(spec: Spec, scenario: str, method: str, seed: int, threads: int 
         scenario, method, config["method_type"], seed, spec.run_dir(scenario, method, seed),
         spec.resolved_training(scenario, method), info.params(**config["hyperparams"]), config, dump_yaml(config),
         spec_sha256(spec), lambda device: build_federated_data(spec, scenario, device),
-        lambda key: training_key_path(spec, scenario, method, key), spec.workflow.live)
+        lambda key: training_key_path(spec, scenario, method, key),
+        live_dir(spec.results_dir, scenario, method, seed) if spec.workflow.live else None)
 
 
 def resolved_config(spec: Spec, scenario: str, method: str, seed: int, threads: int | None = None

@@ -64,8 +64,8 @@ class WorkflowOptions(Strict):
     train_jobs: Literal["scenario", "method"] = Field(
         "scenario", description="one training job per scenario (every method × seed of it, one after the other) "
                                 "or per scenario × method (every seed of it)")
-    live: bool = Field(False, description="write each run's curves as it trains (RUN/live/, DVCLive: `dvc plots "
-                                          "show RUN/live/plots/metrics`); costs about a second per job")
+    live: bool = Field(False, description="write each run's curves as it trains (RESULTS/live/, for `tensorboard "
+                                          "--logdir RESULTS/live`); costs a few seconds per job")
 
 
 class Spec(Strict):
