@@ -211,33 +211,20 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-# The listing's families, in its order. The source papers' methods are the five papers cflpipe
-# reproduces (FedAC, AWCFL/MCFL, FCCA, FedTSDP, FeSEM); modifiers are AWCFL's and MCFL's
-# variants of other methods.
-METHOD_FAMILIES = ("source papers' methods", "clustered", "personalized", "baselines",
-                   "modifiers: AWCFL and MCFL on other methods")
-SOURCE_PAPER_METHODS = frozenset({"fedac", "awcfl", "mcfl", "fcca", "fcca_per", "fcca_prox", "fcca_per_prox",
-                                  "fedtsdp", "fesem"})
-
-
-def _family(name: str, info) -> str:
-    if name in SOURCE_PAPER_METHODS:
-        return METHOD_FAMILIES[0]
-    if info.base is not None and name.endswith(("_awcfl", "_mcfl")):
-        return METHOD_FAMILIES[4]
-    if info.capabilities.clustered and not info.capabilities.needs_groups:  # Oracle is told the groups
-        return METHOD_FAMILIES[1]
-    return METHOD_FAMILIES[2] if info.capabilities.personalized else METHOD_FAMILIES[3]
+# The listing's sections, in its order, and the declared families (methods.FAMILIES) in each.
+METHOD_SECTIONS = {"source papers' methods": ("seed",), "clustered": ("clustered",),
+                   "personalized": ("personalized",), "baselines": ("baseline", "reference"),
+                   "modifiers: AWCFL and MCFL on other methods": ("modifier",)}
 
 
 def cmd_methods(args) -> int:
     from cflpipe.methods import all_methods, method_info, plugin_failures, unknown_method
 
     if args.name is None:
-        families: dict[str, list[str]] = {family: [] for family in METHOD_FAMILIES}
+        families: dict[str, list[str]] = {section: [] for section in METHOD_SECTIONS}
         methods = all_methods()
         for name, info in methods.items():
-            families[_family(name, info)].append(name)
+            families[next(s for s, kinds in METHOD_SECTIONS.items() if info.family in kinds)].append(name)
         for family, names in families.items():
             if not names:
                 continue

@@ -102,8 +102,10 @@ def test_a_declared_class_takes_its_capabilities_from_the_declaration(registry):
     from cflpipe.methods.fedavg import FedAvg
 
     declare("declared_x", Declared, _where("Impl"), "X: a declared method.", Capabilities(personalized=True),
-            variants=(("declared_x_more", HyperParams, "more"),))
+            variants=(("declared_x_more", HyperParams, "more"),), family="personalized", variant_family="modifier")
     assert methods.METHODS["declared_x_more"].description == "X + more: a declared method."
+    assert (methods.METHODS["declared_x"].family, methods.METHODS["declared_x_more"].family) == \
+        ("personalized", "modifier")
     Impl = type("Impl", (FedAvg,), {"__module__": __name__, "__qualname__": "Impl"})
     register("declared_x", Declared)(Impl)
     assert Impl.capabilities == Capabilities(personalized=True)
@@ -113,7 +115,7 @@ def test_a_declared_class_takes_its_capabilities_from_the_declaration(registry):
 def test_a_declared_class_with_other_parameters_or_its_own_capabilities_is_refused(registry):
     from cflpipe.methods.fedavg import FedAvg
 
-    declare("declared_y", Declared, _where("Other"), "Y: a declared method.")
+    declare("declared_y", Declared, _where("Other"), "Y: a declared method.", family="baseline")
     Other = type("Other", (FedAvg,), {"__module__": __name__, "__qualname__": "Other"})
     with pytest.raises(ValueError, match="registers with HyperParams, its declaration with Declared"):
         register("declared_y", HyperParams)(Other)
@@ -124,7 +126,7 @@ def test_a_declared_class_with_other_parameters_or_its_own_capabilities_is_refus
 
 
 def test_a_declared_method_whose_module_registers_nothing_says_so(registry):
-    declare("declared_z", Declared, "cflpipe.seeds:Nothing", "Z: nothing.")
+    declare("declared_z", Declared, "cflpipe.seeds:Nothing", "Z: nothing.", family="baseline")
     with pytest.raises(ImportError, match="cflpipe.seeds does not register method 'declared_z'"):
         methods.METHODS["declared_z"].cls
 
@@ -155,3 +157,21 @@ def test_fcca_variants_keep_their_defaults_over_a_plugins_own_parameters(registr
     per, prox, both = (methods.METHODS[f"fcca_own_{v}"].params() for v in ("per", "prox", "per_prox"))
     assert (per.personal, per.mu, prox.personal, prox.mu, both.personal, both.mu) == (True, 0.0, False, 0.01, True, 0.01)
     assert per.knob == prox.knob == both.knob == 3
+
+
+def test_a_methods_family_is_declared_once_or_read_from_a_plugins_capabilities(registry):
+    """`cflpipe methods` and the report group by the declared family; a plugin's class declares
+    none and gets one from its capabilities; a family outside methods.FAMILIES is refused."""
+    from cflpipe.methods import all_methods
+    from cflpipe.methods.fedavg import FedAvg
+
+    declared = all_methods()
+    assert {declared[n].family for n in ("fcca", "fcca_per", "awcfl", "fesem")} == {"seed"}
+    assert (declared["ifca"].family, declared["ifca_mcfl"].family, declared["oracle"].family) == \
+        ("clustered", "modifier", "reference")
+    Plugin = type("Plugin", (FedAvg,), {"__module__": __name__, "__qualname__": "Plugin",
+                                        "capabilities": Capabilities(clustered=True)})
+    register("plugin_family", Declared)(Plugin)
+    assert methods.METHODS["plugin_family"].family == "clustered"
+    with pytest.raises(ValueError, match="family 'novel' is none of reference, baseline"):
+        declare("declared_w", Declared, _where("W"), "W: a method.", family="novel")

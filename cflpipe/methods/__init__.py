@@ -68,6 +68,19 @@ ClusteringStarts = Callable[[Any], "tuple[str, int] | None"]
 # at fault, or "" for the method as a whole; what is wrong and what to change), which `cflpipe
 # validate` prints as warnings.
 Premises = Callable[[Any, Any, Any], "list[tuple[str, str]]"]
+# What kind of method it is, declared once with it (`cflpipe methods` groups by it, the report
+# styles by it): told the true groups; no clustering and no personalization; personalized;
+# clustered; one of the five source papers' methods; AWCFL's or MCFL's option on another method.
+FAMILIES = ("reference", "baseline", "personalized", "clustered", "seed", "modifier")
+
+
+def family_of(capabilities: "Capabilities") -> str:
+    """The family of a method that declares none (a plugin's), read from its capabilities."""
+    if capabilities.needs_groups:
+        return "reference"
+    if capabilities.clustered:
+        return "clustered"
+    return "personalized" if capabilities.personalized else "baseline"
 
 
 @dataclass(frozen=True)
@@ -85,6 +98,13 @@ class MethodInfo:
     # What the method needs of a run for its clustering to mean anything, in a sentence (`cflpipe
     # methods` prints it; `premises` warns when a spec gives less).
     needs: str = ""
+    family: str = ""  # one of FAMILIES; "" for a plugin's method: read from its capabilities
+
+    def __post_init__(self) -> None:
+        if not self.family:
+            object.__setattr__(self, "family", family_of(self.capabilities))
+        if self.family not in FAMILIES:
+            raise ValueError(f"method {self.name!r}: family {self.family!r} is none of {', '.join(FAMILIES)}")
 
     def premise_warnings(self, hp: Any, training: Any, scenario: Any) -> list[tuple[str, str]]:
         """What in a run's settings or scenario goes against the method's premises (declared, or
@@ -153,15 +173,17 @@ def _variant_description(description: str, what: str) -> str:
 
 def declare(name: str, params: type[HyperParams], implementation: str, description: str,
             capabilities: Capabilities = Capabilities(), starts: ClusteringStarts | None = None,
-            variants: "tuple[Variant, ...]" = (), premises: Premises | None = None, needs: str = "") -> None:
-    """Declare a method without importing it: its hyper-parameters, capabilities, when its
-    clustering may start, what its premises ask of a run (warned about by validate), its variants
-    (each the same class with the variant's parameters) and the `module:Class` that implements
-    it, whose @register must agree."""
+            variants: "tuple[Variant, ...]" = (), premises: Premises | None = None, needs: str = "", *,
+            family: str, variant_family: str | None = None) -> None:
+    """Declare a method without importing it: its family (FAMILIES; its variants' when they differ),
+    hyper-parameters, capabilities, when its clustering may start, what its premises ask of a run
+    (warned about by validate), its variants (each the same class with the variant's parameters)
+    and the `module:Class` that implements it, whose @register must agree."""
     infos = [MethodInfo(name, params, description, capabilities, implementation, starts=starts, premises=premises,
-                        needs=needs)]
+                        needs=needs, family=family)]
     infos += [MethodInfo(variant, _variant_params(params, extra), _variant_description(description, what),
-                         capabilities, implementation, base=name, starts=starts, premises=premises, needs=needs)
+                         capabilities, implementation, base=name, starts=starts, premises=premises, needs=needs,
+                         family=variant_family or family)
               for variant, extra, what in variants]
     for info in infos:
         _add(info)

@@ -46,13 +46,6 @@ FAMILIES = (
 )
 FAMILY = {f.key: f for f in FAMILIES}
 FAMILY_TITLES = {f.key: f.title for f in FAMILIES}
-# Method types by family where capabilities cannot tell (Local is personalized by capability but
-# is the "no federation" baseline; the seed papers' methods are clustered or personalized).
-BASELINE_TYPES = frozenset({"fedavg", "fedprox", "local"})
-SEED_TYPES = frozenset({"fedac", "fcca", "fcca_per", "fcca_prox", "fcca_per_prox", "fedtsdp", "fesem", "awcfl",
-                        "mcfl"})
-# AWCFL's and MCFL's modifiers on any cluster-model method (`cfl_awcfl`, `ifca_mcfl`, …).
-SEED_SUFFIXES = ("_awcfl", "_mcfl")
 
 
 @dataclass(frozen=True)
@@ -69,23 +62,16 @@ class Style:
 
 
 def method_family(method_type: str) -> str:
+    """The report's family of a method type: its declared family (methods.FAMILIES), AWCFL's and
+    MCFL's options on other methods drawn with the seed papers', Oracle's among the references."""
     from cflpipe.methods import all_methods
 
     info = all_methods().get(method_type)
-    capabilities = info.capabilities if info is not None else None
-    if capabilities is not None and capabilities.needs_groups:
-        return "reference"
-    if method_type in BASELINE_TYPES:
+    if info is None:
         return "baseline"
-    if method_type in SEED_TYPES or method_type.endswith(SEED_SUFFIXES):
-        return "seed"
-    if capabilities is not None and capabilities.clustered and not capabilities.personalized:
-        return "clustered"
-    if capabilities is not None and capabilities.personalized:
-        return "personalized"
-    if capabilities is not None and capabilities.clustered:
-        return "clustered"
-    return "baseline"
+    if info.capabilities.needs_groups:
+        return "reference"
+    return "seed" if info.family == "modifier" else info.family
 
 
 def style_at(family: Family, index: int) -> Style:
