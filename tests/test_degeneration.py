@@ -210,6 +210,17 @@ def test_validate_warns_when_a_run_goes_against_a_methods_premises_and_only_then
                           partition=[{"kind": "iid"}, {"kind": "rotation", "groups": 2}])
     rotations["training"]["local_steps"] = 20
     assert spec_warnings(parse_spec(rotations)) == []
+    # FCCA on label swaps under label skew stronger than Dirichlet 1.0; rotations and Dirichlet 1.0: quiet
+    skewed = spec_dict(tmp_path, {"fcca": {}}, partition=[{"kind": "dirichlet", "alpha": 0.5},
+                                                          {"kind": "label_swap", "groups": 2}])
+    lines = spec_warnings(parse_spec(skewed))
+    assert len(lines) == 1 and lines[0].startswith("methods.fcca: label-swap groups under Dirichlet 0.5 label skew: "
+                                                   "FCCA's similarity D followed each client's label mix"), lines
+    skewed["scenarios"]["s"]["partition"][0]["alpha"] = 1.0
+    assert spec_warnings(parse_spec(skewed)) == []
+    rotated = spec_dict(tmp_path, {"fcca": {}}, partition=[{"kind": "dirichlet", "alpha": 0.3},
+                                                           {"kind": "rotation", "groups": 2}])
+    assert spec_warnings(parse_spec(rotated)) == []
     # one line per premise, its scenarios listed
     two = spec_dict(tmp_path, {"pacfl": {}})
     two["scenarios"]["t"] = dict(two["scenarios"]["s"])

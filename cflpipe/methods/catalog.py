@@ -396,17 +396,28 @@ def _kmeans_cfl_starts(hp: KMeansCFLParams) -> tuple[str, int]:
 # Fewer cINN iterations a round than this: FCCA's clustering is warned about (docs/robustness.md:
 # at 5, D carried no group signal; at 10 and 20 it recovered the groups).
 FCCA_MIN_FLOW_STEPS = 10
+# Label-swap groups under stronger label skew than Dirichlet(this) are warned about: FCCA's D is
+# dominated by the clients' label mix there (docs/robustness.md: 0.3 and 0.5 failed, 1.0 recovered).
+FCCA_MIN_SWAP_ALPHA = 1.0
 
 
 def _fcca_premises(hp: FCCAParams, training: Any, scenario: Any) -> list[tuple[str, str]]:
+    found = []
     steps = hp.flow_steps if hp.flow_steps is not None else training.local_steps
-    if steps is None or steps >= FCCA_MIN_FLOW_STEPS:  # with local_epochs the count is the data's
-        return []
-    value = steps if hp.flow_steps is not None else f"null (the run's {steps} local steps)"
-    return [("flow_steps", f"{value}: FCCA clusters by what the cINN learns in these iterations a round; with "
-                           f"fewer than {FCCA_MIN_FLOW_STEPS} (the paper's K is 20) its similarity D carried no group "
-                           f"signal and FCCA clustered at random (docs/robustness.md); leave flow_steps at its "
-                           f"default 20")]
+    if steps is not None and steps < FCCA_MIN_FLOW_STEPS:  # with local_epochs the count is the data's
+        value = steps if hp.flow_steps is not None else f"null (the run's {steps} local steps)"
+        found.append(("flow_steps", f"{value}: FCCA clusters by what the cINN learns in these iterations a round; "
+                                    f"with fewer than {FCCA_MIN_FLOW_STEPS} (the paper's K is 20) its similarity D "
+                                    f"carried no group signal and FCCA clustered at random (docs/robustness.md); "
+                                    f"leave flow_steps at its default 20"))
+    swaps = any(step.kind == "label_swap" and step.ground_truth for step in scenario.group_steps())
+    skews = [step.alpha for step in scenario.partition if step.kind == "dirichlet"]
+    if swaps and skews and min(skews) < FCCA_MIN_SWAP_ALPHA:
+        found.append(("", f"label-swap groups under Dirichlet {min(skews):g} label skew: FCCA's similarity D followed "
+                          f"each client's label mix more than its group (ARI 0.13 or less at its paper's own "
+                          f"settings, Dirichlet 0.5 on LEAF Synthetic and MNIST-1D; 0.07 or less on the map's "
+                          f"Dirichlet 0.3 cells; 1.00 on IID MNIST-1D swaps: docs/robustness.md)"))
+    return found
 
 
 # FedTSDP's clustering signal is one round's local drift away from a shared model: below this
@@ -515,7 +526,9 @@ declare("pacfl", PACFLParams, "cflpipe.methods.pacfl:PACFL",
 declare("fcca", FCCAParams, "cflpipe.methods.fcca:FCCA",
         "FCCA: global encoder, cluster-wise classifiers, clients clustered by their cINNs' reconstructions.",
         _CLUSTERED_K, variants=fcca_options("fcca"), premises=_fcca_premises,
-        needs="its cINN's 20 iterations a round (flow_steps, the paper's K; with 5, D carried no group signal)",
+        needs="its cINN's 20 iterations a round (flow_steps, the paper's K; with 5, D carried no group signal), and "
+              "groups that differ by more than the label mix inside them (label swaps under Dirichlet 0.5 or "
+              "stronger skew were not recovered, its paper's own setting included)",
         family="seed")
 declare("fedac", FedACParams, "cflpipe.methods.fedac:FedAC",
         "FedAC: personalized models pulled to cluster centers (μ) and a global embedding (λ); LrCos EM "

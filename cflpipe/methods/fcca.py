@@ -19,6 +19,11 @@ P_{y,i,j} = max(|B_{y,i,i}|, |B_{y,j,j}|), S = B ⊙ P, D = mean of S over label
 (no dependence on earlier clusterings). Then f ← average over the round's clients, h_k ← average
 within cluster k, both weighted by the clients' training samples.
 
+Not reproduced: Table 1's recovery of label-exchange clusters under Dirichlet 0.5 label skew. At
+the paper's settings and scale (100 clients, K = 20, 100 rounds) D here follows each client's
+label mix more than its cluster and the clustering stays at chance, while the same clusters on
+IID clients are found; `validate` warns on such scenarios (docs/robustness.md).
+
 Variants (options of this one method; `fcca_per`, `fcca_prox`, `fcca_per_prox` only change the
 defaults): `personal: true` (FCCA+Per) gives each client a personal classifier, FedPer style, on
 top of the clustering: the client receives f and its cluster's h as in FCCA, trains both, and
