@@ -197,7 +197,7 @@ def test_report_tables_are_checked(report, line):
 
 @pytest.mark.parametrize("workflow, line", [
     ({"train_jobs": "seed"}, "workflow.train_jobs: must be one of 'scenario' or 'method', got 'seed'"),
-    ({"jobs": 2}, "workflow.jobs: unknown key, got 2; allowed: train_jobs"),
+    ({"jobs": 2}, "workflow.jobs: unknown key, got 2; allowed: train_jobs, live"),
 ])
 def test_workflow_options_are_checked_and_leave_the_experiment_alone(workflow, line):
     raw = {"scenarios": {"s": {"dataset": "digits", "clients": 10, "partition": [{"kind": "iid"}]}},
@@ -207,7 +207,8 @@ def test_workflow_options_are_checked_and_leave_the_experiment_alone(workflow, l
     assert str(error.value) == line
     # how runs are cut into jobs is no part of what they are
     assert parse_spec(raw).workflow.train_jobs == "scenario"
-    assert spec_sha256(parse_spec({**raw, "workflow": {"train_jobs": "method"}})) == spec_sha256(parse_spec(raw))
+    for options in ({"train_jobs": "method"}, {"live": True}):
+        assert spec_sha256(parse_spec({**raw, "workflow": options})) == spec_sha256(parse_spec(raw))
 
 
 def test_label_swap_pairs_must_fit_the_classes(tmp_path):
