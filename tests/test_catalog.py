@@ -86,6 +86,8 @@ def test_every_built_in_is_declared():
 @pytest.fixture
 def registry(monkeypatch):
     methods._load_all()
+    import cflpipe.methods.fedavg  # noqa: F401  (bound outside the copies: the tests subclass FedAvg)
+    import cflpipe.methods.ifca  # noqa: F401
     monkeypatch.setattr(methods, "METHODS", dict(methods.METHODS))
     monkeypatch.setattr(methods, "_CLASSES", dict(methods._CLASSES))
 
@@ -173,5 +175,12 @@ def test_a_methods_family_is_declared_once_or_read_from_a_plugins_capabilities(r
                                         "capabilities": Capabilities(clustered=True)})
     register("plugin_family", Declared)(Plugin)
     assert methods.METHODS["plugin_family"].family == "clustered"
+    from cflpipe.methods.catalog import IFCAParams
+    from cflpipe.methods.ifca import IFCA
+
+    Mine = type("Mine", (IFCA,), {"__module__": __name__, "__qualname__": "Mine"})
+    register("plugin_ifca", IFCAParams)(Mine)
+    assert (methods.METHODS["plugin_ifca"].family, methods.METHODS["plugin_ifca_awcfl"].family) == \
+        ("clustered", "modifier")  # its AWCFL/MCFL options listed with the built-ins' modifiers
     with pytest.raises(ValueError, match="family 'novel' is none of reference, baseline"):
         declare("declared_w", Declared, _where("W"), "W: a method.", family="novel")

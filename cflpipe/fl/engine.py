@@ -43,6 +43,7 @@ STANDARD_TABLES = ("metrics", "clusters", "rounds", "timing")
 # Whether this process has trained a round yet: its first pays one-time costs (allocations, first
 # kernels, lazy imports), which made a job's first run (FedAvg in most specs) look slowest.
 _process_warm = False
+PER_RUN_WARMUP_TRAINERS = ("processes", "distributed")
 METRICS_SCHEMA = {"round": "int32", "client": "int32", "split": "str", "model": "int32", "group": "int32",
                   "acc": "float64", "loss": "float64", "f1": "float64", "n": "int64"}
 CLUSTERS_SCHEMA = {"round": "int32", "client": "int32", "cluster": "int32", "true_group": "int32"}
@@ -195,6 +196,8 @@ class Run:
         finally:
             if hasattr(self, "trainer"):
                 self.trainer.close()
+            if hasattr(self, "live"):  # a failed run's curves too
+                self.live.close()
 
     def _execute(self, resume: bool, progress: bool) -> RunResult:
         self.setup()
@@ -211,7 +214,7 @@ class Run:
         if self.resolved.live_dir is not None:
             from cflpipe.fl.live import LiveCurves
 
-            live = LiveCurves(self.resolved.live_dir, self.start_round)
+            live = self.live = LiveCurves(self.resolved.live_dir, self.start_round)  # closed by execute
         for r in range(self.start_round, rounds):
             self.ctx.round = r
             self.ctx.extra_bytes_down = self.ctx.extra_bytes_up = 0
@@ -254,15 +257,16 @@ class Run:
             t3 = time.perf_counter()
             self.append("rounds", row)
             global _process_warm
+            # A trainer with workers of its own starts them, or sends them the networks, in each
+            # run's first round: that round is a warm-up whatever ran before in the process.
+            warmup = not _process_warm or (r == self.start_round and self.trainer.name in PER_RUN_WARMUP_TRAINERS)
             self.append("timing", {"round": r + 1, "seconds": t3 - t0, "train_seconds": t1 - t0,
-                                   "server_seconds": t2 - t1, "eval_seconds": t3 - t2, "warmup": not _process_warm})
+                                   "server_seconds": t2 - t1, "eval_seconds": t3 - t2, "warmup": warmup})
             _process_warm = True
             bar.update(1)
             if (r + 1) % self.training.checkpoint_every == 0 or r + 1 == rounds:
                 self.save_state(r + 1)
         bar.close()
-        if live is not None:
-            live.close()
         self.check_trained()
         summary = self.write_outputs()
         return RunResult(self.run_dir, False, summary)

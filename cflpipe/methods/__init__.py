@@ -230,7 +230,7 @@ def register(name: str, params: type[HyperParams] = HyperParams):  # pragma: no 
         _add(MethodInfo(name, params, description, capabilities, where))
         for variant, extra, what in (cls.variants(name) if hasattr(cls, "variants") else []):
             _add(MethodInfo(variant, _variant_params(params, extra), _variant_description(description, what),
-                            capabilities, where, base=name))
+                            capabilities, where, base=name, family=getattr(cls, "variant_family", "")))
         _CLASSES[where] = cls
         return cls
 
