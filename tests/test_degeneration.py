@@ -218,6 +218,8 @@ def test_validate_warns_when_a_run_goes_against_a_methods_premises_and_only_then
                                                    "FCCA's similarity D followed each client's label mix"), lines
     skewed["scenarios"]["s"]["partition"][0]["alpha"] = 1.0
     assert spec_warnings(parse_spec(skewed)) == []
+    skewed["scenarios"]["s"]["partition"][0] = {"kind": "pathological", "labels_per_client": 2}
+    assert spec_warnings(parse_spec(skewed))[0].startswith("methods.fcca: label-swap groups under pathological")
     rotated = spec_dict(tmp_path, {"fcca": {}}, partition=[{"kind": "dirichlet", "alpha": 0.3},
                                                            {"kind": "rotation", "groups": 2}])
     assert spec_warnings(parse_spec(rotated)) == []

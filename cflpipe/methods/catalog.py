@@ -411,9 +411,11 @@ def _fcca_premises(hp: FCCAParams, training: Any, scenario: Any) -> list[tuple[s
                                     f"carried no group signal and FCCA clustered at random (docs/robustness.md); "
                                     f"leave flow_steps at its default 20"))
     swaps = any(step.kind == "label_swap" and step.ground_truth for step in scenario.group_steps())
-    skews = [step.alpha for step in scenario.partition if step.kind == "dirichlet"]
-    if swaps and skews and min(skews) < FCCA_MIN_SWAP_ALPHA:
-        found.append(("", f"label-swap groups under Dirichlet {min(skews):g} label skew: FCCA's similarity D followed "
+    skews = [f"Dirichlet {step.alpha:g}" if step.kind == "dirichlet" else "pathological"
+             for step in scenario.partition if step.kind == "pathological"
+             or (step.kind == "dirichlet" and step.alpha < FCCA_MIN_SWAP_ALPHA)]
+    if swaps and skews:
+        found.append(("", f"label-swap groups under {skews[0]} label skew: FCCA's similarity D followed "
                           f"each client's label mix more than its group (ARI 0.13 or less at its paper's own "
                           f"settings, Dirichlet 0.5 on LEAF Synthetic and MNIST-1D; 0.07 or less on the map's "
                           f"Dirichlet 0.3 cells; 1.00 on IID MNIST-1D swaps: docs/robustness.md)"))
