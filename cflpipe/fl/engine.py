@@ -122,6 +122,7 @@ class Run:
 
     def __init__(self, resolved: ResolvedRun):
         self.resolved = resolved
+        self.live = None  # workflow.live's writer (fl/live.py) while the run trains
         self.scenario, self.method_name, self.seed = resolved.scenario, resolved.method, resolved.seed
         self.config, self.config_text, self.run_dir = resolved.config, resolved.config_text, resolved.run_dir
         self.training: Training = resolved.training
@@ -196,7 +197,7 @@ class Run:
         finally:
             if hasattr(self, "trainer"):
                 self.trainer.close()
-            if hasattr(self, "live"):  # a failed run's curves too
+            if self.live is not None:  # a failed run's curves too
                 self.live.close()
 
     def _execute(self, resume: bool, progress: bool) -> RunResult:
@@ -210,11 +211,10 @@ class Run:
 
         bar = tqdm(total=rounds, initial=self.start_round, disable=None if progress else True,
                    desc=f"{self.scenario}/{self.method_name}/seed{self.seed}", unit="round", leave=False)
-        live = None
         if self.resolved.live_dir is not None:
             from cflpipe.fl.live import LiveCurves
 
-            live = self.live = LiveCurves(self.resolved.live_dir, self.start_round)  # closed by execute
+            self.live = LiveCurves(self.resolved.live_dir, self.start_round)  # closed by execute
         for r in range(self.start_round, rounds):
             self.ctx.round = r
             self.ctx.extra_bytes_down = self.ctx.extra_bytes_up = 0
@@ -252,8 +252,8 @@ class Run:
             if self.training.is_evaluated(r + 1):
                 row.update(self.evaluate(r + 1))
                 bar.set_postfix(acc=f"{row['acc_macro']:.3f}", clusters=row["n_clusters"])
-                if live is not None:
-                    live.log(r + 1, row)
+                if self.live is not None:
+                    self.live.log(r + 1, row)
             t3 = time.perf_counter()
             self.append("rounds", row)
             global _process_warm
