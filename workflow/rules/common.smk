@@ -229,6 +229,15 @@ def train_mem_mb(wildcards):
     return TRAIN_MEM_MB.get(name, 8000 if name in DOWNLOADS else 2000)
 
 
+def job_work(wildcards):
+    """Priority of a partition or training job: the local trainings its runs do (rounds × sampled
+    clients, summed over its methods and seeds; a partition counts its scenario's). Snakemake then
+    starts the largest job first (longest first), instead of leaving it for last while the other
+    cores idle."""
+    trainings = [SPEC.resolved_training(wildcards.scenario, m) for m in job_methods(wildcards)]
+    return len(SPEC.seeds) * sum(t.rounds * t.clients_per_round for t in trainings)
+
+
 def train_runtime(wildcards):
     trainings = [SPEC.resolved_training(wildcards.scenario, m) for m in job_methods(wildcards)]
     return 30 + len(SPEC.seeds) * sum(t.rounds * MINUTES_PER_ROUND.get(t.model, 1) for t in trainings)

@@ -32,6 +32,7 @@ rule partition:
         ),
     params:
         scenario=scenario_params,
+    priority: job_work
     log:
         f"{LOGS}/partition/{{scenario}}.log",
     benchmark:

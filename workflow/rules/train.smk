@@ -25,6 +25,7 @@ if SCENARIO_JOBS:
             run=run_params,
             methods=scenario_method_names,
             seeds=group_seeds,
+        priority: job_work
         log:
             f"{LOGS}/train/{{scenario}}.log",
         benchmark:
@@ -54,6 +55,7 @@ else:
         params:
             run=run_params,
             seeds=group_seeds,
+        priority: job_work
         log:
             f"{LOGS}/train/{{scenario}}/{{method}}.log",
         benchmark:
