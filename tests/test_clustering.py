@@ -6,7 +6,7 @@ import torch
 from sklearn.cluster import AgglomerativeClustering
 from sklearn.metrics import adjusted_rand_score
 
-import cflpipe.clustering as clustering
+from cflpipe.clustering import engine
 from cflpipe.clustering import (
     as_matrix,
     canonical_labels,
@@ -109,7 +109,7 @@ def test_restarts_ending_in_one_partition_are_ties_whatever_their_numbering(monk
     # lower in the last bits (as when the last cluster's sum comes from the column sums). The
     # earlier numbering must win, or rounding picks it. A genuinely lower partition still wins.
     x = torch.tensor([[0.0, 0.0], [0.1, 0.0], [5.0, 5.0], [5.1, 5.0], [0.0, 0.1]], dtype=torch.float64)
-    lloyd = clustering._lloyd
+    lloyd = engine._lloyd
 
     def numbered_twice(data, starts, max_iter, tol):
         found = lloyd(data, starts[:1], max_iter, tol)
@@ -118,7 +118,7 @@ def test_restarts_ending_in_one_partition_are_ties_whatever_their_numbering(monk
         return [found[0], swapped]
 
     first = kmeans(x, 2, seed=0, n_init=1, init="random")
-    monkeypatch.setattr(clustering, "_lloyd", numbered_twice)
+    monkeypatch.setattr(engine, "_lloyd", numbered_twice)
     assert first.labels.tolist() in ([0, 0, 1, 1, 0], [1, 1, 0, 0, 1])
     assert kmeans(x, 2, seed=0, n_init=2, init="random").labels.tolist() == first.labels.tolist()
 
@@ -127,16 +127,16 @@ def test_restarts_ending_in_one_partition_are_ties_whatever_their_numbering(monk
         other = np.array([0, 1, 1, 1, 0])
         return [(labels, centers, inertia, iterations), (other, centers, inertia / 2, iterations)]
 
-    monkeypatch.setattr(clustering, "_lloyd", worse_then_better)
+    monkeypatch.setattr(engine, "_lloyd", worse_then_better)
     assert kmeans(x, 2, seed=0, n_init=2, init="random").labels.tolist() == [0, 1, 1, 1, 0]
 
 
 def test_a_nan_inertia_never_wins_a_restart_and_any_number_replaces_it():
     labels = np.array([0, 0, 1])
     nan, one, two = ((labels, None, value, 1) for value in (float("nan"), 1.0, 2.0))
-    assert not clustering._better(nan, two)
-    assert clustering._better(one, nan) and not clustering._better(nan, nan)
-    assert clustering._better((np.array([0, 1, 1]), None, 1.0, 1), two)
+    assert not engine._better(nan, two)
+    assert engine._better(one, nan) and not engine._better(nan, nan)
+    assert engine._better((np.array([0, 1, 1]), None, 1.0, 1), two)
 
 
 def test_kmeans_from_given_centers_and_empty_clusters():
@@ -221,23 +221,22 @@ def test_kmeans_steps_that_read_only_undecided_rows_run_as_plain_lloyd_does(monk
     On overlapping blobs (many steps, few changes each) every restart of a group advancing
     together must still end as Lloyd's algorithm written out does, and such steps must really
     have run."""
-    import cflpipe.clustering as clustering
 
     reads = {"changed_sums": 0, "rows_relative": 0}
     for name in reads:
-        original = getattr(clustering._Centered, name)
+        original = getattr(engine._Centered, name)
 
         def spy(self, rows, *rest, _original=original, _name=name):
             reads[_name] += 1
-            assert len(rows) <= clustering._BOUNDED_SHARE * self.n
+            assert len(rows) <= engine._BOUNDED_SHARE * self.n
             return _original(self, rows, *rest)
-        monkeypatch.setattr(clustering._Centered, name, spy)
+        monkeypatch.setattr(engine._Centered, name, spy)
     rng = np.random.default_rng(3)
     x = np.concatenate([rng.normal(loc, 1.5, size=(100, 8)) for loc in (0.0, 1.0, 2.0, 3.0)])
     _assert_restarts_run_as_plain_lloyd(x, k, max_iter, tol, range(2))
-    data = clustering._Centered(torch.from_numpy(x))
+    data = engine._Centered(torch.from_numpy(x))
     starts = _starts(x, k, range(8))
-    together = clustering._lloyd(data, torch.from_numpy(starts) - data.mean, max_iter, tol)
+    together = engine._lloyd(data, torch.from_numpy(starts) - data.mean, max_iter, tol)
     for start, (labels, centers, inertia, iterations) in zip(starts, together):
         plain = _plain_lloyd(x, start, max_iter, tol)
         assert labels.tolist() == plain[0].tolist() and iterations == plain[3]
@@ -267,22 +266,21 @@ def test_kmeans_gives_the_same_labels_with_full_passes_only(monkeypatch):
     take it. Rows computed alone round otherwise than in a pass, so a row within rounding of a
     tie may send one restart elsewhere on some CPU: one of 12 may differ; bounds that let a row
     change cluster unseen send most of them elsewhere."""
-    import cflpipe.clustering as clustering
 
     calls = []
-    original = clustering._Centered.rows_relative
-    monkeypatch.setattr(clustering._Centered, "rows_relative",
+    original = engine._Centered.rows_relative
+    monkeypatch.setattr(engine._Centered, "rows_relative",
                         lambda self, rows, centers: calls.append(len(rows)) or original(self, rows, centers))
     g = torch.Generator().manual_seed(4)
     p = 32
     directions = 0.01 * torch.randn(4, p, generator=g)
     x = (5.0 + directions[torch.arange(400) % 4] + 0.05 * torch.randn(400, p, generator=g)).float()
-    data = clustering._Centered(x)
+    data = engine._Centered(x)
     starts = torch.from_numpy(_starts(x.numpy(), 4, range(12))) - data.mean
-    bounded = clustering._lloyd(data, starts, 100, 0.0)
+    bounded = engine._lloyd(data, starts, 100, 0.0)
     assert len(calls) >= 5  # rows were computed again alone, in several steps
-    monkeypatch.setattr(clustering, "_BOUNDED_SHARE", 0.0)
-    full = clustering._lloyd(clustering._Centered(x), starts, 100, 0.0)
+    monkeypatch.setattr(engine, "_BOUNDED_SHARE", 0.0)
+    full = engine._lloyd(engine._Centered(x), starts, 100, 0.0)
     same = [np.array_equal(labels, full_labels) and iterations == full_iterations
             and torch.allclose(centers, full_centers, rtol=0, atol=1e-5) and inertia == pytest.approx(full_inertia, rel=1e-5)
             for (labels, centers, inertia, iterations), (full_labels, full_centers, full_inertia, full_iterations)
@@ -294,14 +292,13 @@ def test_a_lloyd_step_as_the_first_pass_gives_the_clusters_means(monkeypatch):
     """The first pass over x also takes its column sums, which a step needs for its last cluster:
     a step that is the first pass must not take them in a pass nested in its own (both would
     write the one pass buffer)."""
-    import cflpipe.clustering as clustering
 
-    monkeypatch.setattr(clustering, "_CHUNK_ELEMENTS", 50 * 64)  # blocks of 64 columns: 5 of them
+    monkeypatch.setattr(engine, "_CHUNK_ELEMENTS", 50 * 64)  # blocks of 64 columns: 5 of them
     g = torch.Generator().manual_seed(2)
     x = torch.randn(50, 300, generator=g, dtype=torch.float64)
     labels = torch.randint(0, 3, (2, 50), generator=g)
     counts = torch.stack([torch.bincount(run, minlength=3) for run in labels]).to(torch.float64)
-    data = clustering._Centered(x)
+    data = engine._Centered(x)
     centers, relative, _ = data.lloyd_step(labels, counts, torch.zeros(2, 3, 300, dtype=torch.float64))
     centered = x - x.mean(dim=0)
     means = torch.stack([torch.stack([centered[run == j].mean(dim=0) for j in range(3)]) for run in labels])
@@ -447,13 +444,12 @@ def test_kmeans_float32_models_sharing_a_large_common_part():
 def test_kmeans_gives_the_same_answer_in_any_chunking(monkeypatch):
     """Restarts advance together and x is read in chunks; neither may change the outcome: each
     restart must end where it would alone, with the same best run chosen."""
-    import cflpipe.clustering as clustering
 
     centers = torch.tensor([[0.0, 0.0], [6.0, 0.0], [0.0, 6.0], [6.0, 6.0]], dtype=torch.float64)
     x, _ = blobs(centers, 10, 2.0, seed=5)
     together = kmeans(x, 4, seed=3, n_init=8)
-    monkeypatch.setattr(clustering, "_CENTER_ELEMENTS", 1)  # one restart at a time
-    monkeypatch.setattr(clustering, "_CHUNK_ELEMENTS", 1)  # one row per chunk
+    monkeypatch.setattr(engine, "_CENTER_ELEMENTS", 1)  # one restart at a time
+    monkeypatch.setattr(engine, "_CHUNK_ELEMENTS", 1)  # one row per chunk
     alone = kmeans(x, 4, seed=3, n_init=8)
     assert np.array_equal(alone.labels, together.labels) and alone.iterations == together.iterations
     assert torch.allclose(alone.centers, together.centers) and alone.inertia == pytest.approx(together.inertia)
@@ -520,14 +516,13 @@ def test_kmeans_on_float64_input_keeps_float64_precision():
 def test_kmeans_centers_on_the_mean_of_every_chunk_of_rows(monkeypatch):
     """Real model matrices span several chunks of rows: the mean that float32 products are taken
     from must be that of all of them, or the common part of the models comes back and cancels."""
-    import cflpipe.clustering as clustering
 
     g = torch.Generator().manual_seed(0)
     p = 20_000
     offsets = 0.01 * torch.randn(3, p, generator=g)
     truth = np.repeat([0, 1, 2], 10)
     x = (1000.0 + offsets[truth] + 0.001 * torch.randn(30, p, generator=g)).float()
-    monkeypatch.setattr(clustering, "_CHUNK_ELEMENTS", 4 * p)  # 4 rows per chunk: 8 chunks
+    monkeypatch.setattr(engine, "_CHUNK_ELEMENTS", 4 * p)  # 4 rows per chunk: 8 chunks
     result = kmeans(x, 3, seed=0, n_init=2, init="k-means++")
     assert adjusted_rand_score(truth, result.labels) == 1.0
     exact = kmeans(x.double(), 3, seed=0, n_init=2, init="k-means++")
