@@ -41,15 +41,15 @@ def kind_of(removed: str, added: str) -> str:
 # module.xǁClassǁmethod, without the __mutmut_N suffix). Written after reading each function's
 # survivors (`--list`); a function not here is listed as "not reviewed".
 REASONS: dict[str, str] = {
-    "cflpipe.clustering.x_fit_pca": "Equivalent: svd_lowrank's iterations and oversampling (4 vs 5, q + 10 vs + 11) "
+    "cflpipe.clustering.tools.x_fit_pca": "Equivalent: svd_lowrank's iterations and oversampling (4 vs 5, q + 10 vs + 11) "
     "and the seed's integer range give the same top components to the tests' tolerance; the sign fix multiplies by "
     "±1 (`/` is the same); `q` capped by n or p where the tests' q is below both.",
-    "cflpipe.clustering.x_kmeans": "Equivalent: restart counts, seeds and iteration caps that converge to the same "
+    "cflpipe.clustering.engine.x_kmeans": "Equivalent: restart counts, seeds and iteration caps that converge to the same "
     "partition on the tests' well-separated data; inertia ties broken either way.",
-    "cflpipe.clustering.x__kmeans_pp": "Not seen: k-means++ only seeds Lloyd's iterations, and on the tests' "
+    "cflpipe.clustering.engine.x__kmeans_pp": "Not seen: k-means++ only seeds Lloyd's iterations, and on the tests' "
     "well-separated data a wrong seeding (distances to another row, a uniform draw) converges to the same "
     "partition. No test checks the seeding's distribution itself: a gap, left for a later pass.",
-    "cflpipe.clustering.x_hierarchical_clusters": "Equivalent: a linkage or threshold nudged by one unit that cuts "
+    "cflpipe.clustering.tools.x_hierarchical_clusters": "Equivalent: a linkage or threshold nudged by one unit that cuts "
     "the tests' well-separated dendrograms at the same height.",
     "cflpipe.fl.engine.x_resolve_device": "The CUDA branch: no GPU where the tests run (CUDA reproducibility is "
     "checked on a GPU machine, docs/performance.md).",
@@ -93,14 +93,14 @@ REASONS: dict[str, str] = {
     "cflpipe.methods.fesem.xǁFeSEMǁ_initialize": "The clients missing from the initialization: killed by "
     "test_fesem_a_client_missing_from_the_initialization_takes_the_center_nearest_the_initial_model (added after "
     "the pass); the k-means seed and restarts are equivalent on its data.",
-    "cflpipe.partition.x__label_permutations": "The branch that enumerates every permutation (few classes) was "
+    "cflpipe.partition.groups.x__label_permutations": "The branch that enumerates every permutation (few classes) was "
     "reached by no test (every test dataset has 10 classes): now by "
     "test_few_class_label_permutations_are_distinct_non_identity_draws_of_every_permutation (added after the "
     "fourth pass). Sending few classes to the drawing branch instead is equivalent: it draws valid distinct "
     "permutations too.",
     "cflpipe.methods.cfl.xǁCFLǁ_split": "Guards for clusters of fewer than two members (never split), the halves' "
     "order (renumbered afterwards), `>=` vs `>` on a continuous γ and dtypes of label arrays.",
-    "cflpipe.partition.x__plan_groups":
+    "cflpipe.partition.groups.x__plan_groups":
         "The non-square guard for rotations (`odd`, each operator and constant) and the `pairs` call of "
         "label_swap (no test built a partition with `pairs` through a scenario; every dropped or None "
         "argument): killed by test_only_odd_multiples_of_90_are_refused_on_non_square_images and "
@@ -126,52 +126,52 @@ REASONS: dict[str, str] = {
         "of one sample per client: test_a_pool_of_exactly_one_sample_per_client_gives_each_client_one), "
         "`astype(None)` turning the stats' integer columns into floats (the stats dtypes now checked in "
         "check_invariants).",
-    "cflpipe.partition.x__repair_min_size":
+    "cflpipe.partition.splits.x__repair_min_size":
         "Equivalent: `(low + high + 2) // 2` still picks a mid in (low, high], so the search ends at the "
         "same level; `freed(mid) > total` stops one level lower only where freed(level) == total, and "
         "then take = sizes - level for every donor, the same as the original's `rest` step. The rest "
         "(client 0 or its samples left out with `> 0`, a deficit of at least 1, `total == 1` skipping a "
         "one-sample repair, `sizes >= low` taking from a client at the level) is killed by "
         "test_repair_min_size_moves_the_deficit_from_the_largest_clients (added after the pass).",
-    "cflpipe.partition.x__split_pathological":
+    "cflpipe.partition.splits.x__split_pathological":
         "Equivalent: argsort's default axis is the last one (axis=1 here); `starts - arange` walks the "
         "circle the other way, and the random relabelling of the labels makes that the same distribution "
         "of label sets (it changes which seed gives which partition, which only a snapshot would see: "
         "left). Random label sets ignoring quantity, and the field and `where` of their messages, are "
         "killed by test_random_label_sets_take_their_sizes_from_quantity and "
         "test_error_messages_name_the_dataset_and_the_related_step (added after the pass).",
-    "cflpipe.partition.x__pair_swaps":
+    "cflpipe.partition.groups.x__pair_swaps":
         "Killed by tests added after the pass: the pairs guard (`2 / pairs`, which let math.factorial "
         "fail on a negative) by test_error_messages_name_the_dataset_and_the_related_step; `2 * pairs` "
         "for `2 ** pairs` (same for 1 and 2 pairs), the groups bound at capacity and `seen` never growing"
         " by test_pair_swaps_reach_every_distinct_swap_and_count_them.",
-    "cflpipe.partition.x__shard_pathological":
+    "cflpipe.partition.splits.x__shard_pathological":
         "Equivalent: `class_sizes[c] / h + bool` assigned into the int64 counts truncates to the same "
         "integer as `//` for any pool below 2^52 samples. `holders >= class_sizes` (a label with exactly "
         "one sample per holder) is killed by "
         "test_a_pool_of_exactly_one_sample_per_client_gives_each_client_one; the short label in the "
         "message, the field passed on and `class_sizes + holders` (clients overdraw a label) by "
         "test_error_messages_name_the_dataset_and_the_related_step (added after the pass).",
-    "cflpipe.partition.x__fill_pathological":
+    "cflpipe.partition.splits.x__fill_pathological":
         "Killed by test_pathological_fill_tops_up_exactly_and_splits_the_rest_evenly (added after the "
         "pass): a last missing sample not topped up, a client that takes exactly what its labels have "
         "left refused, a label with one spare sample not open, the remainder of an uneven top-up given to"
         " the last labels.",
-    "cflpipe.partition.x__format_angle":
+    "cflpipe.partition.groups.x__format_angle":
         "A non-integer angle recorded as its integer part or as None (the transform string is what "
         "apply_transform turns by): killed by "
         "test_only_odd_multiples_of_90_are_refused_on_non_square_images (added after the pass).",
-    "cflpipe.partition.x__label_pools":
+    "cflpipe.partition.splits.x__label_pools":
         "`bounds` over one class more: only bounds[0..C] are read, equivalent. An unstable argsort (whose"
         " order can depend on the CPU's sort kernel, so the same seed would deal other samples on another"
         " machine) is killed by test_label_pools_keep_the_shuffle_order_within_each_class (added after "
         "the pass).",
-    "cflpipe.partition.x__split_dirichlet_clientwise":
+    "cflpipe.partition.splits.x__split_dirichlet_clientwise":
         "Killed by tests added after the pass: `need > 1` (a client of size 1 gets nothing) by "
         "test_a_pool_of_exactly_one_sample_per_client_gives_each_client_one; `remaining > 1` (a label's "
         "last sample left to the fallback) and `p * mass` (an exhausted label's share piled on the last "
         "label) by test_clientwise_dirichlet_spreads_a_runout_labels_share_by_the_clients_proportions.",
-    "cflpipe.partition.x__split_dirichlet_labelwise":
+    "cflpipe.partition.splits.x__split_dirichlet_labelwise":
         "Equivalent: np.diff's default axis is the last one (axis=1 here). `needed >= pool_size` is "
         "killed by test_a_pool_of_exactly_one_sample_per_client_gives_each_client_one, `bounds[:, -2]` "
         "(the last client gets no sample of any class, only the min_size repair) by "
@@ -181,10 +181,10 @@ REASONS: dict[str, str] = {
         "np.array(['none']) without dtype=object is a numpy string array, which pandas stores in the same"
         " column type as the object array (checked: equal frames and Arrow tables), so the files are the "
         "same.",
-    "cflpipe.partition.x__quantity_sizes":
+    "cflpipe.partition.splits.x__quantity_sizes":
         "`>=` for `>` in both checks (a quantity that uses exactly the whole pool refused): killed by "
         "test_a_pool_of_exactly_one_sample_per_client_gives_each_client_one (added after the pass).",
-    "cflpipe.partition.x__check_min_size_vs_quantity":
+    "cflpipe.partition.splits.x__check_min_size_vs_quantity":
         "`>=` refused a min_size equal to the quantity min: killed by "
         "test_a_pool_of_exactly_one_sample_per_client_gives_each_client_one (added after the pass).",
     "cflpipe.fl.data.x_build_federated_data":
@@ -226,7 +226,7 @@ REASONS: dict[str, str] = {
     "cflpipe.fl.data.x__standardizer":
         "Float64 statistics (`astype(None)`) would make a float64 copy of the whole pool: killed by "
         "test_standardized_images_stay_float32 (added after the pass).",
-    "cflpipe.partition.x_apply_transform":
+    "cflpipe.partition.arrays.x_apply_transform":
         "Killed by test_rotations when run by hand (`% 361`, `turned = None`, the quarter-turn count "
         "dropped or divided by 91, axes (-3, -1) or (-2, +1)), a test in the pass's selection and budget:"
         " the third pass recorded them as surviving, the fourth as killed. `angle * 90` and `angle / 91` (45° taken"
@@ -237,14 +237,14 @@ REASONS: dict[str, str] = {
         "multiple of 90; axes +2 for -2 on the (N, C, H, W) arrays every caller passes (rotation and "
         "flips are refused for feature vectors); `reshape=None` (falsy) and no `cval` (0.0 is scipy's "
         "default); `np.flip(x, ())` is x itself.",
-    "cflpipe.partition.x_write_partition":
+    "cflpipe.partition.files.x_write_partition":
         "`preserve_index=True` (an `__index_level_0__` column in the files) and `out * PUBLIC_FILE` (a "
         "stale public.parquet not removed) are killed by "
         "test_partition_files_hold_their_documented_columns_and_a_stale_public_file_goes (added after the"
         " pass). Equivalent: `preserve_index` None or the default, since the tables carry a RangeIndex, "
         "which pyarrow records as schema metadata, not a column (every reader sees the same columns and "
         "rows); the picture's title, which no caller passes (picture only).",
-    "cflpipe.partition.x_load_partition":
+    "cflpipe.partition.files.x_load_partition":
         "Requiring label_hist.png and `public = \"\"` without a public file are killed by "
         "test_partition_files_hold_their_documented_columns_and_a_stale_public_file_goes (added after the"
         " pass). Equivalent: the top group when `stats` is empty (a scenario has at least one client, so "
@@ -258,13 +258,13 @@ REASONS: dict[str, str] = {
         "A size of None taken as given, `size >= available` and drawing with replacement are killed by "
         "test_public_samples_are_distinct_and_default_to_the_whole_test_split (added after the pass). "
         "Equivalent: `replace=None` (falsy: numpy draws without replacement, the same draw).",
-    "cflpipe.partition.x_client_indices":
+    "cflpipe.partition.arrays.x_client_indices":
         "Equivalent: `to_numpy(None)` keeps the int32 client and int64 sample columns, whose keys fit "
         "either way; a longer `np.arange` only adds bounds that are never read.",
     "cflpipe.partition.x__pool_sources":
         "`and` for `or` (concatenating a None) is killed by "
         "test_pool_sources_are_those_of_the_datasets_pool (added after the pass).",
-    "cflpipe.partition.x_client_transforms":
+    "cflpipe.partition.arrays.x_client_transforms":
         "Equivalent: `astype(None)` makes the keys floats, which equal and hash like the integer clients "
         "client_arrays looks up.",
     "cflpipe.fl.engine.xǁRunǁsample":
@@ -481,19 +481,19 @@ REASONS: dict[str, str] = {
     "cflpipe.fl.params.xǁParamSpaceǁmask_of":
         "Equivalent: the unknown-name guard protects input no caller gives (the only callers pass names "
         "read from the model itself).",
-    "cflpipe.clustering.x__row_slices":
+    "cflpipe.clustering.engine.x__row_slices":
         "Equivalent: `max(2, …)` rows per chunk only differs for rows of more than 2²¹ parameters, where "
         "a chunk then holds two rows instead of one (memory, not results: kmeans and nearest_center give "
         "the same answer in any chunking, test_kmeans_gives_the_same_answer_in_any_chunking); "
         "`max(features, 2)` only differs for rows of zero or one feature (chunk sizes, not results).",
-    "cflpipe.clustering.x_as_matrix":
+    "cflpipe.clustering.engine.x_as_matrix":
         "Integer input (documented: numpy arrays are accepted and converted) left as None or as integers:"
         " killed by test_integer_input_is_converted_to_float64 (added after the pass).",
-    "cflpipe.clustering.x_canonical_labels":
+    "cflpipe.clustering.engine.x_canonical_labels":
         "Equivalent: `argsort` of the first-appearance indices, which are distinct, gives one order "
         "whatever the sort kind; `inverse.reshape(None)` and `reshape(-2)` leave numpy's 1-D inverse as "
         "it is, and every caller passes 1-D labels.",
-    "cflpipe.clustering.x_cfl_bipartition":
+    "cflpipe.clustering.tools.x_cfl_bipartition":
         "Equivalent: numpy reads a CPU tensor as the tensor path does (a CUDA one fails loudly); `n = "
         "s.shape[1]` is checked square next; `2.0 − …` and `/ 3.0` are increasing maps of −S, which leave"
         " complete linkage's merge order unchanged "
@@ -501,46 +501,46 @@ REASONS: dict[str, str] = {
         " → nan, 1.0) is dropped by `squareform(checks=False)`, and `checks=True` passes on the exactly "
         "symmetric (s + sᵀ)/2 with zero diagonal; `clip(d, None, None)` drops the clamp at 0, which "
         "matters only where d < 0, which cosine similarities clamped to [−1, 1] never give.",
-    "cflpipe.clustering.x_cosine_similarity_matrix":
+    "cflpipe.clustering.tools.x_cosine_similarity_matrix":
         "`(b is a) and False` normalizes b by the same operations, bit for bit (equivalent). The clamp's "
         "bounds dropped or widened: killed by test_cosine_similarity_stays_within_minus_one_and_one "
         "(added after the pass; rounding leaves self-similarities at 1 + 2⁻⁵²).",
-    "cflpipe.clustering.x_dbscan_precomputed":
+    "cflpipe.clustering.tools.x_dbscan_precomputed":
         "`metric=\"precomputed\"` dropped (the rows read as coordinates): killed by "
         "test_dbscan_reads_the_matrix_as_distances_not_as_coordinates (added after the pass; "
         "test_fedtsdp.py's 1-D example gives the same labels either way).",
-    "cflpipe.clustering.x_decomposed_cosine_similarity":
+    "cflpipe.clustering.tools.x_decomposed_cosine_similarity":
         "Equivalent: `.to(None)` keeps float32 updates, and both callees (principal_directions, "
         "cosine_similarity_matrix) convert them to float64 exactly, as the original does first.",
-    "cflpipe.clustering.x_fcca_similarity":
+    "cflpipe.clustering.tools.x_fcca_similarity":
         "No fast test computed D from its definition (tests/test_fcca.py's planted groups survive a "
         "normalization over the wrong axis, B / P, or an eps of 1 that leaves short vectors "
         "unnormalized): killed by test_fcca_similarity_equals_its_definition_on_short_vectors (added "
         "after the pass).",
-    "cflpipe.clustering.x_hopkins":
+    "cflpipe.clustering.tools.x_hopkins":
         "Killed by test_hopkins_by_hand_on_four_points_with_every_row_sampled (added after the pass): "
         "draws with replacement, `samples < n` (FedTSDP's hopkins_fraction 1 draws every client), `n <= "
         "2` (FedTSDP computes H from 2 clients on), `total > 1` (probability outputs lie closer than 1, "
         "so H was 0.5 always) and float32 points not raised to float64. Equivalent: the default seed "
         "(FedTSDP always passes one), `replace=None` (falsy, as False), the uniform draws' `.to(None)` "
         "(already float64).",
-    "cflpipe.clustering.x_js_divergence_matrix":
+    "cflpipe.clustering.tools.x_js_divergence_matrix":
         "Numpy input (documented) broken by `or True` / `asarray(None)`: killed by "
         "test_js_divergence_takes_numpy_probabilities; nan (scipy's square root of a sum rounded below 0,"
         " about half the samples of nearly equal outputs) read as 1: killed by "
         "test_js_divergence_of_nearly_identical_outputs_is_about_zero (both added after the pass). "
         "Equivalent: the tensor test `and False` (numpy reads a CPU tensor alike), `astype(None)` "
         "(float64) and `nan_to_num`'s default nan (0.0).",
-    "cflpipe.clustering.x_nearest_center":
+    "cflpipe.clustering.engine.x_nearest_center":
         "The zero-row branch (no caller reaches it: K-means CFL checks `len(unseen)`, FeSEM passes one "
         "row), made a 1-row or invalid result: killed by "
         "test_distances_and_nearest_centers_of_no_rows_are_empty (added after the pass).",
-    "cflpipe.clustering.x_pairwise_sq_distances":
+    "cflpipe.clustering.engine.x_pairwise_sq_distances":
         "Killed by test_distances_and_nearest_centers_of_no_rows_are_empty (added after the pass): the "
         "zero-row result's shape and `torch.cat([])`. Equivalent: `or True` on the dtype (float64 is the "
         "only other dtype callers pass); `x_sq_norms` ignored (no caller passes it, and recomputing gives"
         " what it would be).",
-    "cflpipe.clustering.x_principal_directions":
+    "cflpipe.clustering.tools.x_principal_directions":
         "`.to(None)` (a float32 Gram matrix and float32 directions): killed by "
         "test_principal_directions_of_float32_updates_are_computed_in_float64 (added after the pass). "
         "Equivalent: `n = w.shape[1]` (the eigenvalues are n, so `[:k]` caps k at n anyway); `u / flip` "
@@ -856,7 +856,7 @@ REASONS: dict[str, str] = {
         "changes no line mutmut can show. `break` for a `continue` stops cleaning at the first run it "
         "skips, so later finished runs keep their models: a gap, left (the clean test's skipped run is "
         "last in its matrix).",
-    "cflpipe.partition.x_small_test_sets":
+    "cflpipe.partition.files.x_small_test_sets":
         "Text: 101 for 100 in the percentage a warning prints.",
 }
 
@@ -869,6 +869,8 @@ def _functions(module: str) -> dict[str, list[str]]:
     the original of each function sit side by side there; methods inside their class)."""
     if module not in _FUNCTIONS:
         path = Path("mutants", *module.split(".")).with_suffix(".py")
+        if not path.exists():  # a package's own functions
+            path = Path("mutants", *module.split("."), "__init__.py")
         text = path.read_text()
         lines = text.splitlines()
         _FUNCTIONS[module] = {node.name: lines[node.lineno:node.end_lineno]  # the body, not the def line

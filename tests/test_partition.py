@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cflpipe import partition as partition_module
+from cflpipe.partition import files as partition_files
 from cflpipe.data.base import Dataset
 from cflpipe.errors import PartitionError
 from cflpipe.partition import (
@@ -385,7 +385,7 @@ def test_failed_write_leaves_no_files(tmp_path, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("plot failed")
 
-    monkeypatch.setattr(partition_module, "label_heatmap_png", broken)
+    monkeypatch.setattr(partition_files, "label_heatmap_png", broken)
     with pytest.raises(RuntimeError):
         write_partition(p, tmp_path / "out")
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
@@ -524,7 +524,7 @@ def test_label_mapping_and_identity():
 def test_label_swap_pairs_swap_disjoint_pairs(pairs):
     """`pairs: n` (Sattler et al.'s CFL setting): group 0 keeps the labels, every other group
     swaps exactly n disjoint label pairs, each group its own, the same for the same seed."""
-    from cflpipe.partition import _pair_swaps
+    from cflpipe.partition.groups import _pair_swaps
 
     draw = _pair_swaps(10, 6, pairs, np.random.default_rng(3), "f", "digits")
     assert draw.shape == (6, 10) and (draw[0] == np.arange(10)).all()
@@ -538,7 +538,7 @@ def test_label_swap_pairs_swap_disjoint_pairs(pairs):
 
 def test_label_swap_pairs_count_the_distinct_swaps():
     from cflpipe.errors import PartitionError
-    from cflpipe.partition import _pair_swaps
+    from cflpipe.partition.groups import _pair_swaps
 
     assert len(_pair_swaps(4, 4, 1, np.random.default_rng(0), "f", "d")) == 4  # 6 single swaps of 4 labels
     with pytest.raises(PartitionError, match=r"f.groups: with 2 swapped pair\(s\) of 4 classes there are 3 "
@@ -572,7 +572,7 @@ def test_pathological_sizes_top_up_from_the_clients_other_labels():
     labels; one sample per (client, label) slot stays reserved for clients that fill later."""
     from types import SimpleNamespace
 
-    from cflpipe.partition import _fill_pathological
+    from cflpipe.partition.splits import _fill_pathological
 
     quantity = (1, SimpleNamespace(min=2))
     # One client, labels 0 (2 samples) and 1 (20): 5 + 5 wanted, label 0 runs out at 2.
@@ -682,7 +682,7 @@ def test_label_swap_pairs_through_a_scenario():
 
 
 def test_pair_swaps_reach_every_distinct_swap_and_count_them():
-    from cflpipe.partition import _pair_swaps
+    from cflpipe.partition.groups import _pair_swaps
 
     # 4 labels have exactly 3 double swaps: all of them fit, one group more does not.
     draw = _pair_swaps(4, 4, 2, np.random.default_rng(0), "f", "d")
@@ -754,7 +754,7 @@ def test_assemble_refuses_a_client_without_samples():
     ([3, 5, 0], [3, 3, 2]),  # donors cut to a common level 3; a client at that level gives nothing
 ])
 def test_repair_min_size_moves_the_deficit_from_the_largest_clients(sizes, expected):
-    from cflpipe.partition import _repair_min_size
+    from cflpipe.partition.splits import _repair_min_size
 
     before = np.concatenate([np.repeat(np.arange(3), sizes), [-1, -1]])  # two samples unused
     owner = before.copy()
@@ -767,7 +767,7 @@ def test_repair_min_size_moves_the_deficit_from_the_largest_clients(sizes, expec
 
 
 def test_label_pools_keep_the_shuffle_order_within_each_class():
-    from cflpipe.partition import _label_pools
+    from cflpipe.partition.splits import _label_pools
 
     # A stable sort of the shuffled indices: the pools depend on the seed alone, not on which
     # sorting algorithm numpy picks on this CPU.
@@ -786,7 +786,7 @@ def test_labelwise_dirichlet_gives_the_last_client_its_share():
 
 
 def test_clientwise_dirichlet_spreads_a_runout_labels_share_by_the_clients_proportions():
-    from cflpipe.partition import _split_dirichlet_clientwise
+    from cflpipe.partition.splits import _split_dirichlet_clientwise
 
     # alpha 1000: one client wants about a third of each label; label 0 runs out at 10, and
     # what it misses is spread evenly over labels 1 and 2 (not piled on the last one).
@@ -809,7 +809,7 @@ def test_clientwise_dirichlet_spreads_a_runout_labels_share_by_the_clients_propo
 def test_pathological_fill_tops_up_exactly_and_splits_the_rest_evenly():
     from types import SimpleNamespace
 
-    from cflpipe.partition import _fill_pathological
+    from cflpipe.partition.splits import _fill_pathological
 
     def fill(size, spare):
         counts = np.zeros((1, len(spare)), dtype=np.int64)
@@ -827,7 +827,7 @@ def test_pathological_fill_tops_up_exactly_and_splits_the_rest_evenly():
 def test_few_class_label_permutations_are_distinct_non_identity_draws_of_every_permutation():
     # Datasets of few classes (CelebA's 2, a user's 3-class files) take the enumerating branch:
     # group 0 keeps the labels, the others are distinct permutations, drawn by the seed.
-    from cflpipe.partition import _label_permutations
+    from cflpipe.partition.groups import _label_permutations
 
     three = _label_permutations(3, 6, np.random.default_rng(0), "f", "d")
     assert three.shape == (6, 3) and tuple(three[0]) == (0, 1, 2)
