@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from cflpipe.fl.engine import OUTPUT_FILES, train_run
-from cflpipe.methods import all_methods
+from cflpipe.registry import all_methods
 from cflpipe.spec import parse_spec
 from cflpipe.testing import COMPARED, spec_dict
 

@@ -175,7 +175,7 @@ def _images_fedavg(results: Path, model: str, shape: tuple[int, ...], sampled: i
 def bench_trainers(workloads=TRAINER_WORKLOADS, rounds: int = 6, repeats: int = 3, device: str = "cpu") -> list[dict]:
     """Median training seconds per round, sequential vs batched trainer, and what `trainer: auto`
     picks on `device`; fastest of `repeats` alternating runs on each side."""
-    from cflpipe.fl.trainers import build_trainer
+    from cflpipe.fl.trainer_choice import build_trainer
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -85,6 +85,7 @@ def cmd_validate(args) -> int:
 
 def cmd_download(args) -> int:
     from cflpipe.data.download import describe_resources, download_dataset
+    from cflpipe.data.remote import resources_for
     from cflpipe.data.base import dataset_info
 
     info = dataset_info(args.name, "NAME")
@@ -99,10 +100,11 @@ def cmd_download(args) -> int:
                                   if info.inputs is not None else "embedded dataset, nothing to download"))
         return 0
     if args.list:
-        for line in describe_resources(args.name, args.data_dir):
+        for line in describe_resources(args.name, args.data_dir, resources_for(args.name)):
             print(line)
         return 0
-    path = download_dataset(args.name, args.data_dir, progress=not args.quiet, base_url=args.mirror)
+    path = download_dataset(args.name, args.data_dir, resources_for(args.name), progress=not args.quiet,
+                            base_url=args.mirror)
     print(f"{args.name}: ready in {path}")
     return 0
 
@@ -218,7 +220,7 @@ METHOD_SECTIONS = {"source papers' methods": ("seed",), "clustered": ("clustered
 
 
 def cmd_methods(args) -> int:
-    from cflpipe.methods import all_methods, method_info, plugin_failures, unknown_method
+    from cflpipe.registry import all_methods, method_info, plugin_failures, unknown_method
 
     if args.name is None:
         families: dict[str, list[str]] = {section: [] for section in METHOD_SECTIONS}

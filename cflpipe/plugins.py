@@ -111,17 +111,10 @@ def describe_object(obj: Any) -> str:
     return f"an object of type {type(obj).__qualname__}"
 
 
-def run_plugins(spec, scenario: str, method: str) -> dict[str, str]:
-    """{distribution: version} of the installed packages a run's method, model and dataset come
-    from when they are not cflpipe's own: part of the run's definition (its config.yaml), so that
-    a new release of a plugin re-runs what it trained, as a new cflpipe release does. A module
-    that belongs to no installed distribution (a folder on PYTHONPATH) has no version to record."""
-    from cflpipe.data.base import dataset_info
-    from cflpipe.methods import method_info
-    from cflpipe.models import model_factory
-
-    objects = (method_info(spec.method_type(method)).cls, model_factory(spec.resolved_training(scenario, method).model),
-               dataset_info(spec.scenarios[scenario].dataset.name).load)
+def distributions_of(objects: tuple[Any, ...]) -> dict[str, str]:
+    """{distribution: version} of the installed packages the objects' modules belong to, cflpipe's
+    own left out. A module that belongs to no installed distribution (a folder on PYTHONPATH) has
+    no version to record."""
     found: dict[str, str] = {}
     for obj in objects:
         top = (getattr(obj, "__module__", None) or "").partition(".")[0]

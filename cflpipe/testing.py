@@ -44,7 +44,7 @@ from cflpipe.errors import SpecError
 from cflpipe.fl import checkpoint, engine
 from cflpipe.fl.checkpoint import read_state, write_state
 from cflpipe.fl.engine import OUTPUT_FILES, prepare_run, train_run
-from cflpipe.methods import all_methods, method_info
+from cflpipe.registry import all_methods, method_info
 from cflpipe.spec import parse_spec
 
 ROUNDS = 4

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,6 +82,32 @@ def tiny_snakemake_run(tmp_path_factory) -> WorkflowRun:
     first = snakemake("--configfile", "tiny.yaml", "--cores", "2", cwd=workdir)
     second = snakemake("--configfile", "tiny.yaml", "--cores", "2", cwd=workdir)
     return WorkflowRun(workdir, spec, workdir / "results/tiny", first, second)  # results/<spec file name>
+
+
+@pytest.fixture
+def registry_copy(monkeypatch, tmp_path):
+    """The method registry's tables as copies, and the method modules first imported during the
+    test forgotten afterwards: a module imported while the tables were copies would otherwise stay
+    imported with its classes bound only in the discarded copies, and a later test in the same
+    process would find its method missing."""
+    from cflpipe import plugins, registry
+
+    registry._load_all()
+    import cflpipe.methods.fedavg  # noqa: F401  (bound outside the copies: tests subclass FedAvg and IFCA)
+    import cflpipe.methods.ifca  # noqa: F401
+
+    imported = set(sys.modules)
+    monkeypatch.setattr(registry, "METHODS", dict(registry.METHODS))
+    monkeypatch.setattr(registry, "_CLASSES", dict(registry._CLASSES))
+    monkeypatch.setattr(registry, "_PLUGINS_LOADED", False)
+    monkeypatch.setattr(registry, "_PLUGIN_FAILURES", [])
+    yield registry
+    for name in set(sys.modules) - imported:
+        module = sys.modules[name]
+        where = str(getattr(module, "__file__", "") or "")
+        if name.startswith(("cflpipe.methods.", "cflpipe_plugin_example")) or where.startswith(str(tmp_path)):
+            del sys.modules[name]
+    plugins._entry_points.cache_clear()
 
 
 @pytest.fixture

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from cflpipe import methods
-from cflpipe.methods import METHODS, Capabilities, HyperParams, declare, register
+from cflpipe import registry
+from cflpipe.registry import METHODS, Capabilities, HyperParams, declare, register
 
 ROOT = Path(__file__).resolve().parents[1]
-methods._load_all()
+registry._load_all()
 BUILT_IN = sorted(name for name, info in METHODS.items() if info.module.startswith("cflpipe."))
 
 
@@ -35,30 +35,31 @@ def test_every_built_in_implementation_agrees_with_its_declaration(name):
     cls = info.cls
     assert f"{cls.__module__}:{cls.__qualname__}" == info.implementation
     assert cls.name == (info.base or name)
-    assert cls.capabilities is info.capabilities is methods.DECLARED[name].capabilities
-    assert info == methods.DECLARED[name]  # what the catalog says, not what the class inherits
+    assert cls.capabilities is info.capabilities is registry.DECLARED[name].capabilities
+    assert info == registry.DECLARED[name]  # what the catalog says, not what the class inherits
 
 
-def test_a_built_in_registered_again_stays_declared(registry):
+def test_a_built_in_is_named_once_by_its_declaration_and_cannot_register_too(registry_copy):
     from cflpipe.methods.catalog import CFLParams
     from cflpipe.methods.cfl import CFL
 
-    before = dict(methods.METHODS)
-    register("cfl", CFLParams)(CFL)  # a module executed twice (a reload) registers its class again
-    assert methods.METHODS == before and CFL.capabilities is methods.DECLARED["cfl"].capabilities
+    before = dict(registry.METHODS)
+    with pytest.raises(ValueError, match="declared in cflpipe.methods.catalog.*remove @register"):
+        register("cfl", CFLParams)(CFL)
+    assert registry.METHODS == before and CFL.capabilities is registry.DECLARED["cfl"].capabilities
 
 
-def test_a_plugin_subclass_inherits_its_ancestors_clustering_start(registry):
+def test_a_plugin_subclass_inherits_its_ancestors_clustering_start(registry_copy):
     from cflpipe.methods.catalog import CFLParams, FLHCParams
     from cflpipe.methods.cfl import CFL
 
     Sub = type("Sub", (CFL,), {"__module__": __name__, "__qualname__": "Sub", "__doc__": "Sub: a CFL."})
     register("cfl_sub", CFLParams)(Sub)
-    assert methods.METHODS["cfl_sub"].clustering_starts(CFLParams(warmup=7)) == ("warmup", 7)
+    assert registry.METHODS["cfl_sub"].clustering_starts(CFLParams(warmup=7)) == ("warmup", 7)
     assert Sub.clustering_starts(FLHCParams()) is None  # parameters without CFL's warm-up: no start to tell
 
 
-def test_a_plugins_class_states_its_own_premises_and_validate_reads_them(registry):
+def test_a_plugins_class_states_its_own_premises_and_validate_reads_them(registry_copy):
     from cflpipe.methods.fedavg import FedAvg
     from cflpipe.spec import parse_spec, spec_warnings
 
@@ -68,28 +69,19 @@ def test_a_plugins_class_states_its_own_premises_and_validate_reads_them(registr
     Plugin = type("Plugin", (FedAvg,), {"__module__": __name__, "__qualname__": "Plugin", "__doc__": "Plugin: test.",
                                        "premises": classmethod(premises)})
     register("premised", HyperParams)(Plugin)
-    assert methods.METHODS["premised"].premise_warnings(HyperParams(), type("T", (), {"local_steps": 5})(), None) \
+    assert registry.METHODS["premised"].premise_warnings(HyperParams(), type("T", (), {"local_steps": 5})(), None) \
         == [("", "needs 20 local steps, got 5")]
     spec = parse_spec({"seeds": [0], "training": {"model": "mlp", "local_steps": 5, "clients_per_round": 4},
                        "methods": {"premised": {}},
                        "scenarios": {"s": {"dataset": "digits", "clients": 4}}})
     assert spec_warnings(spec) == ["methods.premised: needs 20 local steps, got 5 (scenario s)"]
     # a built-in declares its own; what `cflpipe methods` prints of it
-    assert methods.METHODS["fcca"].needs.startswith("its cINN's 20 iterations a round")
-    assert methods.METHODS["fedavg"].needs == "" and methods.METHODS["fedavg"].premise_warnings(None, None, None) == []
+    assert registry.METHODS["fcca"].needs.startswith("its cINN's 20 iterations a round")
+    assert registry.METHODS["fedavg"].needs == "" and registry.METHODS["fedavg"].premise_warnings(None, None, None) == []
 
 
 def test_every_built_in_is_declared():
     assert len(BUILT_IN) == 45 and {"fedavg", "fcca_per_prox", "awcfl", "ifca_mcfl", "fedrc"} <= set(BUILT_IN)
-
-
-@pytest.fixture
-def registry(monkeypatch):
-    methods._load_all()
-    import cflpipe.methods.fedavg  # noqa: F401  (bound outside the copies: the tests subclass FedAvg)
-    import cflpipe.methods.ifca  # noqa: F401
-    monkeypatch.setattr(methods, "METHODS", dict(methods.METHODS))
-    monkeypatch.setattr(methods, "_CLASSES", dict(methods._CLASSES))
 
 
 class Declared(HyperParams):
@@ -100,46 +92,41 @@ def _where(qualname: str) -> str:
     return f"{__name__}:{qualname}"
 
 
-def test_a_declared_class_takes_its_capabilities_from_the_declaration(registry):
+def test_a_declared_class_takes_its_capabilities_from_the_declaration(registry_copy):
     from cflpipe.methods.fedavg import FedAvg
 
     declare("declared_x", Declared, _where("Impl"), "X: a declared method.", Capabilities(personalized=True),
             variants=(("declared_x_more", HyperParams, "more"),), family="personalized", variant_family="modifier")
-    assert methods.METHODS["declared_x_more"].description == "X + more: a declared method."
-    assert (methods.METHODS["declared_x"].family, methods.METHODS["declared_x_more"].family) == \
+    assert registry.METHODS["declared_x_more"].description == "X + more: a declared method."
+    assert (registry.METHODS["declared_x"].family, registry.METHODS["declared_x_more"].family) == \
         ("personalized", "modifier")
-    Impl = type("Impl", (FedAvg,), {"__module__": __name__, "__qualname__": "Impl"})
-    register("declared_x", Declared)(Impl)
-    assert Impl.capabilities == Capabilities(personalized=True)
-    assert methods.METHODS["declared_x"].cls is Impl and methods.METHODS["declared_x_more"].cls is Impl
+    Impl = type("Impl", (FedAvg,), {"__module__": __name__, "__qualname__": "Impl"})  # bound as it is defined
+    assert Impl.name == "declared_x" and Impl.capabilities == Capabilities(personalized=True)
+    assert registry.METHODS["declared_x"].cls is Impl and registry.METHODS["declared_x_more"].cls is Impl
 
 
-def test_a_declared_class_with_other_parameters_or_its_own_capabilities_is_refused(registry):
+def test_a_declared_class_that_states_its_own_capabilities_is_refused(registry_copy):
     from cflpipe.methods.fedavg import FedAvg
 
     declare("declared_y", Declared, _where("Other"), "Y: a declared method.", family="baseline")
-    Other = type("Other", (FedAvg,), {"__module__": __name__, "__qualname__": "Other"})
-    with pytest.raises(ValueError, match="registers with HyperParams, its declaration with Declared"):
-        register("declared_y", HyperParams)(Other)
-    Own = type("Other", (FedAvg,), {"__module__": __name__, "__qualname__": "Other",
-                                     "capabilities": Capabilities(clustered=True)})
-    with pytest.raises(ValueError, match="sets 'capabilities', which its declaration"):
-        register("declared_y", Declared)(Own)
+    for own in ({"capabilities": Capabilities(clustered=True)}, {"clustering_starts": classmethod(lambda cls, hp: None)}):
+        with pytest.raises(ValueError, match=f"sets {next(iter(own))!r}, which its declaration"):
+            type("Other", (FedAvg,), {"__module__": __name__, "__qualname__": "Other", **own})
 
 
-def test_a_declared_method_whose_module_registers_nothing_says_so(registry):
+def test_a_declared_method_whose_module_registers_nothing_says_so(registry_copy):
     declare("declared_z", Declared, "cflpipe.seeds:Nothing", "Z: nothing.", family="baseline")
-    with pytest.raises(ImportError, match="cflpipe.seeds does not register method 'declared_z'"):
-        methods.METHODS["declared_z"].cls
+    with pytest.raises(ImportError, match="cflpipe.seeds defines no method class Nothing for method 'declared_z'"):
+        registry.METHODS["declared_z"].cls
 
 
-def test_a_plugin_subclass_of_fcca_gets_its_variants_under_its_own_name(registry):
+def test_a_plugin_subclass_of_fcca_gets_its_variants_under_its_own_name(registry_copy):
     from cflpipe.methods.catalog import FCCAParams
     from cflpipe.methods.fcca import FCCA
 
     Sub = type("Sub", (FCCA,), {"__module__": __name__, "__qualname__": "Sub", "__doc__": "Sub: an FCCA."})
     register("fcca_sub", FCCAParams)(Sub)
-    variants = {name: info for name, info in methods.METHODS.items() if info.base == "fcca_sub"}
+    variants = {name: info for name, info in registry.METHODS.items() if info.base == "fcca_sub"}
     assert set(variants) == {"fcca_sub_per", "fcca_sub_prox", "fcca_sub_per_prox"}
     per, prox, both = (variants[f"fcca_sub_{v}"].params() for v in ("per", "prox", "per_prox"))
     assert (per.personal, per.mu) == (True, 0.0) and (prox.personal, prox.mu) == (False, 0.01)
@@ -147,7 +134,7 @@ def test_a_plugin_subclass_of_fcca_gets_its_variants_under_its_own_name(registry
     assert all(info.cls is Sub for info in variants.values())
 
 
-def test_fcca_variants_keep_their_defaults_over_a_plugins_own_parameters(registry):
+def test_fcca_variants_keep_their_defaults_over_a_plugins_own_parameters(registry_copy):
     """A plugin's parameters that subclass FCCA's inherit FCCA's personal=False and mu=0; the
     variant's own defaults must still win, or each variant would train as plain FCCA."""
     from cflpipe.methods.catalog import FCCAParams
@@ -156,15 +143,15 @@ def test_fcca_variants_keep_their_defaults_over_a_plugins_own_parameters(registr
     SubParams = type("SubParams", (FCCAParams,), {"__annotations__": {"knob": int}, "knob": 3})
     Sub = type("Sub", (FCCA,), {"__module__": __name__, "__qualname__": "Sub", "__doc__": "Sub: an FCCA."})
     register("fcca_own", SubParams)(Sub)
-    per, prox, both = (methods.METHODS[f"fcca_own_{v}"].params() for v in ("per", "prox", "per_prox"))
+    per, prox, both = (registry.METHODS[f"fcca_own_{v}"].params() for v in ("per", "prox", "per_prox"))
     assert (per.personal, per.mu, prox.personal, prox.mu, both.personal, both.mu) == (True, 0.0, False, 0.01, True, 0.01)
     assert per.knob == prox.knob == both.knob == 3
 
 
-def test_a_methods_family_is_declared_once_or_read_from_a_plugins_capabilities(registry):
+def test_a_methods_family_is_declared_once_or_read_from_a_plugins_capabilities(registry_copy):
     """`cflpipe methods` and the report group by the declared family; a plugin's class declares
     none and gets one from its capabilities; a family outside methods.FAMILIES is refused."""
-    from cflpipe.methods import all_methods
+    from cflpipe.registry import all_methods
     from cflpipe.methods.fedavg import FedAvg
 
     declared = all_methods()
@@ -174,13 +161,13 @@ def test_a_methods_family_is_declared_once_or_read_from_a_plugins_capabilities(r
     Plugin = type("Plugin", (FedAvg,), {"__module__": __name__, "__qualname__": "Plugin",
                                         "capabilities": Capabilities(clustered=True)})
     register("plugin_family", Declared)(Plugin)
-    assert methods.METHODS["plugin_family"].family == "clustered"
+    assert registry.METHODS["plugin_family"].family == "clustered"
     from cflpipe.methods.catalog import IFCAParams
     from cflpipe.methods.ifca import IFCA
 
     Mine = type("Mine", (IFCA,), {"__module__": __name__, "__qualname__": "Mine"})
     register("plugin_ifca", IFCAParams)(Mine)
-    assert (methods.METHODS["plugin_ifca"].family, methods.METHODS["plugin_ifca_awcfl"].family) == \
+    assert (registry.METHODS["plugin_ifca"].family, registry.METHODS["plugin_ifca_awcfl"].family) == \
         ("clustered", "modifier")  # its AWCFL/MCFL options listed with the built-ins' modifiers
     with pytest.raises(ValueError, match="family 'novel' is none of reference, baseline"):
         declare("declared_w", Declared, _where("W"), "W: a method.", family="novel")

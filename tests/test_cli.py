@@ -9,7 +9,7 @@ import argparse
 import pytest
 
 from cflpipe.cli import DEFAULT_CONFIG, build_parser, main
-from cflpipe.methods import all_methods
+from cflpipe.registry import all_methods
 
 from conftest import ROOT
 

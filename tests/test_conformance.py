@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from cflpipe.fl.engine import prepare_run
-from cflpipe.methods import all_methods
+from cflpipe.registry import all_methods
 from cflpipe.spec import parse_spec
 from cflpipe.testing import (ADAM_TOLERANCE, ROUNDS, hyperparams, parametrize_with_checks, play, spec_dict,
                              trained_alike)

@@ -29,12 +29,10 @@ def flow(seed: int = 0, blocks: int = 2, hidden: int = 32) -> ConditionalFlow:
 def invert(space: ParamSpace, vectors: torch.Tensor, samples: int, generator: torch.Generator):
     """The server's reconstructions with the vectors applied one by one in `space` (as the
     sequential trainer applies them)."""
-    from types import SimpleNamespace
-
     from cflpipe.fl.trainers import Trainer
 
     def apply(flows, *inputs, call="forward"):
-        return Trainer.apply_one_by_one(SimpleNamespace(spaces={"flow": space}), "flow", flows, inputs, call, None)
+        return Trainer.apply_one_by_one(space, flows, inputs, call, None)
 
     return reconstructions(apply, space.model, vectors, samples, generator)
 

@@ -8,7 +8,7 @@ import torch
 from cflpipe.fl.engine import prepare_run, train_run
 from cflpipe.fl.local import LocalResult
 from cflpipe.fl.method import Update
-from cflpipe.methods import all_methods
+from cflpipe.registry import all_methods
 from cflpipe.methods.intercluster import awcfl_mix, sample_mean
 from cflpipe.spec import parse_spec
 

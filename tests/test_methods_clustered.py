@@ -19,7 +19,7 @@ from cflpipe.fl.runs import resolve_run
 from cflpipe.fl.local import LocalResult
 from cflpipe.fl.method import Context, Update
 from cflpipe.fl.plan import Trained
-from cflpipe.methods import all_methods
+from cflpipe.registry import all_methods
 from cflpipe.methods.catalog import CFLParams, FedGroupParams, FeSEMParams, FLHCParams, KMeansCFLParams
 from cflpipe.methods.cfl import CFL
 from cflpipe.methods.fedgroup import FedGroup

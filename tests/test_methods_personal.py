@@ -21,7 +21,7 @@ from cflpipe.fl.local import Anchor, FOMAMLStep, LocalResult, MoreauStep, batch_
 from cflpipe.fl.method import Context, Update
 from cflpipe.seeds import mix_seed as _mix
 from cflpipe.fl.params import ParamSpace
-from cflpipe.methods import method_info
+from cflpipe.registry import method_info
 from cflpipe.methods.catalog import CGPFLParams
 from cflpipe.methods.cgpfl import nearest
 from cflpipe.models import LayeredModel, build_model

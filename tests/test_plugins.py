@@ -63,7 +63,7 @@ def train(spec: dict, method: str) -> Path:
 def test_the_plugins_entry_points_give_a_method_a_model_and_a_dataset():
     require_plugin()
     from cflpipe.data.base import dataset_info
-    from cflpipe.methods import all_methods, method_info
+    from cflpipe.registry import all_methods, method_info
     from cflpipe.models import LayeredModel, build_model
 
     info = method_info("fedavgm")
@@ -269,16 +269,12 @@ def test_bad_references_are_one_line(tmp_path, referenced_module, field, value, 
 
 
 @pytest.fixture
-def fake_plugins(tmp_path, monkeypatch):
+def fake_plugins(tmp_path, monkeypatch, registry_copy):
     """Installs a distribution's metadata on sys.path (what pip writes) with the given entry
     points, and leaves the registries as they were afterwards."""
-    from cflpipe import methods, models
+    from cflpipe import models
     from cflpipe.data import base
 
-    methods._load_all()  # before the copy: built-ins imported into it would be gone with it afterwards
-    monkeypatch.setattr(methods, "METHODS", dict(methods.METHODS))
-    monkeypatch.setattr(methods, "_PLUGINS_LOADED", False)
-    monkeypatch.setattr(methods, "_PLUGIN_FAILURES", [])
     monkeypatch.setattr(models, "MODELS", dict(models.MODELS))
     monkeypatch.setattr(base, "DATASETS", dict(base.DATASETS))
 
@@ -331,7 +327,7 @@ def test_a_broken_plugin_does_not_hide_a_misspelt_method(tmp_path, fake_plugins,
     """Listing every name (for an error, or `cflpipe methods`) leaves the broken plugin out and
     says so; the misspelt name is the error, at its entry."""
     from cflpipe.cli import main
-    from cflpipe.methods import all_methods, method_names, plugin_failures
+    from cflpipe.registry import all_methods, method_names, plugin_failures
 
     fake_plugins("""
         [cflpipe.methods]
@@ -378,7 +374,7 @@ def test_methods_name_imports_only_that_names_plugin(tmp_path, fake_plugins):
 
 
 def test_a_plugin_cannot_take_a_built_in_name_or_register_another(tmp_path, fake_plugins):
-    from cflpipe.methods import all_methods, method_info, plugin_failures
+    from cflpipe.registry import all_methods, method_info, plugin_failures
 
     fake_plugins("""
         [cflpipe.methods]
@@ -405,7 +401,7 @@ def test_a_plugin_cannot_take_a_built_in_name_or_register_another(tmp_path, fake
 
 
 def test_registering_a_taken_name_is_refused():
-    from cflpipe.methods import method_info, register
+    from cflpipe.registry import method_info, register
     from cflpipe.methods.fedavg import FedAvg
     from cflpipe.models import MLP, register_model
 
@@ -420,7 +416,7 @@ def test_registering_a_taken_name_is_refused():
 def test_a_hyper_parameter_named_like_a_method_entry_key_is_refused_at_registration(key):
     from pydantic import create_model
 
-    from cflpipe.methods import METHODS, HyperParams, register
+    from cflpipe.registry import METHODS, HyperParams, register
     from cflpipe.methods.fedavg import FedAvg
 
     params = create_model("ReservedParams", __base__=HyperParams, **{key: (int, 1)})
@@ -433,7 +429,7 @@ def test_a_hyper_parameter_named_like_a_method_entry_key_is_refused_at_registrat
 
 def test_runs_of_built_in_methods_models_and_datasets_record_no_plugins(tmp_path):
     """Their config.yaml stays as before plugins existed, so no finished run is redone."""
-    from cflpipe.plugins import run_plugins
+    from cflpipe.fl.runs import run_plugins
 
     spec = parse_spec(small_spec(tmp_path, {"fedavg": {}, "cfl_awcfl": {}}, model="cnn"))
     assert [run_plugins(spec, "s", m) for m in spec.methods] == [{}, {}]

@@ -467,7 +467,7 @@ def test_find_sweeps_prefers_beta():
 
 
 def test_every_method_entry_has_its_own_style_grouped_by_family():
-    from cflpipe.methods import all_methods
+    from cflpipe.registry import all_methods
     from cflpipe.report.styles import FAMILIES, assign_styles, capacity, method_family
 
     families = {

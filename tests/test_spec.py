@@ -368,7 +368,7 @@ def test_scenario_hyperparams_give_k_per_scenario_and_the_method_entry_wins():
     scenario that has the key, a method entry's own value overrides it, and the partition's
     fingerprint does not depend on it."""
     from cflpipe.fl.runs import resolved_config
-    from cflpipe.methods import resolved_hyperparams
+    from cflpipe.registry import resolved_hyperparams
 
     data = with_change("methods", {"fedavg": {}, "ifca": {}, "fixed": {"method": "ifca", "clusters": 3},
                                    "prox": {"method": "fedprox", "mu": 0.1}})
@@ -419,7 +419,7 @@ def test_scenario_hyperparams_with_method_entries(hyperparams, methods, line):
     data["scenarios"]["digits-swap4"].update(clients=4, hyperparams=hyperparams)
     data["training"]["clients_per_round"] = 4
     if line is None:
-        from cflpipe.methods import resolved_hyperparams
+        from cflpipe.registry import resolved_hyperparams
 
         spec = parse_spec(data)
         assert resolved_hyperparams(spec, "digits-swap4", "ifca").clusters == 3

@@ -81,7 +81,7 @@ def test_expanded_entries_are_the_entries_written_by_hand():
 
 
 def test_the_report_finds_the_expanded_entries_as_sweeps():
-    from cflpipe.methods import resolved_hyperparams
+    from cflpipe.registry import resolved_hyperparams
     from cflpipe.report.build import find_sweeps
 
     spec = parse_spec(BASE)
@@ -160,7 +160,7 @@ def test_sweep_mistakes_are_one_line_at_the_spec_files_path(change, line):
 
 
 def test_an_unknown_method_type_is_reported_where_the_sweeping_entry_gives_it():
-    from cflpipe.methods import method_names
+    from cflpipe.registry import method_names
 
     allowed = f"allowed: {', '.join(method_names())} (or a module:Class reference)"
     # no `method:`: the entry's name is the type, as for an entry without a sweep

@@ -21,7 +21,8 @@ from cflpipe.fl.local import (SGD, Anchor, FOMAMLStep, LocalResult, LoopState, M
                               batch_indices, run_loop, sgd, step_config)
 from cflpipe.fl.params import ParamSpace, cluster_average
 from cflpipe.fl.plan import ClientPlan
-from cflpipe.fl.trainers import BatchedTrainer, build_trainer
+from cflpipe.fl.trainer_choice import build_trainer
+from cflpipe.fl.trainers import BatchedTrainer
 from cflpipe.models import MLP
 from cflpipe.spec import parse_spec
 
@@ -565,28 +566,25 @@ def test_apply_batched_equals_one_by_one_for_shared_and_own_inputs_and_any_call(
     (cluster models on a split), each vector its own inputs of any length (personal models on
     their clients' rows; padded inside), another method of the network (features), and chunks of
     rows. On a CPU the batched trainer applies one by one (measured faster there)."""
-    from types import SimpleNamespace
-
     from cflpipe.fl.trainers import SequentialTrainer
 
     space = ParamSpace(MLP((64,), 10))
-    ctx = SimpleNamespace(spaces={"model": space})
     generator = torch.Generator().manual_seed(0)
     vectors = 0.05 * torch.randn(5, space.size, generator=generator)
     x = torch.randn(300, 64, generator=generator)
     one, batched = SequentialTrainer(), BatchedTrainer()
-    expected = one.apply(ctx, "model", vectors, (x,), "forward", 128)
+    expected = one.apply(space, vectors, (x,), "forward", 128)
     assert expected.shape == (5, 300, 10)
-    torch.testing.assert_close(batched.apply_batched(ctx, "model", vectors, (x,), "forward", 128), expected)
-    torch.testing.assert_close(batched.apply_batched(ctx, "model", vectors, (x,), "forward", None), expected)
-    assert torch.equal(batched.apply(ctx, "model", vectors, (x,), "forward", 128), expected)  # CPU: one by one
+    torch.testing.assert_close(batched.apply_batched(space, vectors, (x,), "forward", 128), expected)
+    torch.testing.assert_close(batched.apply_batched(space, vectors, (x,), "forward", None), expected)
+    assert torch.equal(batched.apply(space, vectors, (x,), "forward", 128), expected)  # CPU: one by one
     for j in range(5):  # the sequential path is the network itself, vector by vector
         space.load(vectors[j])
         with torch.no_grad():
             assert torch.equal(expected[j], torch.cat([space.model(x[:128]), space.model(x[128:256]), space.model(x[256:])]))
     own = [(torch.randn(n, 64, generator=generator),) for n in (3, 10, 0, 7, 1)]
-    alone = one.apply(ctx, "model", vectors, own, "features", 4)
-    together = batched.apply_batched(ctx, "model", vectors, own, "features", 4)
+    alone = one.apply(space, vectors, own, "features", 4)
+    together = batched.apply_batched(space, vectors, own, "features", 4)
     assert [tuple(t.shape) for t in together] == [(3, 200), (10, 200), (0, 200), (7, 200), (1, 200)]
     for a, b in zip(alone, together):
         torch.testing.assert_close(b, a)
@@ -594,19 +592,16 @@ def test_apply_batched_equals_one_by_one_for_shared_and_own_inputs_and_any_call(
 
 
 def test_apply_inverts_every_cinn_at_once_as_one_by_one():
-    from types import SimpleNamespace
-
     from cflpipe.fl.trainers import SequentialTrainer
     from cflpipe.methods.fcca import ConditionalFlow
 
     torch.manual_seed(0)
     space = ParamSpace(ConditionalFlow(6, 3, 2, 8))
-    ctx = SimpleNamespace(spaces={"flow": space})
     vectors = space.read()[None] + 0.1 * torch.randn(4, space.size, generator=torch.Generator().manual_seed(1))
     noise = torch.randn(12, 6, generator=torch.Generator().manual_seed(2))
     context = space.model.onehot(torch.arange(3).repeat_interleave(4), torch.float32)
-    expected = SequentialTrainer().apply(ctx, "flow", vectors, (noise, context), "inverse", None)
-    torch.testing.assert_close(BatchedTrainer.apply_batched(ctx, "flow", vectors, (noise, context), "inverse", None),
+    expected = SequentialTrainer().apply(space, vectors, (noise, context), "inverse", None)
+    torch.testing.assert_close(BatchedTrainer.apply_batched(space, vectors, (noise, context), "inverse", None),
                                expected)
 
 

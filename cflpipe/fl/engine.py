@@ -25,11 +25,11 @@ from cflpipe.fl.evaluation import evaluate
 from cflpipe.fl.method import Context, Method, Payload, Update, WeightedSum, divergence_error
 from cflpipe.fl.plan import Results
 from cflpipe.fl.params import ParamSpace
-from cflpipe.fl.trainers import build_trainer
+from cflpipe.fl.trainer_choice import build_trainer
 from cflpipe.fl.runs import (LOCK_FILE, OUTPUT_FILES, ResolvedRun, checkpoint_of, config_differences, read_json, remove_empty,
                              resolve_device, resolve_run, run_provenance, same_run, state_folders,
                              volatile_provenance)
-from cflpipe.methods import method_info
+from cflpipe.registry import method_info
 from cflpipe.models import build_model
 from cflpipe.seeds import rng
 from cflpipe.spec import Spec, Training

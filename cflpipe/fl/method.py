@@ -21,7 +21,7 @@ from cflpipe.fl.trainers import SequentialTrainer, Trainer
 from cflpipe.seeds import mix_seed, rng
 from cflpipe.fl.work import WorkItem
 from cflpipe.metrics import tensor_bytes
-from cflpipe.methods import Capabilities  # noqa: F401  (re-exported: a plugin method declares its own)
+from cflpipe.registry import Capabilities, bind_declared, declared_starts
 from cflpipe.spec import Training
 
 
@@ -156,12 +156,12 @@ class Context:
         """Each parameter vector applied to the same inputs, (vectors × rows × …), by the run's
         trainer (batched or one by one): `network.<call>(*inputs)`, without gradients, in
         evaluation mode, in chunks of `chunk` rows (None: all at once)."""
-        return self.trainer.apply(self, space, vectors, tuple(inputs), call, chunk)
+        return self.trainer.apply(self.spaces[space], vectors, tuple(inputs), call, chunk)
 
     def apply_each(self, vectors: torch.Tensor | list[torch.Tensor], inputs: list[tuple[torch.Tensor, ...]], *,
                    space: str = "model", call: str = "forward", chunk: int | None = None) -> list[torch.Tensor]:
         """Vector j applied to its own inputs `inputs[j]` (any lengths): one output per vector."""
-        return self.trainer.apply(self, space, vectors, list(inputs), call, chunk)
+        return self.trainer.apply(self.spaces[space], vectors, list(inputs), call, chunk)
 
     # ------------------------------------------------------------------ client plans
 
@@ -328,8 +328,9 @@ def sampled_hook_applies(cls: type, sampled: str, full: str) -> bool:
 
 
 class Method:
-    """Base class. Subclasses register with methods.register, declare their capabilities and the
-    server attributes to checkpoint, and override the hooks. A round, as the engine drives it:
+    """Base class. A built-in subclass is declared in cflpipe.methods.catalog and bound to its
+    declaration as it is defined; a plugin's registers with cflpipe.methods.register and declares
+    its capabilities. Each names the server attributes to checkpoint and overrides the hooks. A round, as the engine drives it:
 
         round_start(sampled)                       server: (re)cluster, choose K, …
         payload(client) -> Payload                 bytes down
@@ -344,6 +345,10 @@ class Method:
     name = "method"
     capabilities = Capabilities()
     checkpoint: tuple[str, ...] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        bind_declared(cls)  # a built-in's name and capabilities, from its declaration in the catalog
 
     def __init__(self, ctx: Context):
         self.ctx = ctx
@@ -512,8 +517,6 @@ class Method:
         method may form more than one cluster with these hyper-parameters; None: from the start.
         `cflpipe validate` warns when that round is at or past the run's last one. A built-in's
         is declared in cflpipe.methods.catalog; a subclass inherits its nearest ancestor's."""
-        from cflpipe.methods import declared_starts
-
         return declared_starts(cls, hp)
 
     @classmethod

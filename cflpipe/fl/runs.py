@@ -18,14 +18,25 @@ from cflpipe.errors import SpecError
 from cflpipe.fl.checkpoint import manifest_bytes, read_state, rows_folder, state_bytes, write_state
 from cflpipe.fl.data import FederatedData, build_federated_data, input_digests
 from cflpipe.fl.live import live_dir
-from cflpipe.methods import method_info, resolved_hyperparams
-from cflpipe.plugins import run_plugins
+from cflpipe.registry import method_info, resolved_hyperparams
+from cflpipe.data.base import dataset_info
+from cflpipe.models import model_factory
+from cflpipe.plugins import distributions_of
 from cflpipe.spec import (RUN_OUTPUT_FILES, Spec, Training, dump_yaml, same_trainer_as_sequential, spec_sha256,
                           training_key_path, without_threads)
 
 OUTPUT_FILES = RUN_OUTPUT_FILES
 # Held by the process writing a run (flock), in the run's folder.
 LOCK_FILE = ".lock"
+
+
+def run_plugins(spec: Spec, scenario: str, method: str) -> dict[str, str]:
+    """{distribution: version} of the installed packages a run's method, model and dataset come
+    from when they are not cflpipe's own: part of the run's definition (its config.yaml), so that
+    a new release of a plugin re-runs what it trained, as a new cflpipe release does."""
+    return distributions_of((method_info(spec.method_type(method)).cls,
+                             model_factory(spec.resolved_training(scenario, method).model),
+                             dataset_info(spec.scenarios[scenario].dataset.name).load))
 
 
 @dataclass(frozen=True)

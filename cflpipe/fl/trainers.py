@@ -18,22 +18,19 @@ from __future__ import annotations
 
 import sys
 from collections import defaultdict
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
 
 from torch import nn
 
-from cflpipe.errors import CompileError, SpecError
+from cflpipe.errors import CompileError
 from cflpipe.fl.local import LocalResult, batch_indices, precision_scope, run_loop, sgd, step_config
 from cflpipe.fl.params import ParamSpace
 from cflpipe.fl.plan import Trained, trained_into
 from cflpipe.fl.work import WorkItem, pickled_together
 from cflpipe.seeds import mix_seed  # noqa: F401  (its old home; plugins import it from here)
-
-if TYPE_CHECKING:
-    from cflpipe.fl.method import Context
 
 TRAINERS = ("auto", "sequential", "batched", "processes", "distributed")
 
@@ -99,21 +96,20 @@ class Trainer:
 
     # ------------------------------------------------------------------ applying models
 
-    def apply(self, ctx: "Context", space: str, vectors: torch.Tensor | list[torch.Tensor],
+    def apply(self, network: ParamSpace, vectors: torch.Tensor | list[torch.Tensor],
               inputs: Inputs | list[Inputs], call: str = "forward", chunk: int | None = None
               ) -> torch.Tensor | list[torch.Tensor]:
-        """Apply each parameter vector (rows of `vectors`, a network of space `space`) to inputs,
+        """Apply each parameter vector (rows of `vectors`, of the parameter space `network`) to inputs,
         without gradients, in evaluation mode: `module.<call>(*inputs)` in chunks of `chunk` rows
         (None: all at once). `inputs` is one tuple of tensors every vector is applied to (the
         result is one (vectors × rows × …) tensor), or a list of one tuple per vector, of any
         lengths (the result is a list). The sequential path loads one vector after the other into
         the space; the batched trainer overrides this with vmap over the vectors."""
-        return self.apply_one_by_one(ctx, space, vectors, inputs, call, chunk)
+        return self.apply_one_by_one(network, vectors, inputs, call, chunk)
 
     @staticmethod
     @torch.no_grad()
-    def apply_one_by_one(ctx: "Context", space: str, vectors, inputs, call: str, chunk: int | None):
-        params = ctx.spaces[space]
+    def apply_one_by_one(params: ParamSpace, vectors, inputs, call: str, chunk: int | None):
         function = getattr(params.model, call)
         params.model.eval()
         shared = isinstance(inputs, tuple)
@@ -230,7 +226,7 @@ class BatchedTrainer(Trainer):
             print(f"cflpipe: the batched trainer cannot {what} ({type(exc).__name__}: {reason}); "
                   f"{instead} sequentially", file=sys.stderr)
 
-    def apply(self, ctx, space, vectors, inputs, call="forward", chunk=None):
+    def apply(self, network, vectors, inputs, call="forward", chunk=None):
         """On a GPU, vmap(functional_call) over the stacked vectors (the torch.func
         model-ensembling pattern): one batched call per chunk of rows instead of one per vector
         (apply_batched). On a CPU one by one, which `cflpipe bench --part apply` measured as fast
@@ -239,22 +235,21 @@ class BatchedTrainer(Trainer):
         for the batching to save, and vmapped convolutions run slower."""
         device = vectors.device if isinstance(vectors, torch.Tensor) else vectors[0].device
         if len(vectors) < 2 or device.type != "cuda":
-            return self.apply_one_by_one(ctx, space, vectors, inputs, call, chunk)
+            return self.apply_one_by_one(network, vectors, inputs, call, chunk)
         try:
-            return self.apply_batched(ctx, space, vectors, inputs, call, chunk)
+            return self.apply_batched(network, vectors, inputs, call, chunk)
         except Exception as exc:  # noqa: BLE001 - any failure of vmap: apply one by one
             self.say_fallback(exc, "apply some models", "applying them")
-        return self.apply_one_by_one(ctx, space, vectors, inputs, call, chunk)
+        return self.apply_one_by_one(network, vectors, inputs, call, chunk)
 
     @staticmethod
     @torch.no_grad()
-    def apply_batched(ctx, space, vectors, inputs, call, chunk):
+    def apply_batched(params: ParamSpace, vectors, inputs, call, chunk):
         """apply() as one vmap over the stacked vectors; inputs of different lengths per vector
         are padded to the longest (padding rows are dropped from the results). Equal to the
         sequential path to float rounding."""
         from torch.func import functional_call, vmap
 
-        params = ctx.spaces[space]
         stacked = vectors if isinstance(vectors, torch.Tensor) else torch.stack(list(vectors))
         weights = {f"module.{s.name}": stacked[:, s.offset:s.offset + s.numel].view(len(stacked), *s.shape)
                    for s in params.slots}
@@ -478,54 +473,3 @@ def _shards(costs: list[int], parts: int) -> list[list[int]]:
         shards[current].append(i)
         done += cost
     return shards
-
-
-# Models the batched trainer is measured faster for on a CPU (cflpipe bench --part trainers,
-# docs/performance.md, per-tensor gradients): the cnn 2.0–3.4× on digits and 1.1–1.3× at 28×28,
-# the mlp 1.0–1.5×, at 10–100 sampled clients; resnet18 0.6× at 32×32, so it stays sequential, as
-# do the models not measured.
-CPU_BATCHED_MODELS = ("cnn", "mlp")
-
-
-def build_trainer(name: str, device: torch.device, model: str | None = None, where: str = "training.trainer",
-                  workers: int | None = None, compiled: bool = False) -> Trainer:
-    """The trainer `name` names: built in (auto picks sequential or batched; batched wherever
-    the step is `compiled`), an installed plugin's (entry point group cflpipe.trainers) or a
-    `module:Class` reference."""
-    from cflpipe.plugins import (TRAINERS_GROUP, describe_object, entry_point_names, is_reference,
-                                 load_entry_point, load_reference)
-
-    if name == "auto":
-        # On a GPU one vmapped loop replaces many small kernels; on a CPU only where measured.
-        name = "batched" if compiled or device.type == "cuda" or model in CPU_BATCHED_MODELS else "sequential"
-    if name == "processes":
-        if device.type == "cuda":
-            raise SpecError(f"{where}: processes spreads training over CPU processes; on a GPU use auto or batched")
-        return ProcessesTrainer(workers or _usable_cpus())
-    if name == "distributed":
-        if device.type == "cuda":
-            raise SpecError(f"{where}: distributed spreads training over the CPU processes torchrun starts, "
-                            f"and this run's device is cuda; allowed: device: cpu, or trainer auto or batched on the GPU")
-        from cflpipe.fl.distributed import DistributedTrainer
-
-        return DistributedTrainer()
-    if name == "batched":
-        return BatchedTrainer(compiled)
-    if name == "sequential":
-        return SequentialTrainer()
-    if is_reference(name):
-        factory = load_reference(name, where)
-    elif name in entry_point_names(TRAINERS_GROUP):
-        factory = load_entry_point(TRAINERS_GROUP, name, where)
-    else:
-        raise SpecError(f"{where}: unknown trainer {name!r}; allowed: auto, sequential, batched, processes, distributed, "
-                        f"{', '.join(entry_point_names(TRAINERS_GROUP))} or a module:Class reference")
-    if not (isinstance(factory, type) and issubclass(factory, Trainer)):
-        raise SpecError(f"{where}: {name!r} is {describe_object(factory)}, not a cflpipe.fl.trainers.Trainer subclass")
-    return factory()
-
-
-def _usable_cpus() -> int:
-    import os
-
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

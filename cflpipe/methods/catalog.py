@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from cflpipe.methods import Capabilities, HyperParams, declare
+from cflpipe.registry import Capabilities, HyperParams, declare
 
 
 # --- methods/fedprox.py

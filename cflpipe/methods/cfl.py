@@ -22,8 +22,6 @@ from cflpipe.fl.method import Context, Payload, Update, stack_updates
 from cflpipe.fl.plan import Trained
 from cflpipe.methods.clustered import ClusterModels
 from cflpipe.fl.params import cluster_average
-from cflpipe.methods import register
-from cflpipe.methods.catalog import CFLParams
 
 
 # (eps1, eps2, gamma_max) of the reference code (absolute norms, no separation check) and of the
@@ -32,7 +30,6 @@ REFERENCE_DEFAULTS = (0.4, 1.6, 0.0)
 RELATIVE_DEFAULTS = (0.5, 0.6, 0.5)
 
 
-@register("cfl", CFLParams)
 class CFL(ClusterModels):
     """CFL (Sattler et al.): FedAvg per cluster; split a cluster by cosine similarity of updates at stationarity.
 

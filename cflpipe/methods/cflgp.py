@@ -18,9 +18,7 @@ import torch
 
 from cflpipe.clustering import kmeans
 from cflpipe.fl.method import Context, Update
-from cflpipe.methods import register
 from cflpipe.methods.clustered import ClusterModels
-from cflpipe.methods.catalog import CFLGPParams
 
 # Purpose of the server randomness that seeds the k-means.
 _KMEANS = 0xC6
@@ -45,7 +43,6 @@ def match_labels(new: np.ndarray, old: np.ndarray, k: int) -> np.ndarray:
     return mapping[new]
 
 
-@register("cflgp", CFLGPParams)
 class CFLGP(ClusterModels):
     """CFL-GP: clients partitioned by spectral clustering of their accumulated model updates.
 

@@ -45,9 +45,7 @@ from cflpipe.fl.local import MoreauStep
 from cflpipe.fl.method import Method, Payload, Update, stack_updates
 from cflpipe.fl.params import cluster_average
 from cflpipe.fl.plan import ClientPlan, Trained
-from cflpipe.methods import register
 from cflpipe.methods.personal import PersonalModels
-from cflpipe.methods.catalog import CGPFLParams
 
 _SEEDING = 0xC6  # purpose of the server randomness that seeds the generalized models
 
@@ -58,7 +56,6 @@ def nearest(vectors: torch.Tensor, centers: torch.Tensor) -> torch.Tensor:
     return distances.argmin(dim=1)
 
 
-@register("cgpfl", CGPFLParams)
 class CGPFL(PersonalModels, Method):
     """CGPFL: pFedMe-style personalized models tied to the nearest of K generalized models."""
 

@@ -27,13 +27,10 @@ from __future__ import annotations
 from cflpipe.fl.local import Anchor
 from cflpipe.fl.method import ClientView, Payload, Update
 from cflpipe.fl.plan import ClientPlan, Trained
-from cflpipe.methods import register
 from cflpipe.methods.fedavg import FedAvg
 from cflpipe.methods.personal import PersonalModels
-from cflpipe.methods.catalog import DittoParams
 
 
-@register("ditto", DittoParams)
 class Ditto(PersonalModels, FedAvg):
     """Ditto: FedAvg global model plus a personal model per client pulled towards it by λ.
 

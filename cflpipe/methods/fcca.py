@@ -136,8 +136,7 @@ from cflpipe.fl.method import Context, Method, Payload, Update, stack_updates
 from cflpipe.fl.params import cluster_average, weighted_average
 from cflpipe.fl.plan import ClientPlan, Trained
 from cflpipe.seeds import mix_seed
-from cflpipe.methods import register
-from cflpipe.methods.catalog import FCCAParams, fcca_options
+from cflpipe.methods.catalog import fcca_options
 
 # Purposes of the seeded randomness (server noise, k-means, the clients' z' draws, the flow's
 # batch stream and its initialization).
@@ -222,7 +221,6 @@ class _FCCAVariants:
         return fcca_options(name)
 
 
-@register("fcca", FCCAParams)
 class FCCA(_FCCAVariants, Method):
     """FCCA: global encoder, cluster-wise classifiers, clients clustered by their cINNs' reconstructions."""
 

@@ -55,8 +55,6 @@ from cflpipe.fl.local import Anchor
 from cflpipe.fl.method import Method, Payload, Update
 from cflpipe.fl.params import cluster_average
 from cflpipe.fl.plan import ClientPlan, Trained
-from cflpipe.methods import register
-from cflpipe.methods.catalog import FedACParams
 
 
 def cluster_ratios(models: torch.Tensor, centers: torch.Tensor, clusters: np.ndarray) -> np.ndarray:
@@ -124,7 +122,6 @@ def tune_cluster_number(models: torch.Tensor, centers: torch.Tensor, clusters: n
     return centers[order], compact, ratios
 
 
-@register("fedac", FedACParams)
 class FedAC(Method):
     """FedAC: personalized models pulled to cluster centers (μ) and a global embedding (λ); LrCos EM clustering; CNT."""
 

@@ -7,10 +7,8 @@ import torch
 from cflpipe.fl.local import Anchor
 from cflpipe.fl.method import ClientView, Method, Payload, Update, average_updates
 from cflpipe.fl.plan import ClientPlan, Trained
-from cflpipe.methods import HyperParams, register
 
 
-@register("fedavg", HyperParams)
 class FedAvg(Method):
     """FedAvg: one global model, clients' models averaged weighted by their sample counts."""
 

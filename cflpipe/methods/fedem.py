@@ -20,10 +20,8 @@ import torch.nn.functional as F
 from cflpipe.fl.method import ClientView, Context, Method, Payload, Update, stack_updates
 from cflpipe.fl.params import weighted_average
 from cflpipe.fl.plan import ClientPlan, Trained
-from cflpipe.methods import register
 from cflpipe.methods.clustered import mixture_table
 from cflpipe.methods.ifca import lowest, random_models, sample_losses
-from cflpipe.methods.catalog import FedEMParams
 
 
 class WeightedCrossEntropy:
@@ -58,7 +56,6 @@ def responsibilities(log_pi: np.ndarray, losses: np.ndarray) -> np.ndarray:
     return q / q.sum(axis=0, keepdims=True)
 
 
-@register("fedem", FedEMParams)
 class FedEM(Method):
     """FedEM: K shared component models, a mixture weight per client and component, EM on the clients.
 
@@ -174,7 +171,6 @@ def label_prior(counts: np.ndarray) -> np.ndarray:
     return floored / floored.sum(axis=1, keepdims=True)
 
 
-@register("fedrc", FedEMParams)
 class FedRC(FedEM):
     """FedRC (Guo, Tang and Lin 2024): FedEM whose E-step divides by each cluster's label distribution, to cluster by concept shift.
 

@@ -25,8 +25,6 @@ from sklearn.cluster import KMeans
 from cflpipe.fl.method import ClientView, Context, Method, Payload, Update, stack_updates
 from cflpipe.fl.params import weighted_average
 from cflpipe.fl.plan import ClientPlan, Trained
-from cflpipe.methods import register
-from cflpipe.methods.catalog import FedGMMParams
 from cflpipe.methods.clustered import mixture_table
 from cflpipe.methods.fedem import WeightedCrossEntropy
 from cflpipe.methods.ifca import lowest, random_models, sample_losses
@@ -85,7 +83,6 @@ def input_weights(log_pi: torch.Tensor, log_density: torch.Tensor) -> torch.Tens
     return torch.softmax(scores.flatten(1), dim=1).view_as(scores).sum(dim=1)
 
 
-@register("fedgmm", FedGMMParams)
 class FedGMM(Method):
     """FedGMM: M1 Gaussians over the inputs and M2 shared classifiers, a weight per client and pair (m1, m2), EM on the clients.
 

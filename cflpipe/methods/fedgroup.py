@@ -21,11 +21,8 @@ from cflpipe.fl.method import Context, Payload, Update
 from cflpipe.fl.plan import ClientPlan
 from cflpipe.methods.clustered import UNASSIGNED, ClusterModels
 from cflpipe.fl.params import cluster_average
-from cflpipe.methods import register
-from cflpipe.methods.catalog import FedGroupParams
 
 
-@register("fedgroup", FedGroupParams)
 class FedGroup(ClusterModels):
     """FedGroup (Duan et al.): static groups by k-means on decomposed cosine similarities (EDC) of pre-training updates.
 

@@ -18,10 +18,8 @@ import torch
 from cflpipe.fl.method import Method, Payload, Update, stack_updates
 from cflpipe.fl.plan import ClientPlan, Trained
 from cflpipe.fl.params import weighted_average
-from cflpipe.methods import HyperParams, register
 
 
-@register("fedper", HyperParams)
 class FedPer(Method):
     """FedPer: shared body averaged on the server, personal head kept on each client."""
 

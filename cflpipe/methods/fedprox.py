@@ -5,12 +5,9 @@ from __future__ import annotations
 
 from cflpipe.fl.local import Anchor
 from cflpipe.fl.method import Payload
-from cflpipe.methods import register
 from cflpipe.methods.fedavg import FedAvg
-from cflpipe.methods.catalog import FedProxParams
 
 
-@register("fedprox", FedProxParams)
 class FedProx(FedAvg):
     """FedProx: FedAvg whose local objective adds (mu/2)·||w − w_global||²."""
 

@@ -18,12 +18,10 @@ import torch
 from cflpipe.fl.local import Anchor
 from cflpipe.fl.method import ClientView, Context, Method, Payload, Update, stack_updates
 from cflpipe.fl.plan import ClientPlan, Trained
-from cflpipe.methods import register
 from cflpipe.methods.clustered import mixture_table
 from cflpipe.methods.ifca import lowest, random_models, sample_losses
 from cflpipe.methods.personal import PersonalModels
 from cflpipe.metrics import tensor_bytes
-from cflpipe.methods.catalog import FedSoftParams
 
 
 def importance_weights(losses: np.ndarray, owner: np.ndarray, clients: int, smoother: float) -> np.ndarray:
@@ -38,7 +36,6 @@ def importance_weights(losses: np.ndarray, owner: np.ndarray, clients: int, smoo
     return np.where(counts == 0, smoother, shares)
 
 
-@register("fedsoft", FedSoftParams)
 class FedSoft(PersonalModels, Method):
     """FedSoft: soft clusters; local models pulled to every center by the client's share in it.
 

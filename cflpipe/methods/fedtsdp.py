@@ -90,8 +90,6 @@ from cflpipe.errors import SpecError
 from cflpipe.fl.method import Context, Method, Payload, Update, stack_updates
 from cflpipe.fl.params import cluster_average
 from cflpipe.fl.plan import ClientPlan, Trained
-from cflpipe.methods import register
-from cflpipe.methods.catalog import FedTSDPParams
 
 # Purposes of the server's randomness.
 _PUBLIC_BATCH, _HOPKINS = 0x75D1, 0x75D2
@@ -167,7 +165,6 @@ def _noise_to_singletons(labels: np.ndarray) -> np.ndarray:
     return canonical_labels(labels)
 
 
-@register("fedtsdp", FedTSDPParams)
 class FedTSDP(Method):
     """FedTSDP (Zhu et al.): Hopkins-gated two-stage clustering (JS of public outputs, then weights) with shrinking shared layers."""
 

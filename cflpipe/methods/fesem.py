@@ -22,11 +22,8 @@ from cflpipe.fl.local import Anchor
 from cflpipe.fl.method import Context, Payload, Update, stack_updates
 from cflpipe.methods.clustered import ClusterModels
 from cflpipe.fl.params import cluster_average
-from cflpipe.methods import register
-from cflpipe.methods.catalog import FeSEMParams
 
 
-@register("fesem", FeSEMParams)
 class FeSEM(ClusterModels):
     """FeSEM (Long et al.): K centers by stochastic EM on model weights (L2), eq. 7 local pull to the center.
 

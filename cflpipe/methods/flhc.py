@@ -19,13 +19,10 @@ from cflpipe.fl.method import Update
 from cflpipe.fl.plan import ClientPlan
 from cflpipe.methods.clustered import ClusterModels
 from cflpipe.fl.params import cluster_average
-from cflpipe.methods import register
-from cflpipe.methods.catalog import FLHCParams
 
 # ---------------------------------------------------------------------------- FL+HC
 
 
-@register("flhc", FLHCParams)
 class FLHC(ClusterModels):
     """FL+HC: FedAvg, then one hierarchical clustering of all clients' updates, then FedAvg per cluster.
 

@@ -20,10 +20,8 @@ from cflpipe.fl.plan import ClientPlan, Trained
 from cflpipe.methods.clustered import ClusterModels, client_feature_mean
 from cflpipe.methods.catalog import AWCFLParams, MCFLParams
 from cflpipe.metrics import per_client_mean
-from cflpipe.methods import register
 from cflpipe.models import build_model
 from cflpipe.seeds import seed32
-from cflpipe.methods.catalog import IFCAParams
 
 
 def random_models(ctx: Context, count: int, purpose: int) -> torch.Tensor:
@@ -68,7 +66,6 @@ def lowest(losses: np.ndarray) -> np.ndarray:
     return np.argmin(np.where(np.isnan(losses), np.inf, losses), axis=-1).astype(np.int64)
 
 
-@register("ifca", IFCAParams)
 class IFCA(ClusterModels):
     """IFCA: all K cluster models go to each client, which trains (and joins) the one with the lowest loss.
 

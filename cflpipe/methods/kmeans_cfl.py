@@ -15,11 +15,8 @@ from cflpipe.fl.method import Payload, Update
 from cflpipe.fl.plan import ClientPlan
 from cflpipe.methods.clustered import ClusterModels
 from cflpipe.fl.params import cluster_average
-from cflpipe.methods import register
-from cflpipe.methods.catalog import KMeansCFLParams
 
 
-@register("kmeans_cfl", KMeansCFLParams)
 class KMeansCFL(ClusterModels):
     """K-means CFL: K-means on the clients' latest models every round, then per-cluster averaging (AWCFL/MCFL's base)."""
 

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 from cflpipe.fl.method import ClientView, Method, Payload, Update
 from cflpipe.fl.plan import ClientPlan, Trained
-from cflpipe.methods import HyperParams, register
 from cflpipe.methods.personal import PersonalModels
 
 
-@register("local", HyperParams)
 class Local(PersonalModels, Method):
     """Local: every client trains only its own model; nothing is communicated."""
 

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from cflpipe.errors import SpecError
 from cflpipe.methods.clustered import ClusterModels
-from cflpipe.methods import HyperParams, register
 
 
-@register("oracle", HyperParams)
 class Oracle(ClusterModels):
     """Oracle: FedAvg within the scenario's ground-truth groups (the reference for cluster recovery)."""
 

@@ -21,9 +21,7 @@ from cflpipe.clustering import cut_dendrogram
 from cflpipe.fl.diagnosis import SINGLETONS
 from cflpipe.fl.method import ClientView
 from cflpipe.metrics import tensor_bytes
-from cflpipe.methods import register
 from cflpipe.methods.clustered import ClusterModels
-from cflpipe.methods.catalog import PACFLParams
 
 # The authors' linkage names and scipy's: their "average" replaces the two merged rows by their
 # plain mean whatever the clusters' sizes, which is WPGMA (scipy's "weighted"), not UPGMA.
@@ -62,7 +60,6 @@ def proximity_matrix(bases: list[torch.Tensor]) -> torch.Tensor:
     return torch.rad2deg(torch.arccos(largest.clamp(0.0, 1.0)))
 
 
-@register("pacfl", PACFLParams)
 class PACFL(ClusterModels):
     """PACFL: clients clustered once, before training, by the principal angles between their data subspaces.
 

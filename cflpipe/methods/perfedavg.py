@@ -36,15 +36,12 @@ from cflpipe.fl.local import FOMAMLStep
 from cflpipe.fl.method import Payload, Update, stack_updates
 from cflpipe.fl.params import weighted_average
 from cflpipe.fl.plan import ClientPlan
-from cflpipe.methods import register
 from cflpipe.methods.fedavg import FedAvg
-from cflpipe.methods.catalog import PerFedAvgParams
 
 # Batch stream of the evaluation fine-tuning (training uses the client's default stream).
 _EVAL_STREAM = 2  # evaluation-time fine-tuning draws apart from training
 
 
-@register("perfedavg", PerFedAvgParams)
 class PerFedAvg(FedAvg):
     """Per-FedAvg (FO): MAML-style global model, personalized by one local SGD step at evaluation."""
 

@@ -22,8 +22,6 @@ from cflpipe.clustering import canonical_labels
 from cflpipe.fl.local import Anchor, steps_for
 from cflpipe.fl.method import ClientView, Context, Method, Payload, Update
 from cflpipe.fl.plan import ClientPlan, Trained
-from cflpipe.methods import register
-from cflpipe.methods.catalog import StoCFLParams
 
 
 def cosine_matrix(rows: torch.Tensor) -> torch.Tensor:
@@ -31,7 +29,6 @@ def cosine_matrix(rows: torch.Tensor) -> torch.Tensor:
     return unit @ unit.T
 
 
-@register("stocfl", StoCFLParams)
 class StoCFL(Method):
     """StoCFL: clients united into clusters by the cosine similarity of how a fixed anchor model moves on their data.
 

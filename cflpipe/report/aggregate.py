@@ -247,7 +247,7 @@ def _diagnosed(spec: Spec, r: RunOutputs):
     """fl/diagnosis of a finished run from its rounds table, for a run whose summary predates
     it (its own gate, read by the method's class, is left to the summary it wrote)."""
     from cflpipe.fl.diagnosis import diagnose_clustering
-    from cflpipe.methods import method_info
+    from cflpipe.registry import method_info
 
     capabilities = method_info(spec.method_type(r.method)).capabilities
     k = capabilities.k_param and r.config.get("hyperparams", {}).get(capabilities.k_param)

@@ -86,7 +86,7 @@ class Sections:
         return out
 
     def setup(self) -> dict[str, Any]:
-        from cflpipe.methods import scenario_hyperparams
+        from cflpipe.registry import scenario_hyperparams
 
         view = self.view
         names = [view.scenario_labels[s] for s in view.spec.scenarios]

@@ -47,7 +47,7 @@ from cflpipe import store
 
 def is_reference(method_type: str) -> bool:
     """A method told the ground-truth groups (capability needs_groups): a reference, never "best"."""
-    from cflpipe.methods import METHODS, all_methods
+    from cflpipe.registry import METHODS, all_methods
 
     info = METHODS.get(method_type) or all_methods().get(method_type)
     return bool(info and info.capabilities.needs_groups)
@@ -55,7 +55,7 @@ def is_reference(method_type: str) -> bool:
 
 def is_soft(method_type: str) -> bool:
     """A method whose clients belong to every cluster in shares (capability soft, FedSoft)."""
-    from cflpipe.methods import METHODS, all_methods
+    from cflpipe.registry import METHODS, all_methods
 
     info = METHODS.get(method_type) or all_methods().get(method_type)
     return bool(info and info.capabilities.soft)
@@ -63,7 +63,7 @@ def is_soft(method_type: str) -> bool:
 
 def is_clustered(method_type: str) -> bool:
     """A method that declares it clusters clients (capability clustered), whether or not it did."""
-    from cflpipe.methods import METHODS, all_methods
+    from cflpipe.registry import METHODS, all_methods
 
     info = METHODS.get(method_type) or all_methods().get(method_type)
     return bool(info and info.capabilities.clustered)

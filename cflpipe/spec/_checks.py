@@ -229,7 +229,7 @@ def _registered(dataset: str) -> bool:
 
 
 def _check_method(spec: Spec, method: str) -> list[str]:
-    from cflpipe.methods import METHODS, resolved_hyperparams, scenario_hyperparams, validate_method_entry
+    from cflpipe.registry import METHODS, resolved_hyperparams, scenario_hyperparams, validate_method_entry
 
     entry = spec.methods[method]
     where = f"methods.{method}"
@@ -289,7 +289,7 @@ def spec_warnings(spec: Spec) -> list[str]:
     clustering needs, a kind of group it cannot see). One line each, naming the key. Reads the
     methods' declarations (a plugin's module is imported, a built-in's is not)."""
     from cflpipe.data.base import dataset_info
-    from cflpipe.methods import method_info, resolved_hyperparams
+    from cflpipe.registry import method_info, resolved_hyperparams
 
     lines = []
     for scenario, sc in spec.scenarios.items():
@@ -328,7 +328,7 @@ def spec_warnings(spec: Spec) -> list[str]:
 def _check_scenario_hyperparams(spec: Spec) -> list[str]:
     """A scenario's `hyperparams` key that no method running on it takes, or that every such method
     overrides, would silently do nothing: an error, not a no-op."""
-    from cflpipe.methods import method_info
+    from cflpipe.registry import method_info
 
     def info(name: str):
         try:  # unknown types and plugins that fail to load are reported by _check_method
