@@ -338,7 +338,7 @@ def test_wrong_checksum_leaves_nothing(mirror, data_dir):
 def test_unreachable_mirror_names_url_and_manual_step(data_dir):
     url = closed_port_url()
     with pytest.raises(DataError) as err:
-        download_dataset("mnist", data_dir, progress=False, base_url=url)
+        download_dataset("mnist", data_dir, resources_for("mnist"), progress=False, base_url=url)
     message = str(err.value)
     assert "\n" not in message
     assert f"{url}/train-images-idx3-ubyte.gz" in message
@@ -715,12 +715,12 @@ def test_num_classes_and_params():
 
 
 def test_describe_resources(data_dir):
-    lines = describe_resources("cifar10", data_dir)
+    lines = describe_resources("cifar10", data_dir, resources_for("cifar10"))
     assert lines == [
         "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz -> "
         f"{data_dir / 'cifar10' / 'cifar-10-python.tar.gz'}  md5 c58f30108f718f92721af3b95e74349a "
         "(a tar archive, unpacked there)"]
-    assert describe_resources("mnist", data_dir)[0].startswith(
+    assert describe_resources("mnist", data_dir, resources_for("mnist"))[0].startswith(
         "https://ossci-datasets.s3.amazonaws.com/mnist/train-images-idx3-ubyte.gz or http://yann.lecun.com/")
 
 

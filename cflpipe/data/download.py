@@ -255,17 +255,12 @@ def _read_marker(marker: Path) -> dict:
         return {}
 
 
-def download_dataset(name: str, data_dir: str | Path, progress: bool = True,
-                     base_url: str | None = None,
-                     resources: Sequence[Resource] | None = None) -> Path:
-    """Fetch, verify and unpack every resource of dataset `name` into `data_dir/<name>/`, then
-    write its `.complete` marker. Files already present with the right MD5 are not downloaded
-    again, and archives already unpacked (per the marker) are not unpacked again. Returns the
-    dataset folder."""
-    if resources is None:
-        from cflpipe.data.remote import resources_for
-
-        resources = resources_for(name)
+def download_dataset(name: str, data_dir: str | Path, resources: Sequence[Resource], progress: bool = True,
+                     base_url: str | None = None) -> Path:
+    """Fetch, verify and unpack the resources of dataset `name` (`remote.resources_for(name)`)
+    into `data_dir/<name>/`, then write its `.complete` marker. Files already present with the
+    right MD5 are not downloaded again, and archives already unpacked (per the marker) are not
+    unpacked again. Returns the dataset folder."""
     folder = Path(data_dir) / name
     folder.mkdir(parents=True, exist_ok=True)
     _remove_stale_temps(folder)
@@ -296,14 +291,11 @@ def is_complete(name: str, data_dir: str | Path) -> bool:
     return (Path(data_dir) / name / MARKER).is_file()
 
 
-def describe_resources(name: str, data_dir: str | Path, base_url: str | None = None,
-                       resources: Sequence[Resource] | None = None) -> list[str]:
-    """One line per file for `cflpipe download NAME --list`: where to get it, where it goes, its
-    MD5 — what a user needs to fetch the files by hand on another machine."""
-    if resources is None:
-        from cflpipe.data.remote import resources_for
-
-        resources = resources_for(name)
+def describe_resources(name: str, data_dir: str | Path, resources: Sequence[Resource],
+                       base_url: str | None = None) -> list[str]:
+    """One line per file of dataset `name`'s resources for `cflpipe download NAME --list`: where to
+    get it, where it goes, its MD5 — what a user needs to fetch the files by hand on another
+    machine."""
     folder = Path(data_dir) / name
     lines = []
     for resource in resources:
