@@ -198,8 +198,8 @@ def run_params(wildcards):
 
 
 def method_params(s, m):
-    from cflpipe.methods import resolved_hyperparams  # imports torch: only where a run's params are needed
-    from cflpipe.plugins import run_plugins
+    from cflpipe.fl.runs import run_plugins  # imports torch: only where a run's params are needed
+    from cflpipe.registry import resolved_hyperparams
 
     # The resolved hyper-parameters (defaults included) and cflpipe's version (and the versions of
     # plugins the run uses): a release that changes a default or a definition re-runs what it changes.
