@@ -17,7 +17,7 @@ registry._load_all()
 BUILT_IN = sorted(name for name, info in METHODS.items() if info.module.startswith("cflpipe."))
 
 
-def test_validating_the_default_spec_imports_neither_torch_nor_a_method():
+def test_validating_the_default_spec_warns_of_nothing_and_imports_neither_torch_nor_a_method():
     code = ("import runpy, sys\n"
             "sys.argv = ['cflpipe', 'validate', '--config', 'config/config.yaml']\n"
             "try:\n    runpy.run_module('cflpipe', run_name='__main__')\n"
@@ -26,6 +26,8 @@ def test_validating_the_default_spec_imports_neither_torch_nor_a_method():
             "print(' '.join(loaded))\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert "config/config.yaml: ok" in out.stdout
+    # The default runs every method where its premises hold: no premise, budget or degeneration warning.
+    assert "warning" not in out.stderr, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "cflpipe.methods.catalog"
 
 
