@@ -18,7 +18,9 @@ MLP: seconds) and raises AssertionError with what went wrong:
 - check_evaluation_does_not_change_training: evaluating every round or only every other one
   gives the same training losses and final figures
 - check_clients_use_only_what_they_were_sent: the server's state is NaN while clients plan and
-  finish, so a client that read anything not counted as bytes down trains to NaN (traffic)
+  finish, so a client that read anything not counted as bytes down trains to NaN (traffic), and
+  the server's state after the clients' work must equal the state before it, so a client that
+  wrote to it (through a payload tensor that is a view of the server's) fails
 - check_state_round_trip: the method's checkpoint and client store round-trip through the
   engine's checkpoint into a fresh method that evaluates identically
 - check_k_rule: a number of clusters above the clients is refused in one line (methods with K)
@@ -31,6 +33,7 @@ A method makes its mechanism act within those few rounds by returning hyper-para
 
 from __future__ import annotations
 
+import copy
 import json
 import tempfile
 from pathlib import Path
@@ -44,6 +47,7 @@ from cflpipe.errors import SpecError
 from cflpipe.fl import checkpoint, engine
 from cflpipe.fl.checkpoint import read_state, write_state
 from cflpipe.fl.engine import OUTPUT_FILES, prepare_run, train_run
+from cflpipe.fl.method import client_update, client_work
 from cflpipe.registry import all_methods, method_info
 from cflpipe.spec import parse_spec
 
@@ -106,7 +110,8 @@ def same_bytes(a: Path, b: Path) -> None:
 def play(run: Any, rounds: int, poison: bool = False) -> list[dict]:
     """Engine rounds without outputs, returning the method's round metrics; with `poison`, every
     server tensor the method checkpoints is NaN while the clients plan and finish (restored
-    before aggregation)."""
+    before aggregation), and the checkpointed state must come out of the clients' work as it went
+    in (the table the method names in `uploads_into` aside: the trainer writes uploads there)."""
     method, ctx = run.method, run.ctx
     reported = []
     for r in range(rounds):
@@ -115,17 +120,24 @@ def play(run: Any, rounds: int, poison: bool = False) -> list[dict]:
         method.round_start(sampled)
         payloads = {int(c): method.payload(int(c)) for c in sampled}
         saved = {}
+        before = _server_state(method) if poison else None
         if poison:
             for attr in method.checkpoint:
                 value = getattr(method, attr)
                 if isinstance(value, torch.Tensor) and value.is_floating_point():
                     saved[attr] = value
                     setattr(method, attr, torch.full_like(value, float("nan")))
-        started = {c: method.start_client(c, payloads[c]) for c in payloads}
+        started = {c: client_work(method, c, payloads[c]) for c in payloads}
         trained = ctx.run({c: plans for c, (plans, _) in started.items()})
-        updates = {c: method.end_client(c, payloads[c], trained[c], started[c][1]) for c in payloads}
+        updates = {c: client_update(method, c, payloads[c], trained[c], started[c][1]) for c in payloads}
         for attr, value in saved.items():
             setattr(method, attr, value)
+        if before is not None:
+            try:
+                _assert_state_equal(_server_state(method), before)
+            except AssertionError:
+                raise AssertionError(f"a client of round {r + 1} wrote to the server's state (a payload tensor "
+                                     f"that is a view of it?); send copies, or name the table in uploads_into") from None
         for c, update in updates.items():
             sent = [t for t in update.tensors.values() if t.is_floating_point()]
             kept = list(update.keep.values())
@@ -135,6 +147,13 @@ def play(run: Any, rounds: int, poison: bool = False) -> list[dict]:
         method.receive(updates)
         reported.append(method.round_metrics())
     return reported
+
+
+def _server_state(method: Any) -> dict:
+    """A copy of the method's checkpointed state, the uploads_into table left out."""
+    state = {key: value for key, value in method.state_dict().items() if key != method.uploads_into}
+    return {key: value.clone() if isinstance(value, torch.Tensor) else copy.deepcopy(value)
+            for key, value in state.items()}
 
 
 class _Killed(Exception):

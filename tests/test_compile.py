@@ -12,7 +12,8 @@ import yaml
 
 from cflpipe.errors import SpecError
 from cflpipe.fl.plan import ClientPlan
-from cflpipe.fl.trainers import BatchedTrainer, SequentialTrainer, build_trainer
+from cflpipe.fl.trainer_choice import build_trainer
+from cflpipe.fl.trainers import BatchedTrainer, SequentialTrainer
 from cflpipe.spec import parse_spec
 from tests.test_trainers import tiny_run
 

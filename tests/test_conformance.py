@@ -32,6 +32,27 @@ def test_conformance(method, check, tmp_path):
     check(method, tmp_path)
 
 
+def test_a_client_that_writes_to_the_servers_state_fails_the_conformance_check(tmp_path, registry_copy):
+    """A client's step sees the server only through its payload; a payload tensor that is a view of
+    the server's state (FedAvg sends its global model itself) must not be written."""
+    from cflpipe.methods import HyperParams, register
+    from cflpipe.methods.fedavg import FedAvg
+    from cflpipe.testing import check_clients_use_only_what_they_were_sent
+
+    @register("writes_back", HyperParams)
+    class WritesBack(FedAvg):
+        """Writes back: FedAvg whose clients move the model they received in place."""
+
+        @classmethod
+        def client_plan(cls, view, payload):
+            payload.tensors["model"].add_(1.0)
+            return super().client_plan(view, payload)
+
+    with pytest.raises(AssertionError, match="wrote to the server's state"):
+        check_clients_use_only_what_they_were_sent("writes_back", tmp_path)
+    check_clients_use_only_what_they_were_sent("fedavg", tmp_path / "fedavg")  # its parent does not
+
+
 PROCESS_TRAINER = "process_trainer:ProcessTrainer"  # tests/process_trainer.py
 
 

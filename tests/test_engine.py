@@ -207,15 +207,15 @@ def test_a_few_skipped_updates_are_counted_and_the_run_finishes(tmp_path, monkey
     from cflpipe.fl.local import LocalResult
     from cflpipe.methods.fedavg import FedAvg
 
-    finish = FedAvg.end_client
+    finish = FedAvg.client_finish
 
-    def client_zero_diverges(self, client, payload, trained, scratch):
-        update = finish(self, client, payload, trained, scratch)
-        if client == 0:
+    def client_zero_diverges(view, payload, trained, scratch):
+        update = finish(view, payload, trained, scratch)
+        if view.client == 0:
             update.result = LocalResult(float("nan"), update.result.steps, update.result.samples)
         return update
 
-    monkeypatch.setattr(FedAvg, "end_client", client_zero_diverges)
+    monkeypatch.setattr(FedAvg, "client_finish", staticmethod(client_zero_diverges))
     spec = parse_spec(tiny_spec(tmp_path, on_divergence="skip", clients_per_round=8))
     result = train_run(spec, "swap", "fedavg", 0, progress=False)
     rounds = pd.read_parquet(result.run_dir / "rounds.parquet")
@@ -1343,16 +1343,15 @@ def test_a_follow_up_trains_from_its_plans_result_unless_that_diverged(tmp_path)
 
 def test_an_update_whose_follow_up_diverged_is_a_diverged_update(tmp_path):
     from cflpipe.fl.local import LocalResult
-    from cflpipe.fl.method import Method
     from cflpipe.fl.plan import Trained
 
     run = prepare_run(parse_spec(tiny_spec(tmp_path)), "swap", "fedavg", 0)
     vector = run.ctx.init
     fine, broken = LocalResult(0.5, 3, 48), LocalResult(float("nan"), 1, 16)
-    method = Method(run.ctx)
-    update = method.update(2, {"model": vector}, Trained(vector, fine, then=Trained(vector, broken)))
+    view = run.ctx.view(2)
+    update = view.update({"model": vector}, Trained(vector, fine, then=Trained(vector, broken)))
     assert update.result is broken and update.result.diverged  # the engine skips it
-    update = method.update(2, {"model": vector}, Trained(vector, fine, then=Trained(vector, LocalResult(0.2, 1, 16))))
+    update = view.update({"model": vector}, Trained(vector, fine, then=Trained(vector, LocalResult(0.2, 1, 16))))
     assert update.result is fine and update.n == int(run.ctx.train_sizes()[2])
 
 

@@ -14,6 +14,7 @@ from cflpipe.clustering import fcca_similarity, kmeans
 from cflpipe.fl.local import SGDStep, sgd
 from cflpipe.fl.params import ParamSpace
 from cflpipe.fl.engine import train_run
+from cflpipe.fl.method import client_update
 from cflpipe.methods.fcca import ConditionalFlow, FlowLikelihood, reconstructions
 from cflpipe.spec import parse_spec
 
@@ -374,8 +375,10 @@ def test_the_run_seeds_the_cinn_init_and_its_settings_reach_the_cinn_training(fc
     fcca, again, other = fcca_method(fcca_spec), fcca_method(fcca_spec), fcca_method(fcca_spec, seed=1)
     assert torch.equal(fcca.ctx.clients["flow"], again.ctx.clients["flow"])
     assert not torch.equal(fcca.ctx.clients["flow"], other.ctx.clients["flow"])  # another seed, another init
-    plan = fcca.flow_plan(0, trained(fcca.ctx.init))
+    plan = type(fcca).flow_plan(fcca.ctx.view(0), trained(fcca.ctx.init))
     assert plan.space == "flow" and plan.loss.alpha == 0.5 and plan.rule.clip == 3.0
+    # every client's cINN plan shares the one loss object: the batched trainer trains them together
+    assert type(fcca).flow_plan(fcca.ctx.view(1), trained(fcca.ctx.init)).loss is plan.loss
 
 
 def test_a_client_with_every_label_conditions_its_augmentation_on_the_extra_unknown_label(fcca_spec):
@@ -384,7 +387,7 @@ def test_a_client_with_every_label_conditions_its_augmentation_on_the_extra_unkn
     fcca = fcca_method(fcca_spec)
     assert fcca.hp.unknown == "absent"
     assert (torch.bincount(fcca.ctx.data.client(0, "train")[1], minlength=10) > 0).all()
-    rows = fcca.flow_plan(0, trained(fcca.ctx.init)).inputs
+    rows = type(fcca).flow_plan(fcca.ctx.view(0), trained(fcca.ctx.init)).inputs
     unknown = rows[:, -(fcca.num_classes + 1):]
     assert torch.equal(unknown.argmax(1), torch.full((len(rows),), fcca.num_classes)) and (unknown.sum(1) == 1).all()
 
@@ -392,7 +395,7 @@ def test_a_client_with_every_label_conditions_its_augmentation_on_the_extra_unkn
 def test_fcca_prox_pulls_the_encoder_and_classifier_to_what_the_client_received(fcca_spec):
     fcca = fcca_method(fcca_spec, "fcca_per_prox")
     payload = fcca.payload(1)
-    plan = fcca.plan(1, payload)
+    plan, _ = type(fcca).client_plan(fcca.ctx.view(1), payload)
     assert len(plan.anchors) == 1 and plan.anchors[0].strength == 0.25 and plan.anchors[0].mask is None
     assert torch.equal(plan.anchors[0].vector, plan.start)
     assert torch.equal(plan.start[fcca.body_mask], payload.tensors["body"])
@@ -406,10 +409,11 @@ def test_fcca_per_starts_each_round_from_the_clusters_classifier_and_keeps_what_
     fcca.heads = torch.randn(fcca.heads.shape, generator=torch.Generator().manual_seed(0))
     fcca.assign[:] = [0, 1, 1, 0]
     fcca.ctx.clients["head"][2] = 7.0  # a stale personal classifier: not where training starts
-    plan = fcca.plan(2, fcca.payload(2))
+    plan, _ = type(fcca).client_plan(fcca.ctx.view(2), fcca.payload(2))
     assert torch.equal(plan.start[fcca.head_mask], fcca.heads[1])
     trained_model = plan.start + 0.25
-    update = fcca.finish(2, fcca.payload(2), trained(trained_model, then=trained(fcca.ctx.clients.get("flow", 2))))
+    update = client_update(fcca, 2, fcca.payload(2), trained(trained_model, then=trained(fcca.ctx.clients.get("flow", 2))),
+                           None)
     assert torch.equal(update.keep["head"], trained_model[fcca.head_mask])
     fcca.ctx.clients["head"][2] = update.keep["head"]
     evaluated = fcca.eval_params(2)
@@ -443,23 +447,26 @@ def test_fcca_per_is_not_fedper_on_a_grouped_scenario(tmp_path):
 
 
 def test_a_client_uploads_and_keeps_its_trained_cinn_and_a_diverged_one_is_left_out(fcca_spec):
-    """finish(): the trained cINN goes up and stays with the client (which trains it on next
-    round), FCCA+Per's classifier stays too; a diverged cINN's loss is not in flow_nll, and a
-    client whose encoder diverged (no cINN training) sends its stored cINN in a diverged update."""
+    """client_finish: the trained cINN goes up and stays with the client (which trains it on next
+    round), FCCA+Per's classifier stays too; the cINN's loss goes up beside it for the server's
+    flow_nll, a diverged cINN's does not, and a client whose encoder diverged (no cINN training)
+    sends its stored cINN in a diverged update."""
     fcca = fcca_method(fcca_spec, "fcca_per_prox")
     fcca.round_start(np.arange(4))
     model, stored = fcca.ctx.init + 0.5, fcca.ctx.clients.get("flow", 2).clone()
     cinn = stored + 1.0
-    update = fcca.finish(2, fcca.payload(2), trained(model, then=trained(cinn, loss=2.0)))
+    update = client_update(fcca, 2, fcca.payload(2), trained(model, then=trained(cinn, loss=2.0)), None)
     assert torch.equal(update.tensors["flow"], cinn) and torch.equal(update.keep["flow"], cinn)
     assert torch.equal(update.keep["head"], model[fcca.head_mask])
     assert torch.equal(update.tensors["head"], model[fcca.head_mask]) and not update.result.diverged
-    diverged = fcca.finish(3, fcca.payload(3), trained(model, then=trained(cinn, loss=float("nan"))))
-    assert diverged.result.diverged
-    assert fcca.round_metrics() == {"flow_nll": 2.0}
-    encoder_diverged = fcca.finish(1, fcca.payload(1), trained(model, loss=float("inf")))
-    assert encoder_diverged.result.diverged
+    assert update.meta == {"flow_loss": 2.0}
+    diverged = client_update(fcca, 3, fcca.payload(3), trained(model, then=trained(cinn, loss=float("nan"))), None)
+    assert diverged.result.diverged and "flow_loss" not in diverged.meta
+    encoder_diverged = client_update(fcca, 1, fcca.payload(1), trained(model, loss=float("inf")), None)
+    assert encoder_diverged.result.diverged and "flow_loss" not in encoder_diverged.meta
     assert torch.equal(encoder_diverged.tensors["flow"], fcca.ctx.clients.get("flow", 1))
+    fcca.receive({2: update})  # the engine drops the diverged updates
+    assert fcca.round_metrics() == {"flow_nll": 2.0}
     fcca.round_start(np.arange(4))
     assert np.isnan(fcca.round_metrics()["flow_nll"])  # a round without a finite cINN loss
 

@@ -8,6 +8,7 @@ from sklearn.decomposition import PCA
 
 from cflpipe.clustering import cosine_similarity_matrix, pairwise_sq_distances
 from cflpipe.fl.engine import prepare_run, train_run
+from cflpipe.fl.method import client_update, local_update, client_work
 from cflpipe.metrics import clustering_scores
 from cflpipe.methods.fedac import cluster_ratios, tune_cluster_number
 from cflpipe.spec import parse_spec
@@ -110,14 +111,14 @@ def test_local_update_without_pulls_is_plain_sgd_and_lambda_moves_only_the_body(
     plain = prepare_run(spec, "swap4", "plain", 0).method
     start = plain.models[3].clone()
     payload = plain.payload(3)
-    ours = plain.local_update(3, payload).tensors["model"]
+    ours = local_update(plain, 3, payload).tensors["model"]
     sgd, _ = plain.ctx.train(3, start)
     assert torch.equal(ours, sgd)
 
     pulled = prepare_run(spec, "swap4", "pulled", 0).method
     phi = start + 0.5  # a global embedding away from the client's model
     pulled.phi = phi.clone()
-    moved = pulled.local_update(3, pulled.payload(3)).tensors["model"]
+    moved = local_update(pulled, 3, pulled.payload(3)).tensors["model"]
     body, head = pulled.ctx.space.body, pulled.ctx.space.head
     # One SGD step from the same start: the λ term adds −η·λ·(φ − Φ) to the body and nothing else.
     assert torch.equal(moved[head], sgd[head])
@@ -131,11 +132,11 @@ def test_bytes_count_center_embedding_and_pca_map(tmp_path):
     fedac, space = run.method, run.space
     first = fedac.payload(0).nbytes
     assert first == (space.size + int(space.body.sum())) * 4
-    fedac.aggregate({c: fedac.local_update(c, fedac.payload(c)) for c in range(10)})
+    fedac.aggregate({c: local_update(fedac, c, fedac.payload(c)) for c in range(10)})
     with_map = fedac.payload(15)
     assert with_map.nbytes == first + (4 * space.size + space.size) * 4  # components + mean, once
     assert fedac.payload(15).nbytes == first
-    update = fedac.local_update(1, fedac.payload(1))
+    update = local_update(fedac, 1, fedac.payload(1))
     assert update.nbytes == (space.size + 4) * 4  # the model and its projection M·ω
 
 
@@ -163,13 +164,13 @@ def test_the_pca_dimension_actually_used_is_recorded_and_said(tmp_path, capsys):
     """A PCA of 10 sampled models has at most 10 components: D = 50 becomes 10, and says so."""
     run = prepare_run(spec_for(tmp_path, {"fedac": {"components": 50, "pca_every": 1}}), "swap4", "fedac", 0)
     fedac = run.method
-    fedac.aggregate({c: fedac.local_update(c, fedac.payload(c)) for c in range(10)})
+    fedac.aggregate({c: local_update(fedac, c, fedac.payload(c)) for c in range(10)})
     assert fedac.round_metrics()["fedac_pca_dims"] == 10.0
     err = capsys.readouterr().err
     assert "LrCos keeps D = 10 of components = 50: a PCA of the 10 sampled clients' models" in err
     fedac.ctx.round = 1  # the map is refitted (pca_every 1), on 10 models again
     version = fedac.pca_version
-    fedac.aggregate({c: fedac.local_update(c, fedac.payload(c)) for c in range(10, 20)})
+    fedac.aggregate({c: local_update(fedac, c, fedac.payload(c)) for c in range(10, 20)})
     assert fedac.pca_version == version + 1 and fedac.round_metrics()["fedac_pca_dims"] == 10.0
     assert "LrCos keeps" not in capsys.readouterr().err  # said once per run
 
@@ -184,9 +185,9 @@ def test_round_metrics_report_the_servers_clusters_g_values_and_pca_dims(tmp_pat
         sampled = run.sample(r)
         fedac.round_start(sampled)
         payloads = {int(c): fedac.payload(int(c)) for c in sampled}
-        started = {c: fedac.start_client(c, payloads[c]) for c in payloads}
+        started = {c: client_work(fedac, c, payloads[c]) for c in payloads}
         trained = run.ctx.run({c: plans for c, (plans, _) in started.items()})
-        fedac.receive({c: fedac.end_client(c, payloads[c], trained[c], started[c][1]) for c in payloads})
+        fedac.receive({c: client_update(fedac, c, payloads[c], trained[c], started[c][1]) for c in payloads})
     metrics = fedac.round_metrics()
     assert metrics["fedac_clusters"] == fedac.centers.shape[0] == len(set(fedac.clusters.tolist()))
     assert metrics["fedac_g"] == [float(g) if np.isfinite(g) else None for g in fedac.g_values]

@@ -17,7 +17,7 @@ from cflpipe.clustering import pairwise_sq_distances
 from cflpipe.fl.engine import Run, train_run
 from cflpipe.fl.runs import resolve_run
 from cflpipe.fl.local import LocalResult
-from cflpipe.fl.method import Context, Update
+from cflpipe.fl.method import ClientView, Context, Update, local_update
 from cflpipe.fl.plan import Trained
 from cflpipe.registry import all_methods
 from cflpipe.methods.catalog import CFLParams, FedGroupParams, FeSEMParams, FLHCParams, KMeansCFLParams
@@ -63,6 +63,11 @@ class FakeContext:
     def rng(self, *purpose: int) -> np.random.Generator:
         return np.random.default_rng([self.seed, self.round, *purpose, 0x5E])
 
+    def view(self, client: int) -> ClientView:
+        """A client's view without data, layout or store: these clients only train what they receive."""
+        return ClientView(client, self.round, self.hp, self.training, int(self.train_sizes()[client]), None,
+                          {"model": self.init}, None, None, None, self.seed)
+
     train = Context.train
 
     def run(self, plans):
@@ -85,7 +90,7 @@ def play_round(method, ctx, sampled) -> dict:
     for client in sampled:
         payload = method.payload(int(client))
         down += payload.nbytes
-        update = method.local_update(int(client), payload)
+        update = local_update(method, int(client), payload)
         up += update.nbytes
         updates[int(client)] = update
     method.receive(updates)
@@ -427,11 +432,11 @@ def test_ifca_client_picks_the_lowest_loss_model(tmp_path):
     assert train_losses(ctx, ifca.centers)[5].argmin() == 1
     payload = ifca.payload(5)
     assert payload.nbytes == 3 * ctx.space.nbytes(), "all K models travel down"
-    update = ifca.local_update(5, payload)
+    update = local_update(ifca, 5, payload)
     assert int(update.tensors["cluster"][0]) == 1
     assert update.nbytes == ctx.space.nbytes() + 8, "one model and the cluster id travel up"
     # Server: cluster-wise average of the uploads, and the uploaders' cluster ids.
-    other = ifca.local_update(6, ifca.payload(6))
+    other = local_update(ifca, 6, ifca.payload(6))
     ifca.aggregate({5: update, 6: other})
     assert ifca.clusters[5] == 1
     # Evaluation refreshes everyone's cluster by lowest training loss.
@@ -626,7 +631,7 @@ def test_fesem_pull_follows_eq7_alpha_weights(tmp_path):
         assert eq7.pull_strength(client) == pytest.approx(2 * 0.1 / (4 * alpha))
         assert plain.pull_strength(client) == pytest.approx(2 * 0.1 / 4)
         payload = eq7.payload(client)
-        assert eq7.anchors(client, payload)[0].strength == eq7.pull_strength(client)
+        assert type(eq7).client_anchors(eq7.ctx.view(client), payload)[0].strength == eq7.pull_strength(client)
 
 
 def test_cfl_relative_thresholds_scale_with_the_warmup_norms():

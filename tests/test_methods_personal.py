@@ -18,7 +18,7 @@ from cflpipe.fl import engine
 from cflpipe.fl.checkpoint import read_state, write_state
 from cflpipe.fl.data import FederatedData, SplitData
 from cflpipe.fl.local import Anchor, FOMAMLStep, LocalResult, MoreauStep, batch_indices, sgd
-from cflpipe.fl.method import Context, Update
+from cflpipe.fl.method import Context, Update, local_update
 from cflpipe.seeds import mix_seed as _mix
 from cflpipe.fl.params import ParamSpace
 from cflpipe.registry import method_info
@@ -115,7 +115,7 @@ def test_fedper_sends_only_the_body_both_ways():
     assert not (space.body & space.head).any() and bool((space.body | space.head).all())
     payload = method.payload(1)
     assert payload.nbytes == space.nbytes(space.body) < space.nbytes()
-    update = method.local_update(1, payload)
+    update = local_update(method, 1, payload)
     assert set(update.tensors) == {"body"}
     assert update.nbytes == space.nbytes(space.body)
     assert update.keep["head"].numel() == int(space.head.sum())
@@ -125,7 +125,7 @@ def test_fedper_local_training_starts_from_global_body_and_own_head():
     method, ctx = make_method("fedper", lr=1e-9)
     head = torch.randn(int(ctx.space.head.sum()))
     ctx.clients["head"][2] = head
-    update = method.local_update(2, method.payload(2))
+    update = local_update(method, 2, method.payload(2))
     assert torch.allclose(update.keep["head"], head, atol=1e-6)
     assert torch.allclose(update.tensors["body"], ctx.init[ctx.space.body], atol=1e-6)
 
@@ -155,7 +155,7 @@ def test_ditto_lambda_zero_personal_model_is_local_training():
     start = ctx.init + 0.1 * torch.randn(ctx.init.shape, generator=torch.Generator().manual_seed(5))
     ctx.clients["personal"][1] = start
     ctx.round = 3
-    update = method.local_update(1, method.payload(1))
+    update = local_update(method, 1, method.payload(1))
     expected, _ = ctx.train(1, start)  # plain local SGD from the personal model, same batches
     assert torch.equal(update.keep["personal"], expected)
     # The global part is FedAvg's local update, and the personal model is not sent.
@@ -174,7 +174,7 @@ def test_ditto_large_lambda_keeps_personal_model_at_the_global_one():
         # lr·λ = 1: every step lands on w_global − lr·∇f, so the personal model hugs the global one.
         method, ctx = make_method("ditto", {"lam": lam}, lr=0.001)
         ctx.clients["personal"][0] = ctx.init + 1.0
-        update = method.local_update(0, method.payload(0))
+        update = local_update(method, 0, method.payload(0))
         distances[lam] = float((update.keep["personal"] - method.global_model).norm())
     start_distance = float(torch.ones_like(ctx.init).norm())
     assert distances[0.0] > 0.9 * start_distance
@@ -183,7 +183,7 @@ def test_ditto_large_lambda_keeps_personal_model_at_the_global_one():
 
 def test_ditto_personal_steps():
     method, ctx = make_method("ditto", {"personal_steps": 7})
-    update = method.local_update(0, method.payload(0))
+    update = local_update(method, 0, method.payload(0))
     # λ = 1 (the default) pulls towards the received model, the initial model here.
     expected, result = ctx.train(0, ctx.init, [Anchor(ctx.init, 1.0)], steps=7)
     assert result.steps == 7 and torch.equal(update.keep["personal"], expected)
@@ -225,7 +225,7 @@ def test_perfedavg_fo_step_equals_hand_computation():
 def test_perfedavg_local_update_averaging_and_evaluation():
     method, ctx = make_method("perfedavg", {"alpha": 0.05, "beta": 0.2}, model=Softmax(4, 3))
     ctx.round = 2
-    update = method.local_update(1, method.payload(1))
+    update = local_update(method, 1, method.payload(1))
     assert update.nbytes == ctx.space.nbytes() and set(update.tensors) == {"model"}
     # Same as the FO-MAML rule driven by the per-client generator of (seed, round, client).
     x, y = ctx.data.client(1, "train")
@@ -341,7 +341,7 @@ def test_cgpfl_uploads_local_model_and_keeps_personal():
     method.round_start(np.array([0, 1]))
     payload = method.payload(0)
     assert payload.nbytes == ctx.space.nbytes()
-    update = method.local_update(0, payload)
+    update = local_update(method, 0, payload)
     assert set(update.tensors) == {"model"} and update.nbytes == ctx.space.nbytes()
     assert not torch.equal(update.keep["personal"], update.tensors["model"])
     method.receive({0: update})
@@ -361,7 +361,7 @@ def test_cgpfl_rejects_an_inner_solver_that_cannot_converge():
 def test_state_dict_round_trip(name, tmp_path):
     method, ctx = make_method(name)
     method.round_start(np.array([0, 2]))
-    updates = {c: method.local_update(c, method.payload(c)) for c in (0, 2)}
+    updates = {c: local_update(method, c, method.payload(c)) for c in (0, 2)}
     method.receive(updates)
     path = tmp_path / "state.pt"
     write_state(path, {"method": method.state_dict(), "clients": ctx.clients.state_dict()})
@@ -463,14 +463,14 @@ def test_perfedavg_fine_tuning_is_plain_sgd_whatever_the_training_momentum_and_d
 def test_fedprox_plan_pulls_towards_the_received_global_model():
     method, ctx = make_method("fedprox", {"mu": 0.5})
     payload = method.payload(0)
-    plan, _ = method.start_client(0, payload)
+    plan, _ = type(method).client_plan(ctx.view(0), payload)
     (anchor,) = plan.anchors
     assert torch.equal(anchor.vector, payload.tensors["model"]) and anchor.strength == 0.5
 
 
 def test_perfedavg_alpha_null_adapts_with_the_training_lr():
     method, ctx = make_method("perfedavg", {"alpha": None, "beta": 0.2}, model=Softmax(4, 3))
-    update = method.local_update(1, method.payload(1))
+    update = local_update(method, 1, method.payload(1))
     x, y = ctx.data.client(1, "train")
     ctx.space.load(ctx.init)
     sgd(ctx.space, x, y, steps=3, batch_size=4, lr=0.2, rule=FOMAMLStep(0.1),  # α = the run's lr, 0.1
@@ -483,14 +483,14 @@ def test_ditto_reports_a_diverged_personal_model():
     global part trained fine: λ = 10³⁰ makes every personal step overshoot."""
     method, ctx = make_method("ditto", {"lam": 1e30, "personal_steps": 5})
     ctx.clients["personal"][0] = ctx.init + 1.0
-    update = method.local_update(0, method.payload(0))
+    update = local_update(method, 0, method.payload(0))
     assert torch.isfinite(update.tensors["model"]).all()
     assert update.result.diverged
 
 
 def test_cgpfl_plan_trains_with_the_moreau_envelope_step():
     method, ctx = make_method("cgpfl", {"clusters": 2, "lam": 3.0, "inner_steps": 4, "personal_lr": 0.02})
-    plan = method.plan(0, method.payload(0))
+    plan, _ = type(method).client_plan(ctx.view(0), method.payload(0))
     assert plan.rule == MoreauStep(3.0, 4, 0.02)
 
 

@@ -22,7 +22,8 @@ from cflpipe.fl.checkpoint import STATE_HASH_FILE, adopt_previous, read_state, r
 from cflpipe.fl.data import FederatedData
 from cflpipe.fl.diagnosis import Degeneration, diagnose_clustering
 from cflpipe.fl.evaluation import evaluate
-from cflpipe.fl.method import Context, Method, Payload, Update, WeightedSum, divergence_error
+from cflpipe.fl.method import (Context, Method, Payload, Update, WeightedSum, divergence_error, client_update,
+                               client_work)
 from cflpipe.fl.plan import Results
 from cflpipe.fl.params import ParamSpace
 from cflpipe.fl.trainer_choice import build_trainer
@@ -234,7 +235,7 @@ class Run:
                 if means is not None:
                     self.method.aggregate_means(means)
             else:
-                updates, bytes_up, losses, skipped = self.finish_all(
+                updates, bytes_up, losses, skipped = self.collect_updates(
                     r, payloads, *self.train_clients(payloads))
                 t1 = time.perf_counter()
                 self.method.receive(updates)
@@ -273,16 +274,16 @@ class Run:
 
     def train_clients(self, payloads: dict[int, Payload]) -> tuple[dict[int, Results], dict[int, Any]]:
         """Every sampled client's plans, trained together by the trainer, and their scratch."""
-        started = {c: self.method.start_client(c, payload) for c, payload in payloads.items()}
+        started = {c: client_work(self.method, c, payload) for c, payload in payloads.items()}
         return self.ctx.run({c: plans for c, (plans, _) in started.items()}), {c: s for c, (_, s) in started.items()}
 
-    def finish_all(self, r: int, payloads: dict[int, Payload], trained: dict[int, Results], scratch: dict[int, Any]
+    def collect_updates(self, r: int, payloads: dict[int, Payload], trained: dict[int, Results], scratch: dict[int, Any]
                    ) -> tuple[dict[int, Update], int, list[float], int]:
         """The sampled clients' updates (diverged ones skipped or stopping the run), the bytes
         they send and their losses."""
         updates, bytes_up, losses, skipped = {}, 0, [], 0
         for client, payload in payloads.items():
-            update = self.method.end_client(client, payload, trained.pop(client), scratch.pop(client))
+            update = client_update(self.method, client, payload, trained.pop(client), scratch.pop(client))
             if not self.accepted(r, client, update):
                 skipped += 1
                 continue
@@ -293,16 +294,16 @@ class Run:
 
     def train_summed(self, r: int, payloads: dict[int, Payload]
                      ) -> tuple[dict[str, torch.Tensor] | None, int, list[float], int]:
-        """finish_all and receive for a method with streamed_means: each accepted update's kept
+        """collect_updates and receive for a method with streamed_means: each accepted update's kept
         tensors stored and its means' vectors added to running sums as its client finishes, in
         the clients' order (average_updates' order, so the bits are those of receive). Returns
         the means (None if no update was accepted), bytes up, losses and the skipped count."""
-        started = {c: self.method.start_client(c, payload) for c, payload in payloads.items()}
+        started = {c: client_work(self.method, c, payload) for c, payload in payloads.items()}
         sums = {key: WeightedSum() for key in type(self.method).streamed_means}
         bytes_up, losses, skipped = 0, [], 0
         for client, trained in self.ctx.run_each({c: plans for c, (plans, _) in started.items()}):
             _, scratch = started.pop(client)
-            update = self.method.end_client(client, payloads[client], trained, scratch)
+            update = client_update(self.method, client, payloads[client], trained, scratch)
             del trained, scratch
             if self.accepted(r, client, update):
                 bytes_up += update.nbytes

@@ -7,7 +7,7 @@ objective, which parameters are shared, which loss and step rule, how many model
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 import numpy as np
 import torch
@@ -108,6 +108,8 @@ class Context:
         self.data = data
         self.space = space
         self.spaces: dict[str, ParamSpace] = {"model": space}
+        # Each network's initial vector, which every client starts from (seeded: common knowledge).
+        self.initial: dict[str, torch.Tensor] = {"model": init}
         self.training = training
         self.hp = hp
         self.seed = seed
@@ -137,7 +139,7 @@ class Context:
         return rng(self.seed, self.round, *purpose, 0x5E)
 
     def lr(self) -> float:
-        return self.training.lr * self.training.lr_decay ** self.round
+        return round_lr(self.training, self.round)
 
     def add_space(self, name: str, module: torch.nn.Module) -> ParamSpace:
         """Register an auxiliary network (e.g. a per-client conditional invertible network) that
@@ -145,6 +147,7 @@ class Context:
         if name in self.spaces:
             raise KeyError(f"parameter space {name!r} is already registered")
         self.spaces[name] = ParamSpace(module, self.device)
+        self.initial[name] = self.spaces[name].read()
         self._dropout[name] = _has_dropout(module)
         return self.spaces[name]
 
@@ -237,8 +240,8 @@ class Context:
 
     def view(self, client: int) -> ClientView:
         """The narrow view a client's step gets (see ClientView)."""
-        return ClientView(client, self.round, self.hp, self.training, int(self._train_sizes[client]), self.data,
-                          self.clients, self.apply, self.seed)
+        return ClientView(client, self.round, self.hp, self.training, int(self._train_sizes[client]), self.space,
+                          self.initial, self.data, self.clients, self.apply, self.seed)
 
     def count_traffic(self, down: int, up: int) -> None:
         self.extra_bytes_down += int(down)
@@ -276,6 +279,10 @@ class ClientView:
     hp: Any
     training: Training
     samples: int  # its training samples (its update's weight)
+    # The model's parameter layout (the masks of its layers: body, head, first layers) and each
+    # network's initial vector, which every client starts from: their definitions, not server state.
+    space: ParamSpace
+    initial: "Mapping[str, torch.Tensor]"
     _data: FederatedData
     _store: "ClientStore"
     _apply: Any
@@ -303,11 +310,50 @@ class ClientView:
         stream Context.rng(client, *purpose) gives."""
         return rng(self._seed, self.round, self.client, *purpose, 0x5E)
 
+    def lr(self) -> float:
+        """This round's learning rate (training.lr decayed by lr_decay per round), as Context.lr."""
+        return round_lr(self.training, self.round)
+
+    def torch_generator(self, *purpose: int) -> torch.Generator:
+        """A CPU torch generator seeded by (run seed, round, client, purpose)."""
+        return torch.Generator().manual_seed(mix_seed(self._seed, self.round, self.client, *purpose))
+
     def update(self, tensors: dict[str, torch.Tensor], trained: Trained,
-               keep: dict[str, torch.Tensor] | None = None) -> Update:
-        """The client's Update, weighted by its training samples (see Method.update)."""
+               keep: dict[str, torch.Tensor] | None = None, **meta: Any) -> Update:
+        """The client's Update, weighted by its training samples, with the loss record of `trained`;
+        `keep` is what the client keeps (stored, never sent), `meta` what the server reads beside
+        the tensors (not counted as bytes: small scalars such as a loss)."""
+        # A diverged follow-up (FCCA's cINN) makes the whole update a diverged one.
         result = trained.then.result if trained.then is not None and trained.then.diverged else trained.result
-        return Update(tensors, self.samples, result, keep=keep or {})
+        return Update(tensors, self.samples, result, meta=meta, keep=keep or {})
+
+
+def client_work(method: Method, client: int, payload: Payload) -> tuple[Plans, Any]:
+    """A sampled client's plans and scratch, from the method's client side over the client's view;
+    where the method names a table for uploads (`uploads_into`), its plan trains into the client's
+    row of it."""
+    plans, scratch = type(method).client_plan(method.ctx.view(client), payload)
+    if method.uploads_into is not None:
+        plans.into = getattr(method, method.uploads_into)[client]
+    return plans, scratch
+
+
+def client_update(method: Method, client: int, payload: Payload, trained: Results, scratch: Any) -> Update:
+    """A sampled client's Update, from the method's client side over the client's view."""
+    return type(method).client_finish(method.ctx.view(client), payload, trained, scratch)
+
+
+def local_update(method: Method, client: int, payload: Payload) -> Update:
+    """One client's whole round (plan, train, finish), for tests and scripts; the engine does the
+    same for all sampled clients at once, so that the trainer can batch them."""
+    plans, scratch = client_work(method, client, payload)
+    trained = method.ctx.run({client: plans})[client]
+    return client_update(method, client, payload, trained, scratch)
+
+
+def round_lr(training: Training, round_index: int) -> float:
+    """The learning rate of a round: training.lr decayed by lr_decay once per round."""
+    return training.lr * training.lr_decay ** round_index
 
 
 def _has_dropout(module: torch.nn.Module) -> bool:
@@ -334,9 +380,9 @@ class Method:
 
         round_start(sampled)                       server: (re)cluster, choose K, …
         payload(client) -> Payload                 bytes down
-        plan(client, payload) -> ClientPlan(s)     the client's local work, as data
+        client_plan(view, payload) -> plans        the client's local work, as data
         (the trainer executes all sampled clients' plans)
-        finish(client, payload, trained) -> Update bytes up
+        client_finish(view, payload, trained, scratch) -> Update   bytes up
         aggregate(updates)                         server
 
     Client-side state that outlives a round goes in ctx.clients (checkpointed by the engine);
@@ -358,57 +404,22 @@ class Method:
     def payload(self, client: int) -> Payload:
         raise NotImplementedError
 
-    # --- client side
-    # Written over a ClientView (static: no server state in reach), the client's step is
-    #     client_plan(view, payload) -> (plans, scratch)
-    #     client_finish(view, payload, trained, scratch) -> Update
-    # A method that defines them is run through them; one that defines plan()/finish() instead
-    # (methods on the server object, the older form) is run through those.
-    client_plan: Any = None
-    client_finish: Any = None
+    # --- client side, over the client's view (classmethods: no server state in reach)
+    @classmethod
+    def client_plan(cls, view: ClientView, payload: Payload) -> tuple[Plans, Any]:
+        """The client's local work as plans ({name: plan} for several), and its scratch: what its
+        finishing step needs of its planning (None if nothing)."""
+        raise NotImplementedError
 
     @classmethod
-    def _over_view(cls, view_hook: str, object_hook: str) -> bool:
-        """Whether the most derived class that defines either hook defines the view-based one
-        (a subclass overriding plan() of a view-based base is run through its plan())."""
-        for klass in cls.__mro__:
-            if klass.__dict__.get(view_hook) is not None:
-                return True
-            if object_hook in klass.__dict__:
-                return False
-        return False
-
-    def plan(self, client: int, payload: Payload) -> Plans:
+    def client_finish(cls, view: ClientView, payload: Payload, trained: Results, scratch: Any) -> Update:
+        """The client's Update from what its plans trained (view.update)."""
         raise NotImplementedError
 
-    def finish(self, client: int, payload: Payload, trained: Results) -> Update:
-        raise NotImplementedError
-
-    def start_client(self, client: int, payload: Payload) -> tuple[Plans, Any]:
-        """A client's plans and its scratch (what its finishing step needs of its planning)."""
-        if self._over_view("client_plan", "plan"):
-            return type(self).client_plan(self.ctx.view(client), payload)
-        return self.plan(client, payload), None
-
-    def end_client(self, client: int, payload: Payload, trained: Results, scratch: Any) -> Update:
-        if self._over_view("client_finish", "finish"):
-            return type(self).client_finish(self.ctx.view(client), payload, trained, scratch)
-        return self.finish(client, payload, trained)
-
-    def local_update(self, client: int, payload: Payload) -> Update:
-        """One client's whole round (plan, train, finish); the engine does the same for all
-        sampled clients at once so that the trainer can batch them."""
-        plans, scratch = self.start_client(client, payload)
-        trained = self.ctx.run({client: plans})[client]
-        return self.end_client(client, payload, trained, scratch)
-
-    def update(self, client: int, tensors: dict[str, torch.Tensor], trained: Trained,
-               keep: dict[str, torch.Tensor] | None = None, **meta: Any) -> Update:
-        """The Update of a client weighted by its training samples, with the loss record of
-        `trained`; `keep` is what the client keeps (stored, never sent)."""
-        # A diverged follow-up (FCCA's cINN) makes the whole update a diverged one.
-        result = trained.then.result if trained.then is not None and trained.then.diverged else trained.result
-        return Update(tensors, int(self.ctx.train_sizes()[client]), result, meta=meta, keep=keep or {})
+    # The name of a (clients × parameters) server table a client's trained model is written into
+    # as it trains, in the client's row (K-means CFL's `latest`): the server's copy of every upload
+    # without a round-long second copy. None: uploads arrive as their own tensors.
+    uploads_into: str | None = None
 
     # --- server side
     # Update keys whose sample-weighted means are all a round's aggregation reads (FedAvg's

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from cflpipe.clustering import cfl_bipartition, cosine_similarity_matrix
-from cflpipe.fl.method import Context, Payload, Update, stack_updates
+from cflpipe.fl.method import ClientView, Context, Payload, Update, stack_updates
 from cflpipe.fl.plan import Trained
 from cflpipe.methods.clustered import ClusterModels
 from cflpipe.fl.params import cluster_average
@@ -132,9 +132,9 @@ class CFL(ClusterModels):
             return Payload({"model": self.split_models[split]}, meta={"split": split})
         return Payload({"model": self.centers[self.clusters[client]]}, meta={"split": -1})
 
-    def cluster_finish(self, client: int, payload: Payload, trained: Trained) -> Update:
-        return self.update(client, {"update": trained.vector - payload.tensors["model"]}, trained,
-                           split=payload.meta["split"])
+    @classmethod
+    def cluster_client_finish(cls, view: ClientView, payload: Payload, trained: Trained, scratch: None) -> Update:
+        return view.update({"update": trained.vector - payload.tensors["model"]}, trained, split=payload.meta["split"])
 
     # ------------------------------------------------------------------ server side
 

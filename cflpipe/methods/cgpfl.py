@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from cflpipe.fl.local import MoreauStep
-from cflpipe.fl.method import Method, Payload, Update, stack_updates
+from cflpipe.fl.method import ClientView, Method, Payload, Update, stack_updates
 from cflpipe.fl.params import cluster_average
 from cflpipe.fl.plan import ClientPlan, Trained
 from cflpipe.methods.personal import PersonalModels
@@ -83,16 +83,17 @@ class CGPFL(PersonalModels, Method):
     def payload(self, client: int) -> Payload:
         return Payload({"model": self.centers[self.clusters[client]]})
 
-    def plan(self, client: int, payload: Payload) -> ClientPlan:
+    @classmethod
+    def client_plan(cls, view: ClientView, payload: Payload) -> tuple[ClientPlan, None]:
         # The network trains θ (from the client's last θ_i); w starts at the received Ω_k and
         # moves by the envelope's gradient (MoreauStep).
-        rule = MoreauStep(self.hp.lam, self.hp.inner_steps, self.hp.personal_lr)
-        return ClientPlan(self.ctx.clients.get("personal", client), rule=rule,
-                          companions={"local": payload.tensors["model"]})
+        rule = MoreauStep(view.hp.lam, view.hp.inner_steps, view.hp.personal_lr)
+        return ClientPlan(view.kept("personal"), rule=rule, companions={"local": payload.tensors["model"]}), None
 
-    def finish(self, client: int, payload: Payload, trained: Trained) -> Update:
+    @classmethod
+    def client_finish(cls, view: ClientView, payload: Payload, trained: Trained, scratch: None) -> Update:
         # θ stays on the client: it is kept, not sent, so only w is counted as sent.
-        return self.update(client, {"model": trained.companions["local"]}, trained, keep={"personal": trained.vector})
+        return view.update({"model": trained.companions["local"]}, trained, keep={"personal": trained.vector})
 
     def aggregate(self, updates: dict[int, Update]) -> None:
         if not updates:

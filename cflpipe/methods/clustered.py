@@ -1,8 +1,9 @@
 """The cluster-model base: K cluster models and an assignment, with AWCFL's inter-cluster mixing
 and MCFL's selection by data (seed paper 001) as options every subclass has.
 
-A subclass overrides the `cluster_*` hooks (its own payload, client finish, aggregation and
-evaluation models); the base wraps them with the options the variant's hyper-parameters ask for:
+A subclass overrides the `cluster_*` hooks (its own payload, aggregation and evaluation models;
+on the client side, over the client's view, its anchors and its upload); the base wraps them with
+the options the variant's hyper-parameters ask for:
     AWCFL (hyper-parameter beta):  after each aggregation C_k ← β/(K−1)·Σ_{j≠k} C_j + (1−β)·C_k
     MCFL (feature_samples):        all K models travel down, each client uploads the mean of n
                                    sampled training inputs, and any test data is evaluated with
@@ -20,7 +21,7 @@ import torch
 from cflpipe.fl.method import (Capabilities, ClientView, Context, Method, Payload, Update, sampled_hook_applies,
                                stack_updates)
 from cflpipe.fl.params import cluster_average
-from cflpipe.fl.plan import ClientPlan, Results
+from cflpipe.fl.plan import ClientPlan, Plans, Results
 from cflpipe.fl.local import Anchor
 from cflpipe.methods.catalog import AWCFLParams, MCFLParams, cluster_options
 from cflpipe.methods.intercluster import awcfl_mix, sample_mean
@@ -84,17 +85,18 @@ class ClusterModels(Method):
 
     # ------------------------------------------------------------------ subclass hooks
 
-    def anchors(self, client: int, payload: Payload) -> list[Anchor]:
-        return []
-
     def cluster_payload(self, client: int) -> Payload:
         return Payload({"model": self.centers[self.clusters[client]]})
 
-    def plan(self, client: int, payload: Payload) -> ClientPlan:
-        return ClientPlan(payload.tensors["model"], self.anchors(client, payload))
+    @classmethod
+    def client_anchors(cls, view: ClientView, payload: Payload) -> list[Anchor]:
+        """What pulls the client's local objective (FeSEM: its cluster's model)."""
+        return []
 
-    def cluster_finish(self, client: int, payload: Payload, trained: Results) -> Update:
-        return self.update(client, {"model": trained.vector}, trained)
+    @classmethod
+    def cluster_client_finish(cls, view: ClientView, payload: Payload, trained: Results, scratch: Any) -> Update:
+        """The client's upload; MCFL's feature mean is added to it by the base."""
+        return view.update({"model": trained.vector}, trained)
 
     def cluster_aggregate(self, updates: dict[int, Update]) -> None:
         if not updates:
@@ -122,10 +124,15 @@ class ClusterModels(Method):
             payload.tensors["other_cluster_models"] = self.centers[keep]
         return payload
 
-    def finish(self, client: int, payload: Payload, trained: Results) -> Update:
-        update = self.cluster_finish(client, payload, trained)
-        if self.mcfl:
-            update.tensors["feature_mean"] = client_feature_mean(self.ctx.view(client))
+    @classmethod
+    def client_plan(cls, view: ClientView, payload: Payload) -> tuple[Plans, Any]:
+        return ClientPlan(payload.tensors["model"], cls.client_anchors(view, payload)), None
+
+    @classmethod
+    def client_finish(cls, view: ClientView, payload: Payload, trained: Results, scratch: Any) -> Update:
+        update = cls.cluster_client_finish(view, payload, trained, scratch)
+        if isinstance(view.hp, MCFLParams):  # the client's feature mean goes up with its model
+            update.tensors["feature_mean"] = client_feature_mean(view)
         return update
 
     def aggregate(self, updates: dict[int, Update]) -> None:

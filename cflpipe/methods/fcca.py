@@ -123,7 +123,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import partial
+from functools import lru_cache, partial
 from typing import Callable
 
 import numpy as np
@@ -132,7 +132,7 @@ from torch import nn
 
 from cflpipe.clustering import canonical_labels, fcca_similarity, kmeans
 from cflpipe.fl.local import AdamStep, Anchor, SGDStep
-from cflpipe.fl.method import Context, Method, Payload, Update, stack_updates
+from cflpipe.fl.method import ClientView, Context, Method, Payload, Update, stack_updates
 from cflpipe.fl.params import cluster_average, weighted_average
 from cflpipe.fl.plan import ClientPlan, Trained
 from cflpipe.seeds import mix_seed
@@ -166,7 +166,12 @@ class ConditionalFlow(nn.Module):
         return self.flow(context).transform.inv(u)
 
     def onehot(self, labels: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        return nn.functional.one_hot(labels, self.classes + 1).to(dtype)
+        return onehot(labels, self.classes, dtype)
+
+
+def onehot(labels: torch.Tensor, classes: int, dtype: torch.dtype) -> torch.Tensor:
+    """The cINN's condition: one-hot over the `classes` labels and the extra UNKNOWN one."""
+    return nn.functional.one_hot(labels, classes + 1).to(dtype)
 
 
 @dataclass(frozen=True, eq=False)
@@ -191,6 +196,13 @@ class FlowLikelihood:
             u2, ladj2 = forward(noise, unknown)
             nll = nll + self.alpha * unknown.sum(-1) * (u2.square().sum(-1) / 2 - ladj2)
         return nll.mean()
+
+
+@lru_cache(maxsize=None)
+def flow_likelihood(features: int, width: int, alpha: float) -> FlowLikelihood:
+    """One loss object per setting: the batched trainer trains clients together only when their
+    plans share their loss (by identity), as they did when the server held the one instance."""
+    return FlowLikelihood(features, width, alpha)
 
 
 def reconstructions(apply: Callable[..., torch.Tensor], module: "ConditionalFlow", flows: torch.Tensor,
@@ -242,9 +254,6 @@ class FCCA(_FCCAVariants, Method):
             torch.manual_seed(mix_seed(ctx.seed, _FLOW_INIT))
             module = ConditionalFlow(features, self.num_classes, hp.flow_blocks, hp.flow_hidden, hp.flow_clamp)
         self.flow_space = ctx.add_space("flow", module)
-        self.flow_loss = FlowLikelihood(features, self.num_classes + 1, float(hp.alpha))
-        clip = float(hp.flow_clip)
-        self.flow_rule = AdamStep(clip=clip) if hp.flow_optimizer == "adam" else SGDStep(clip=clip)
         flow_init = self.flow_space.read()
         self.flow_init = flow_init
         ctx.clients.add("flow", flow_init)
@@ -269,47 +278,51 @@ class FCCA(_FCCAVariants, Method):
 
     # ------------------------------------------------------------------ client
 
-    def plan(self, client: int, payload: Payload) -> ClientPlan:
-        start = self.global_model.clone()
-        start[self.body_mask] = payload.tensors["body"]
-        start[self.head_mask] = payload.tensors["head"]
-        anchors = (Anchor(start, self.hp.mu),) if self.hp.mu else ()
-        return ClientPlan(start, anchors, then=lambda trained: self.flow_plan(client, trained))
+    @classmethod
+    def client_plan(cls, view: ClientView, payload: Payload) -> tuple[ClientPlan, None]:
+        start = view.initial["model"].clone()  # every entry is the body's or the head's
+        start[view.space.body] = payload.tensors["body"]
+        start[view.space.head] = payload.tensors["head"]
+        anchors = (Anchor(start, view.hp.mu),) if view.hp.mu else ()
+        return ClientPlan(start, anchors, then=lambda trained: cls.flow_plan(view, trained)), None
 
-    def flow_plan(self, client: int, trained: Trained) -> ClientPlan:
+    @classmethod
+    def flow_plan(cls, view: ClientView, trained: Trained) -> ClientPlan:
         """The cINN's training on the features of the encoder the client has just trained."""
-        ctx = self.ctx
-        x, y = ctx.data.client(client, "train")
-        z = ctx.apply(trained.vector[None], x, call="features", chunk=ctx.training.eval_batch_size)[0]
+        hp, classes = view.hp, view.classes
+        x, y = view.data("train")
+        z = view.apply(trained.vector[None], x, call="features", chunk=view.training.eval_batch_size)[0]
         dtype, n, d = z.dtype, len(y), z.shape[1]
-        module: ConditionalFlow = self.flow_space.model  # type: ignore[assignment]
-        generator = torch.Generator().manual_seed(mix_seed(ctx.seed, ctx.round, client, _AUGMENT))
+        generator = view.torch_generator(_AUGMENT)
         noise = torch.randn(n, d, generator=generator, dtype=dtype).to(z.device)
-        if self.hp.unknown == "extra":
-            unknown = module.onehot(torch.full((n,), self.num_classes, device=z.device), dtype)
+        if hp.unknown == "extra":
+            unknown = onehot(torch.full((n,), classes, device=z.device), classes, dtype)
         else:
-            present = torch.bincount(y, minlength=self.num_classes).cpu() > 0
+            present = torch.bincount(y, minlength=classes).cpu() > 0
             absent = torch.nonzero(~present).flatten()
             if len(absent):
                 picks = absent[torch.randint(len(absent), (n,), generator=generator)]
-                unknown = module.onehot(picks.to(z.device), dtype)
+                unknown = onehot(picks.to(z.device), classes, dtype)
             else:  # a client with every label: the extra UNKNOWN label carries its augmentation
-                unknown = module.onehot(torch.full((n,), self.num_classes, device=z.device), dtype)
-        rows = torch.cat([z, module.onehot(y, dtype), noise, unknown], dim=1)
+                unknown = onehot(torch.full((n,), classes, device=z.device), classes, dtype)
+        rows = torch.cat([z, onehot(y, classes, dtype), noise, unknown], dim=1)
+        clip = float(hp.flow_clip)
+        rule = AdamStep(clip=clip) if hp.flow_optimizer == "adam" else SGDStep(clip=clip)
         # The run's momentum and weight decay are the classifier's, not the cINN's.
-        start = self.flow_init.clone() if self.hp.flow_restart else ctx.clients.get("flow", client)
-        return ClientPlan(start, space="flow", loss=self.flow_loss, inputs=rows, rule=self.flow_rule,
-                          steps=self.hp.flow_steps, lr=self.hp.flow_lr, momentum=0.0, weight_decay=0.0,
+        start = view.initial["flow"].clone() if hp.flow_restart else view.kept("flow")
+        return ClientPlan(start, space="flow", loss=flow_likelihood(d, classes + 1, float(hp.alpha)), inputs=rows,
+                          rule=rule, steps=hp.flow_steps, lr=hp.flow_lr, momentum=0.0, weight_decay=0.0,
                           stream=(_FLOW_STREAM,))
 
-    def finish(self, client: int, payload: Payload, trained: Trained) -> Update:
+    @classmethod
+    def client_finish(cls, view: ClientView, payload: Payload, trained: Trained, scratch: None) -> Update:
         vector = trained.vector
-        head = vector[self.head_mask]
-        flow = trained.then.vector if trained.then is not None else self.ctx.clients.get("flow", client)
-        if trained.then is not None and not trained.then.diverged:  # a diverged update is dropped
-            self._flow_losses.append(trained.then.result.loss)
-        keep = {"flow": flow, **({"head": head} if self.hp.personal else {})}
-        return self.update(client, {"body": vector[self.body_mask], "head": head, "flow": flow}, trained, keep=keep)
+        head = vector[view.space.head]
+        flow = trained.then.vector if trained.then is not None else view.kept("flow")
+        # The cINN's loss goes up beside the models, for the round's flow_nll (a diverged one is dropped).
+        loss = {"flow_loss": trained.then.result.loss} if trained.then is not None and not trained.then.diverged else {}
+        keep = {"flow": flow, **({"head": head} if view.hp.personal else {})}
+        return view.update({"body": vector[view.space.body], "head": head, "flow": flow}, trained, keep=keep, **loss)
 
     # ------------------------------------------------------------------ server
 
@@ -319,6 +332,7 @@ class FCCA(_FCCAVariants, Method):
     def aggregate(self, updates: dict[int, Update]) -> None:
         if not updates:
             return
+        self._flow_losses = [update.meta["flow_loss"] for update in updates.values() if "flow_loss" in update.meta]
         clients, bodies, weights = stack_updates(updates, "body")
         self.global_model[self.body_mask] = weighted_average(bodies, weights)
         index = torch.from_numpy(clients).to(self.flows.device)

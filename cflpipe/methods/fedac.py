@@ -52,7 +52,7 @@ import torch
 
 from cflpipe.clustering import PCAProjection, cosine_similarity_matrix, fit_pca, pairwise_sq_distances
 from cflpipe.fl.local import Anchor
-from cflpipe.fl.method import Method, Payload, Update
+from cflpipe.fl.method import ClientView, Method, Payload, Update
 from cflpipe.fl.params import cluster_average
 from cflpipe.fl.plan import ClientPlan, Trained
 
@@ -168,22 +168,26 @@ class FedAC(Method):
             tensors["pca_components"] = self.pca.components
             tensors["pca_mean"] = self.pca.mean
             self.client_pca_version[client] = self.pca_version
-        return Payload(tensors)
+        # The M the client holds: sent (and counted) above after each refit, so always the current one.
+        return Payload(tensors, meta={"pca": self.pca})
 
-    def plan(self, client: int, payload: Payload) -> ClientPlan:
+    @classmethod
+    def client_plan(cls, view: ClientView, payload: Payload) -> tuple[ClientPlan, None]:
         # Φ arrives as its body entries; the pull is masked to the body, so the other entries of
         # the full-length anchor vector never matter.
-        body = self.ctx.space.body
+        body = view.space.body
         phi = torch.zeros_like(payload.tensors["center"])
         phi[body] = payload.tensors["phi"]
-        anchors = (Anchor(payload.tensors["center"], self.hp.mu), Anchor(phi, self.hp.lam, body))
-        return ClientPlan(self.models[client], anchors)
+        anchors = (Anchor(payload.tensors["center"], view.hp.mu), Anchor(phi, view.hp.lam, body))
+        return ClientPlan(view.kept("model"), anchors), None
 
-    def finish(self, client: int, payload: Payload, trained: Trained) -> Update:
+    @classmethod
+    def client_finish(cls, view: ClientView, payload: Payload, trained: Trained, scratch: None) -> Update:
         tensors = {"model": trained.vector}
-        if self.pca is not None:
-            tensors["projection"] = self.pca.transform(trained.vector[None])[0]  # M·ω, sent with the model
-        return self.update(client, tensors, trained)
+        pca = payload.meta["pca"]
+        if pca is not None:
+            tensors["projection"] = pca.transform(trained.vector[None])[0]  # M·ω, sent with the model
+        return view.update(tensors, trained)
 
     # ------------------------------------------------------------------ server side
 

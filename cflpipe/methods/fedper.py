@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from cflpipe.fl.method import Method, Payload, Update, stack_updates
+from cflpipe.fl.method import ClientView, Method, Payload, Update, stack_updates
 from cflpipe.fl.plan import ClientPlan, Trained
 from cflpipe.fl.params import weighted_average
 
@@ -40,15 +40,17 @@ class FedPer(Method):
         return Payload({"body": self.global_model[self.body_mask]})
 
     # --- client: body from the server + own head, all layers trained; only the body goes up
-    def plan(self, client: int, payload: Payload) -> ClientPlan:
-        start = self.global_model.clone()
-        start[self.body_mask] = payload.tensors["body"]
-        start[self.head_mask] = self.ctx.clients.get("head", client)
-        return ClientPlan(start)
+    @classmethod
+    def client_plan(cls, view: ClientView, payload: Payload) -> tuple[ClientPlan, None]:
+        start = view.initial["model"].clone()  # a model without layers has neither body nor head: its initial one
+        start[view.space.body] = payload.tensors["body"]
+        start[view.space.head] = view.kept("head")
+        return ClientPlan(start), None
 
-    def finish(self, client: int, payload: Payload, trained: Trained) -> Update:
+    @classmethod
+    def client_finish(cls, view: ClientView, payload: Payload, trained: Trained, scratch: None) -> Update:
         vector = trained.vector
-        return self.update(client, {"body": vector[self.body_mask]}, trained, keep={"head": vector[self.head_mask]})
+        return view.update({"body": vector[view.space.body]}, trained, keep={"head": vector[view.space.head]})
 
     # --- server: average the bodies (each client keeps the head it trained, in the client store)
     def aggregate(self, updates: dict[int, Update]) -> None:

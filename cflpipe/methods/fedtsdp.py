@@ -87,7 +87,7 @@ import torch
 
 from cflpipe.clustering import canonical_labels, dbscan_precomputed, hopkins, js_divergence_matrix
 from cflpipe.errors import SpecError
-from cflpipe.fl.method import Context, Method, Payload, Update, stack_updates
+from cflpipe.fl.method import ClientView, Context, Method, Payload, Update, stack_updates
 from cflpipe.fl.params import cluster_average
 from cflpipe.fl.plan import ClientPlan, Trained
 
@@ -228,16 +228,20 @@ class FedTSDP(Method):
         self.last_hopkins, self.last_clustered = float("nan"), 0.0
 
     def payload(self, client: int) -> Payload:
-        return Payload({"shared": self.centers[self.clusters[client]][self._mask]})
+        # Which layers are shared this round is the server's decision, sent with them (a mask of
+        # the layout every client has: not counted as bytes).
+        return Payload({"shared": self.centers[self.clusters[client]][self._mask]}, meta={"shared": self._mask})
 
     # --- client: shared layers from the server + own personalization layers; all layers train
-    def plan(self, client: int, payload: Payload) -> ClientPlan:
-        start = self.ctx.clients.get("model", client).clone()
-        start[self._mask] = payload.tensors["shared"]
-        return ClientPlan(start)
+    @classmethod
+    def client_plan(cls, view: ClientView, payload: Payload) -> tuple[ClientPlan, None]:
+        start = view.kept("model")
+        start[payload.meta["shared"]] = payload.tensors["shared"]
+        return ClientPlan(start), None
 
-    def finish(self, client: int, payload: Payload, trained: Trained) -> Update:
-        return self.update(client, {"model": trained.vector}, trained, keep={"model": trained.vector})
+    @classmethod
+    def client_finish(cls, view: ClientView, payload: Payload, trained: Trained, scratch: None) -> Update:
+        return view.update({"model": trained.vector}, trained, keep={"model": trained.vector})
 
     # --- server
     def aggregate(self, updates: dict[int, Update]) -> None:

@@ -19,7 +19,7 @@ import torch
 
 from cflpipe.clustering import kmeans, nearest_center
 from cflpipe.fl.local import Anchor
-from cflpipe.fl.method import Context, Payload, Update, stack_updates
+from cflpipe.fl.method import ClientView, Context, Payload, Update, stack_updates
 from cflpipe.methods.clustered import ClusterModels
 from cflpipe.fl.params import cluster_average
 
@@ -69,8 +69,16 @@ class FeSEM(ClusterModels):
         self.initialized = False
         self._off_round: dict[int, torch.Tensor] = {}
 
-    def anchors(self, client: int, payload: Payload) -> list[Anchor]:
-        return [Anchor(payload.tensors["model"], self.pull_strength(client))]
+    def cluster_payload(self, client: int) -> Payload:
+        # The pull's strength depends on the client's share of all training data, which the
+        # server knows: it travels with the center (a scalar, not counted as bytes).
+        payload = super().cluster_payload(client)
+        payload.meta["pull"] = self.pull_strength(client)
+        return payload
+
+    @classmethod
+    def client_anchors(cls, view: ClientView, payload: Payload) -> list[Anchor]:
+        return [Anchor(payload.tensors["model"], payload.meta["pull"])]
 
     def pull_strength(self, client: int) -> float:
         """Gradient coefficient of the distance term: 2λ/m, divided by α_i = n_i/n under eq. 7."""
@@ -85,7 +93,8 @@ class FeSEM(ClusterModels):
         if self.initialized:
             return
         chosen = set(int(c) for c in sampled)
-        plans = {c: self.plan(c, self.cluster_payload(c)) for c in range(self.ctx.num_clients) if c not in chosen}
+        plans = {c: type(self).client_plan(self.ctx.view(c), self.cluster_payload(c))[0]
+                 for c in range(self.ctx.num_clients) if c not in chosen}
         self._off_round = {c: t.vector for c, t in self.ctx.train_unsampled(plans).items()}
 
     def cluster_aggregate(self, updates: dict[int, Update]) -> None:

@@ -17,7 +17,7 @@ from cflpipe.errors import SpecError
 from cflpipe.fl.method import ClientView, Context, Payload, Update, stack_updates
 from cflpipe.fl.params import cluster_average
 from cflpipe.fl.plan import ClientPlan, Trained
-from cflpipe.methods.clustered import ClusterModels, client_feature_mean
+from cflpipe.methods.clustered import ClusterModels
 from cflpipe.methods.catalog import AWCFLParams, MCFLParams
 from cflpipe.metrics import per_client_mean
 from cflpipe.models import build_model
@@ -133,8 +133,8 @@ class IFCA(ClusterModels):
                 for r in range(tracks)}, scratch
 
     @classmethod
-    def client_finish(cls, view: ClientView, payload: Payload, trained: Trained | dict[str, Trained],
-                      scratch: dict) -> Update:
+    def cluster_client_finish(cls, view: ClientView, payload: Payload, trained: Trained | dict[str, Trained],
+                              scratch: dict) -> Update:
         device = payload.tensors["models"].device
         cluster = torch.as_tensor(scratch["chosen"], dtype=torch.int64, device=device)
         if isinstance(trained, Trained):
@@ -145,8 +145,6 @@ class IFCA(ClusterModels):
             loss = torch.as_tensor(scratch["loss"], dtype=torch.float64, device=device)
             update = view.update({**{f"model{r}": t.vector for r, t in enumerate(runs)}, "cluster": cluster,
                                   "loss": loss}, record)
-        if isinstance(view.hp, MCFLParams):  # ifca_mcfl: the client's feature mean goes up too
-            update.tensors["feature_mean"] = client_feature_mean(view)
         return update
 
     def cluster_aggregate(self, updates: dict[int, Update]) -> None:

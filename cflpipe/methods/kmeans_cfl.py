@@ -11,8 +11,7 @@ import numpy as np
 import torch
 
 from cflpipe.clustering import canonical_labels, kmeans, nearest_center
-from cflpipe.fl.method import Payload, Update
-from cflpipe.fl.plan import ClientPlan
+from cflpipe.fl.method import Update
 from cflpipe.methods.clustered import ClusterModels
 from cflpipe.fl.params import cluster_average
 
@@ -35,12 +34,9 @@ class KMeansCFL(ClusterModels):
         # initial models do not drag the cluster models back.
         self.seen = np.zeros(ctx.num_clients, dtype=bool)
 
-    def plan(self, client: int, payload: Payload) -> ClientPlan:
-        # The trained model goes straight into the client's row of the server's table (kept there
-        # if training diverged): at full participation no round-long copy of every upload.
-        plan = super().plan(client, payload)
-        plan.into = self.latest[client]
-        return plan
+    # The trained model goes straight into the client's row of the server's table (not if its
+    # training diverged): at full participation no round-long copy of every upload.
+    uploads_into = "latest"
 
     def cluster_aggregate(self, updates: dict[int, Update]) -> None:
         if not updates:

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from cflpipe.fl.local import FOMAMLStep
-from cflpipe.fl.method import Payload, Update, stack_updates
+from cflpipe.fl.method import ClientView, Payload, Update, stack_updates
 from cflpipe.fl.params import weighted_average
 from cflpipe.fl.plan import ClientPlan
 from cflpipe.methods.fedavg import FedAvg
@@ -48,12 +48,11 @@ class PerFedAvg(FedAvg):
     def alpha(self) -> float:
         return self.ctx.lr() if self.hp.alpha is None else self.hp.alpha
 
-    def beta(self) -> float:
-        return self.ctx.lr() if self.hp.beta is None else self.hp.beta
-
-
-    def plan(self, client: int, payload: Payload) -> ClientPlan:
-        return ClientPlan(payload.tensors["model"], lr=self.beta(), rule=FOMAMLStep(self.alpha()))
+    @classmethod
+    def client_plan(cls, view: ClientView, payload: Payload) -> tuple[ClientPlan, None]:
+        alpha = view.lr() if view.hp.alpha is None else view.hp.alpha
+        beta = view.lr() if view.hp.beta is None else view.hp.beta
+        return ClientPlan(payload.tensors["model"], lr=beta, rule=FOMAMLStep(alpha)), None
 
     def aggregate(self, updates: dict[int, Update]) -> None:
         if updates:
