@@ -12,7 +12,7 @@
 
 from snakemake.utils import min_version
 
-min_version("8.0")
+min_version("9.27")  # the rules' priorities are functions of the job (workflow/rules/common.smk)
 
 
 # No `configfile:` directive: the spec is the one `--configfile` names, else config/config.yaml

@@ -213,7 +213,7 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-# The listing's sections, in its order, and the declared families (methods.FAMILIES) in each.
+# The listing's sections, in its order, and the declared families (registry.FAMILIES) in each.
 METHOD_SECTIONS = {"source papers' methods": ("seed",), "clustered": ("clustered",),
                    "personalized": ("personalized",), "baselines": ("baseline", "reference"),
                    "modifiers: AWCFL and MCFL on other methods": ("modifier",)}

@@ -188,7 +188,7 @@ def declare(name: str, params: type[HyperParams], implementation: str, descripti
     """Declare a method without importing it: its family (FAMILIES; its variants' when they differ),
     hyper-parameters, capabilities, when its clustering may start, what its premises ask of a run
     (warned about by validate), its variants (each the same class with the variant's parameters)
-    and the `module:Class` that implements it, whose @register must agree."""
+    and the `module:Class` that implements it (bound to this declaration as it is defined)."""
     infos = [MethodInfo(name, params, description, capabilities, implementation, starts=starts, premises=premises,
                         needs=needs, family=family)]
     infos += [MethodInfo(variant, _variant_params(params, extra), _variant_description(description, what),

@@ -150,8 +150,10 @@ def play(run: Any, rounds: int, poison: bool = False) -> list[dict]:
 
 
 def _server_state(method: Any) -> dict:
-    """A copy of the method's checkpointed state, the uploads_into table left out."""
+    """A copy of the method's checkpointed state (the uploads_into table left out) and of the
+    networks' initial vectors the clients' views share."""
     state = {key: value for key, value in method.state_dict().items() if key != method.uploads_into}
+    state.update({f"initial {name}": vector for name, vector in method.ctx.initial.items()})
     return {key: value.clone() if isinstance(value, torch.Tensor) else copy.deepcopy(value)
             for key, value in state.items()}
 

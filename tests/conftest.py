@@ -98,6 +98,7 @@ def registry_copy(monkeypatch, tmp_path):
 
     imported = set(sys.modules)
     monkeypatch.setattr(registry, "METHODS", dict(registry.METHODS))
+    monkeypatch.setattr(registry, "DECLARED", dict(registry.DECLARED))
     monkeypatch.setattr(registry, "_CLASSES", dict(registry._CLASSES))
     monkeypatch.setattr(registry, "_PLUGINS_LOADED", False)
     monkeypatch.setattr(registry, "_PLUGIN_FAILURES", [])

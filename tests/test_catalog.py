@@ -86,6 +86,15 @@ def test_every_built_in_is_declared():
     assert len(BUILT_IN) == 45 and {"fedavg", "fcca_per_prox", "awcfl", "ifca_mcfl", "fedrc"} <= set(BUILT_IN)
 
 
+def test_a_method_class_with_a_hook_of_the_old_client_form_is_refused_in_one_line():
+    """plan()/finish() on the server object are no longer called: a plugin's class that still
+    defines one would run its parent's client side without a word."""
+    from cflpipe.methods.fedavg import FedAvg
+
+    with pytest.raises(TypeError, match=r"defines plan\(\), a hook cflpipe no longer calls: write the client side"):
+        type("OldStyle", (FedAvg,), {"__module__": __name__, "plan": lambda self, client, payload: None})
+
+
 class Declared(HyperParams):
     steps: int = 1
 
@@ -152,7 +161,7 @@ def test_fcca_variants_keep_their_defaults_over_a_plugins_own_parameters(registr
 
 def test_a_methods_family_is_declared_once_or_read_from_a_plugins_capabilities(registry_copy):
     """`cflpipe methods` and the report group by the declared family; a plugin's class declares
-    none and gets one from its capabilities; a family outside methods.FAMILIES is refused."""
+    none and gets one from its capabilities; a family outside registry.FAMILIES is refused."""
     from cflpipe.registry import all_methods
     from cflpipe.methods.fedavg import FedAvg
 

@@ -7,7 +7,7 @@ import torch
 
 from cflpipe.fl.engine import prepare_run, train_run
 from cflpipe.fl.local import LocalResult
-from cflpipe.fl.method import Update
+from cflpipe.fl.method import Update, local_update
 from cflpipe.registry import all_methods
 from cflpipe.methods.intercluster import awcfl_mix, sample_mean
 from cflpipe.spec import parse_spec
@@ -107,7 +107,7 @@ def test_mcfl_uploads_train_feature_means_and_the_engine_selects_by_them(tmp_pat
     near_second = torch.full((40, 1, 8, 8), 1.6)
     assert mcfl.select_model(near_second) == 0, "no cluster has a feature mean yet: the first model"
     # A client's upload carries the mean of its training inputs (all of them, fewer than n).
-    update = mcfl.local_update(3, mcfl.payload(3))
+    update = local_update(mcfl, 3, mcfl.payload(3))
     x, _ = run.data.client(3, "train")
     torch.testing.assert_close(update.tensors["feature_mean"], x.reshape(len(x), -1).mean(0))
     # Aggregation records every uploaded mean; a cluster with one member has that member's mean.
@@ -137,7 +137,7 @@ def test_byte_counts_match_the_payloads(tmp_path):
         run = prepare_run(spec, "rot2", name, 0)
         method, model_bytes = run.method, run.space.size * 4
         payload = method.payload(3)
-        update = method.local_update(3, payload)
+        update = local_update(method, 3, payload)
         if name.endswith("mcfl"):
             assert payload.nbytes == 2 * model_bytes  # all K = 2 cluster models go down
             extra = 8 if name.startswith("ifca") else 0  # IFCA also reports its chosen cluster id

@@ -7,6 +7,7 @@ objective, which parameters are shared, which loss and step rule, how many model
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Iterator, Mapping
 
 import numpy as np
@@ -241,7 +242,7 @@ class Context:
     def view(self, client: int) -> ClientView:
         """The narrow view a client's step gets (see ClientView)."""
         return ClientView(client, self.round, self.hp, self.training, int(self._train_sizes[client]), self.space,
-                          self.initial, self.data, self.clients, self.apply, self.seed)
+                          MappingProxyType(self.initial), self.data, self.clients, self.apply, self.seed)
 
     def count_traffic(self, down: int, up: int) -> None:
         self.extra_bytes_down += int(down)
@@ -279,8 +280,9 @@ class ClientView:
     hp: Any
     training: Training
     samples: int  # its training samples (its update's weight)
-    # The model's parameter layout (the masks of its layers: body, head, first layers) and each
-    # network's initial vector, which every client starts from: their definitions, not server state.
+    # The model's parameter layout (the masks of its layers: body, head, first layers; its working
+    # vector is the trainer's, not the client's) and each network's initial vector, which every
+    # client starts from (shared with the server: copy before changing one in place).
     space: ParamSpace
     initial: "Mapping[str, torch.Tensor]"
     _data: FederatedData
@@ -326,6 +328,10 @@ class ClientView:
         # A diverged follow-up (FCCA's cINN) makes the whole update a diverged one.
         result = trained.then.result if trained.then is not None and trained.then.diverged else trained.result
         return Update(tensors, self.samples, result, meta=meta, keep=keep or {})
+
+
+# The server-object client hooks of before the one client form (#45); a class defining one is refused.
+_REMOVED_CLIENT_HOOKS = ("plan", "finish", "start_client", "end_client", "local_update", "anchors", "cluster_finish")
 
 
 def client_work(method: Method, client: int, payload: Payload) -> tuple[Plans, Any]:
@@ -394,6 +400,12 @@ class Method:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        # The client side's older form: defined on a subclass it would be silently ignored.
+        old = [name for name in _REMOVED_CLIENT_HOOKS if name in vars(cls)]
+        if old:
+            raise TypeError(f"{cls.__module__}.{cls.__qualname__} defines {old[0]}(), a hook cflpipe no longer "
+                            f"calls: write the client side as the classmethods client_plan(view, payload) and "
+                            f"client_finish(view, payload, trained, scratch) (docs/extending.md)")
         bind_declared(cls)  # a built-in's name and capabilities, from its declaration in the catalog
 
     def __init__(self, ctx: Context):

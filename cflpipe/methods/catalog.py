@@ -2,7 +2,8 @@
 front), capabilities, variants, the round its clustering may start in, and the class that
 implements it. Nothing here imports torch, so validating a spec (`cflpipe validate`, the
 workflow's first step) and listing methods cost no torch import; a method's module is imported
-when a run needs its class, and its `@register` is checked against this declaration.
+when a run needs its class, which is bound to its declaration as it is defined
+(`registry.bind_declared`): a built-in is named here and nowhere else.
 
 Each parameter model stays next to its method in spirit: the method's module docstring names
 the paper and every reading; the descriptions here say what each value does and where its

@@ -56,7 +56,7 @@ class ClusterModels(Method):
     # Whether cluster_payload already sends every cluster model (IFCA's clients pick among them);
     # otherwise MCFL adds the K−1 models the client's own cluster payload lacks.
     sends_all_models: ClassVar[bool] = False
-    # The family (methods.FAMILIES) of the AWCFL and MCFL variants a plugin's subclass gets.
+    # The family (registry.FAMILIES) of the AWCFL and MCFL variants a plugin's subclass gets.
     variant_family: ClassVar[str] = "modifier"
 
     # A plugin's subclass gets its variants here (the built-ins' are declared in the catalog).

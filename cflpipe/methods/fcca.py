@@ -255,7 +255,6 @@ class FCCA(_FCCAVariants, Method):
             module = ConditionalFlow(features, self.num_classes, hp.flow_blocks, hp.flow_hidden, hp.flow_clamp)
         self.flow_space = ctx.add_space("flow", module)
         flow_init = self.flow_space.read()
-        self.flow_init = flow_init
         ctx.clients.add("flow", flow_init)
         init_head = ctx.init[self.head_mask]
         if hp.personal:

@@ -24,13 +24,13 @@ class FedAvg(Method):
 
     # --- the client, over its view: it trains the model it received and sends it back
     @classmethod
-    def client_anchors(cls, hp, payload: Payload) -> list[Anchor]:
+    def client_anchors(cls, view: ClientView, payload: Payload) -> list[Anchor]:
         """Proximal pulls of the local objective (FedProx's)."""
         return []
 
     @classmethod
     def client_plan(cls, view: ClientView, payload: Payload) -> tuple[ClientPlan, None]:
-        return ClientPlan(payload.tensors["model"], cls.client_anchors(view.hp, payload)), None
+        return ClientPlan(payload.tensors["model"], cls.client_anchors(view, payload)), None
 
     @classmethod
     def client_finish(cls, view: ClientView, payload: Payload, trained: Trained, scratch: None) -> Update:

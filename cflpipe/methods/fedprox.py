@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 from cflpipe.fl.local import Anchor
-from cflpipe.fl.method import Payload
+from cflpipe.fl.method import ClientView, Payload
 from cflpipe.methods.fedavg import FedAvg
 
 
@@ -12,5 +12,5 @@ class FedProx(FedAvg):
     """FedProx: FedAvg whose local objective adds (mu/2)·||w − w_global||²."""
 
     @classmethod
-    def client_anchors(cls, hp, payload: Payload) -> list[Anchor]:
-        return [Anchor(payload.tensors["model"], hp.mu)]
+    def client_anchors(cls, view: ClientView, payload: Payload) -> list[Anchor]:
+        return [Anchor(payload.tensors["model"], view.hp.mu)]

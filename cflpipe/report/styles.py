@@ -62,7 +62,7 @@ class Style:
 
 
 def method_family(method_type: str) -> str:
-    """The report's family of a method type: its declared family (methods.FAMILIES), AWCFL's and
+    """The report's family of a method type: its declared family (registry.FAMILIES), AWCFL's and
     MCFL's options on other methods drawn with the seed papers', Oracle's among the references."""
     from cflpipe.registry import all_methods
 
