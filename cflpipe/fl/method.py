@@ -406,6 +406,8 @@ class Method:
             raise TypeError(f"{cls.__module__}.{cls.__qualname__} defines {old[0]}(), a hook cflpipe no longer "
                             f"calls: write the client side as the classmethods client_plan(view, payload) and "
                             f"client_finish(view, payload, trained, scratch) (docs/extending.md)")
+        if "aggregate" in vars(cls) and "streamed_means" not in vars(cls):
+            cls.streamed_means = ()  # its aggregate reads the round's updates: they are held for it
         bind_declared(cls)  # a built-in's name and capabilities, from its declaration in the catalog
 
     def __init__(self, ctx: Context):
@@ -447,16 +449,12 @@ class Method:
 
     @classmethod
     def streams_means(cls) -> bool:
-        """Whether the engine sums uploads as they come: streamed_means declared, receive not
-        overridden, and aggregate last defined by the class that declared streamed_means or
-        above it. A subclass that overrides aggregate reads the round's updates itself, so it
-        gets them, and so do its subclasses (FedAvgM's momentum is in its aggregate) unless one
-        declares streamed_means again; one that overrides only aggregate_means is streamed,
-        its override used on both paths."""
-        if not cls.streamed_means or cls.receive is not Method.receive:
-            return False
-        declared = next(c for c in cls.__mro__ if "streamed_means" in vars(c))
-        return issubclass(declared, next(c for c in cls.__mro__ if "aggregate" in vars(c)))
+        """Whether the engine sums uploads as they come: streamed_means declared and receive not
+        overridden. A subclass that overrides aggregate reads the round's updates itself: defining
+        it clears streamed_means (__init_subclass__), for it and its subclasses (FedAvgM's momentum
+        is in its aggregate) unless one declares streamed_means again; one that overrides only
+        aggregate_means is streamed, its override used on both paths."""
+        return bool(cls.streamed_means) and cls.receive is Method.receive
 
     def receive(self, updates: dict[int, Update]) -> None:
         """The accepted updates of a round: what clients keep goes to the client store, then
