@@ -254,7 +254,7 @@ class FCCA(_FCCAVariants, Method):
             torch.manual_seed(mix_seed(ctx.seed, _FLOW_INIT))
             module = ConditionalFlow(features, self.num_classes, hp.flow_blocks, hp.flow_hidden, hp.flow_clamp)
         self.flow_space = ctx.add_space("flow", module)
-        flow_init = self.flow_space.read()
+        flow_init = ctx.initial["flow"]  # recorded by add_space: what every client's cINN starts from
         ctx.clients.add("flow", flow_init)
         init_head = ctx.init[self.head_mask]
         if hp.personal:
