@@ -110,12 +110,8 @@ class MethodInfo:
 
     def premise_warnings(self, hp: Any, training: Any, scenario: Any) -> list[tuple[str, str]]:
         """What in a run's settings or scenario goes against the method's premises (declared, or
-        a plugin's class's own `premises`)."""
-        if self.premises is not None:
-            return self.premises(hp, training, scenario)
-        if self.implementation in _CLASSES:
-            return list(getattr(_CLASSES[self.implementation], "premises", lambda *_: [])(hp, training, scenario))
-        return []
+        given to a plugin's `register`)."""
+        return [] if self.premises is None else list(self.premises(hp, training, scenario))
 
     @property
     def cls(self) -> type:
@@ -143,8 +139,8 @@ class MethodInfo:
         `cflpipe validate` warns when that round is at or past the run's last one."""
         if self.starts is not None:
             return self.starts(hp)
-        if self.implementation in _CLASSES:  # a plugin's class states its own
-            return _CLASSES[self.implementation].clustering_starts(hp)
+        if self.implementation in _CLASSES:  # a plugin's class that gave none: its nearest declared ancestor's
+            return declared_starts(_CLASSES[self.implementation], hp)
         return None
 
 
@@ -215,10 +211,15 @@ def declared_starts(cls: type, hp: Any) -> tuple[str, int] | None:
 
 
 # Runs at import, before mutmut picks a mutant: its mutants could never run (docs/testing.md).
-def register(name: str, params: type[HyperParams] = HyperParams):  # pragma: no mutate block
-    """Register a plugin's method class under `name`. A class that offers variants (the
-    cluster-model base: AWCFL and MCFL) registers them here too, as the same class with the
-    variant's hyper-parameters added, so they exist whatever order the modules are imported in.
+def register(name: str, params: type[HyperParams] = HyperParams, *, starts: ClusteringStarts | None = None,
+             premises: Premises | None = None, needs: str = ""):  # pragma: no mutate block
+    """Register a plugin's method class under `name`, with what `declare` says of a built-in:
+    when its clustering may start (`starts`; by default its nearest declared ancestor's, so a
+    subclass of CFL delays its clustering as CFL does), what its premises ask of a run
+    (`premises`, warned about by validate) and, in a sentence, what it needs (`needs`). A class
+    that offers variants (the cluster-model base: AWCFL and MCFL) registers them here too, as the
+    same class with the variant's hyper-parameters added, so they exist whatever order the
+    modules are imported in.
 
     The built-in methods do not register: `catalog` declares each one, and its class is bound to
     the declaration when it is defined (`bind_declared`)."""
@@ -234,10 +235,11 @@ def register(name: str, params: type[HyperParams] = HyperParams):  # pragma: no 
         doc = (cls.__doc__ or "").strip().splitlines()
         description = doc[0] if doc else ""
         capabilities = cls.capabilities
-        _add(MethodInfo(name, params, description, capabilities, where))
+        _add(MethodInfo(name, params, description, capabilities, where, starts=starts, premises=premises, needs=needs))
         for variant, extra, what in (cls.variants(name) if hasattr(cls, "variants") else []):
             _add(MethodInfo(variant, _variant_params(params, extra), _variant_description(description, what),
-                            capabilities, where, base=name, family=getattr(cls, "variant_family", "")))
+                            capabilities, where, base=name, starts=starts, premises=premises, needs=needs,
+                            family=getattr(cls, "variant_family", "")))
         _CLASSES[where] = cls
         return cls
 
@@ -254,7 +256,7 @@ def bind_declared(cls: type) -> None:  # pragma: no mutate block
     if declared is None:
         return
     bound = {"capabilities": declared.capabilities, "name": declared.name}  # what an earlier binding set
-    own = [key for key in ("capabilities", "clustering_starts", "variants", "name")
+    own = [key for key in ("capabilities", "variants", "name")
            if key in vars(cls) and vars(cls)[key] is not bound.get(key)]
     if own:
         raise ValueError(f"method {declared.name!r}: {where} sets {own[0]!r}, which its declaration in "

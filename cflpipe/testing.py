@@ -47,7 +47,7 @@ from cflpipe.errors import SpecError
 from cflpipe.fl import checkpoint, engine
 from cflpipe.fl.checkpoint import read_state, write_state
 from cflpipe.fl.engine import OUTPUT_FILES, prepare_run, train_run
-from cflpipe.fl.method import client_update, client_work
+from cflpipe.fl.method import client_update, client_work, receive, streams_means
 from cflpipe.registry import all_methods, method_info
 from cflpipe.spec import parse_spec
 
@@ -144,7 +144,7 @@ def play(run: Any, rounds: int, poison: bool = False) -> list[dict]:
             assert all(torch.isfinite(t).all() for t in sent + kept), \
                 f"client {c} of round {r + 1} used server state that was not in its payload"
             assert not update.result.diverged, f"client {c} of round {r + 1} diverged"
-        method.receive(updates)
+        receive(method, updates)
         reported.append(method.round_metrics())
     return reported
 
@@ -276,8 +276,8 @@ def check_state_round_trip(name: str, workdir: Path) -> None:
     fresh.ctx.round = run.ctx.round  # as the engine sets it before every round and evaluation
     _assert_state_equal(run.method.state_dict(), fresh.method.state_dict())
     _assert_state_equal(run.ctx.clients.state_dict(), fresh.ctx.clients.state_dict())
-    (a, ia), (b, ib) = run.method.eval_models(), fresh.method.eval_models()
-    assert np.array_equal(ia, ib) and all(torch.equal(u, v) for u, v in zip(a, b))
+    a, b = run.method.predictor(), fresh.method.predictor()
+    assert np.array_equal(a.index, b.index) and all(torch.equal(u, v) for u, v in zip(a.models, b.models))
 
 
 def check_k_rule(name: str, workdir: Path) -> None:
@@ -302,8 +302,8 @@ def trained_alike(name: str, workdir: Path, trainer: str, tolerances: dict[str, 
         run = prepare_run(parse_spec(spec_dict(Path(workdir) / which.replace(":", "-"), name, trainer=which)),
                           "s", name, 0)
         play(run, 3)
-        vectors, index = run.method.eval_models()
-        models[which] = (torch.stack(vectors), index, run.method.assignment(), run.ctx.clients.state_dict())
+        predictor = run.method.predictor()
+        models[which] = (torch.stack(predictor.models), predictor.index, run.method.assignment(), run.ctx.clients.state_dict())
         if which == "batched":
             assert run.trainer.counts["batched"] > 0, "the batched trainer batched nothing"
     (a, ia, ca, sa), (b, ib, cb, sb) = models["sequential"], models[trainer]
@@ -338,19 +338,11 @@ def check_batched_equals_sequential(name: str, workdir: Path) -> None:
 def check_streamed_means_equal_held_updates(name: str, workdir: Path) -> None:
     """A method whose means the engine sums as clients finish (Method.streamed_means) gives the
     bytes it gives when the round's updates are held and passed to aggregate."""
-    cls = method_info(name).cls
-    if not cls.streams_means():
+    if not streams_means(method_info(name).cls):
         return
     spec = parse_spec(spec_dict(Path(workdir), name))
-    own = vars(cls).get("streams_means")  # the class's own entry (a classmethod), if any
-    cls.streams_means = classmethod(lambda _: False)
-    try:
+    with _patched(engine, "streams_means", lambda cls: False):  # the engine holds the updates
         train_run(spec, "s", name, 0, progress=False)
-    finally:
-        if own is None:
-            del cls.streams_means
-        else:
-            cls.streams_means = own
     same_bytes(reference_run(name), spec.run_dir("s", name, 0))
 
 

@@ -58,19 +58,18 @@ def test_a_plugin_subclass_inherits_its_ancestors_clustering_start(registry_copy
     Sub = type("Sub", (CFL,), {"__module__": __name__, "__qualname__": "Sub", "__doc__": "Sub: a CFL."})
     register("cfl_sub", CFLParams)(Sub)
     assert registry.METHODS["cfl_sub"].clustering_starts(CFLParams(warmup=7)) == ("warmup", 7)
-    assert Sub.clustering_starts(FLHCParams()) is None  # parameters without CFL's warm-up: no start to tell
+    assert registry.declared_starts(Sub, FLHCParams()) is None  # parameters without CFL's warm-up: no start to tell
 
 
-def test_a_plugins_class_states_its_own_premises_and_validate_reads_them(registry_copy):
+def test_a_plugin_registers_its_premises_and_validate_reads_them(registry_copy):
     from cflpipe.methods.fedavg import FedAvg
     from cflpipe.spec import parse_spec, spec_warnings
 
-    def premises(cls, hp, training, scenario):
+    def premises(hp, training, scenario):
         return [("", f"needs 20 local steps, got {training.local_steps}")] if training.local_steps < 20 else []
 
-    Plugin = type("Plugin", (FedAvg,), {"__module__": __name__, "__qualname__": "Plugin", "__doc__": "Plugin: test.",
-                                       "premises": classmethod(premises)})
-    register("premised", HyperParams)(Plugin)
+    Plugin = type("Plugin", (FedAvg,), {"__module__": __name__, "__qualname__": "Plugin", "__doc__": "Plugin: test."})
+    register("premised", HyperParams, premises=premises)(Plugin)
     assert registry.METHODS["premised"].premise_warnings(HyperParams(), type("T", (), {"local_steps": 5})(), None) \
         == [("", "needs 20 local steps, got 5")]
     spec = parse_spec({"seeds": [0], "training": {"model": "mlp", "local_steps": 5, "clients_per_round": 4},
@@ -120,7 +119,7 @@ def test_a_declared_class_that_states_its_own_capabilities_is_refused(registry_c
     from cflpipe.methods.fedavg import FedAvg
 
     declare("declared_y", Declared, _where("Other"), "Y: a declared method.", family="baseline")
-    for own in ({"capabilities": Capabilities(clustered=True)}, {"clustering_starts": classmethod(lambda cls, hp: None)}):
+    for own in ({"capabilities": Capabilities(clustered=True)}, {"name": "other"}):
         with pytest.raises(ValueError, match=f"sets {next(iter(own))!r}, which its declaration"):
             type("Other", (FedAvg,), {"__module__": __name__, "__qualname__": "Other", **own})
 

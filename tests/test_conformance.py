@@ -203,7 +203,8 @@ def _trained_state(tmp_path: Path, name: str, overrides: dict) -> list[torch.Ten
     raw["methods"][name] = hyperparams(name) | overrides
     run = prepare_run(parse_spec(raw), "s", name, 0)
     reported = play(run, ROUNDS)
-    vectors, index = run.method.eval_models()
+    evaluated = run.method.predictor()
+    vectors, index = evaluated.models, evaluated.index
     parts = [torch.stack(vectors).double(), torch.as_tensor(np.asarray(index, dtype=np.float64))]
     if (assignment := run.method.assignment()) is not None:
         parts.append(torch.as_tensor(np.asarray(assignment, dtype=np.float64)))
@@ -277,7 +278,8 @@ def test_training_changes_the_evaluated_models(name, tmp_path):
     run = prepare_run(parse_spec(spec_dict(tmp_path, name)), "s", name, 0)
     play(run, 3)
     trained = np.unique(np.concatenate([run.sample(r) for r in range(3)]))
-    vectors, index = run.method.eval_models()
+    evaluated = run.method.predictor()
+    vectors, index = evaluated.models, evaluated.index
     initial = run.ctx.init
     unchanged = [int(c) for c in trained if torch.equal(vectors[index[c]], initial)]
     assert not unchanged, f"{name}: clients {unchanged} trained but are evaluated with the initial model"

@@ -701,7 +701,7 @@ def test_a_rounds_uploads_are_freed_before_the_next_round_trains(tmp_path, monke
             seen["checked"] += 1
         round_start(self, sampled)
 
-    monkeypatch.setattr(FedAvg, "streams_means", classmethod(lambda cls: False))
+    monkeypatch.setattr(engine, "streams_means", lambda cls: False)
     monkeypatch.setattr(FedAvg, "aggregate", watched_aggregate)
     monkeypatch.setattr(FedAvg, "round_start", watched_round_start)
     train_run(spec, "swap", "fedavg", 0, progress=False)
@@ -744,8 +744,8 @@ def test_streamed_means_give_the_bits_of_the_held_updates(tmp_path, monkeypatch)
     for streamed in (True, False):
         with monkeypatch.context() as patch:
             if not streamed:
-                patch.setattr(FedAvg, "streams_means", classmethod(lambda cls: False))
-            assert FedAvg.streams_means() is streamed
+                patch.setattr(engine, "streams_means", lambda cls: False)
+            assert engine.streams_means(FedAvg) is streamed
             spec = parse_spec(tiny_spec(tmp_path / str(streamed), rounds=4))
             run = train_run(spec, "swap", "fedavg", 0, progress=False).run_dir
             outputs[streamed] = {name: (run / name).read_bytes() for name in ("metrics.parquet", "clusters.parquet")}
@@ -753,16 +753,13 @@ def test_streamed_means_give_the_bits_of_the_held_updates(tmp_path, monkeypatch)
 
 
 def test_a_method_that_overrides_aggregate_is_not_streamed():
+    from cflpipe.fl.method import streams_means
     from cflpipe.methods.fedavg import FedAvg
     from cflpipe.methods.fedprox import FedProx
 
     class Reads(FedAvg):
         def aggregate(self, updates):
             super().aggregate(updates)
-
-    class Receives(FedAvg):
-        def receive(self, updates):
-            super().receive(updates)
 
     class Momentum(FedAvg):  # only the means' use changes: streamed, and the held path agrees
         def aggregate_means(self, means):
@@ -779,9 +776,18 @@ def test_a_method_that_overrides_aggregate_is_not_streamed():
     class Declares(Reads):  # declared again below its aggregate: its author says it is means only
         streamed_means = ("model",)
 
-    assert FedAvg.streams_means() and FedProx.streams_means() and Momentum.streams_means()
-    assert not Reads.streams_means() and not Receives.streams_means() and not ReadsAfter.streams_means()
-    assert not LoggedReads.streams_means() and Declares.streams_means()
+    assert streams_means(FedAvg) and streams_means(FedProx) and streams_means(Momentum)
+    assert not streams_means(Reads) and not streams_means(ReadsAfter)
+    assert not streams_means(LoggedReads) and streams_means(Declares)
+
+
+@pytest.mark.parametrize("hook", ["receive", "streams_means", "clustering_starts", "premises"])
+def test_a_class_that_defines_a_hook_moved_out_of_the_method_is_refused(hook):
+    """Each would be silently ignored: the engine receives, the registration states the rest."""
+    from cflpipe.methods.fedavg import FedAvg
+
+    with pytest.raises(TypeError, match=f"defines {hook}\\(\\), which is no longer a method hook"):
+        type("Old", (FedAvg,), {hook: lambda self, *args: None})
 
 
 def test_stacking_updates_frees_each_clients_own_copy():
@@ -912,21 +918,16 @@ def test_unsampled_clients_count_their_traffic_and_follow_on_divergence(tmp_path
         assert (ctx.extra_bytes_down, ctx.extra_bytes_up) == (3 * size, 2 * size)
 
 
-def test_base_eval_models_shares_a_model_among_clients_by_identity(tmp_path):
-    from cflpipe.fl.method import Method
+def test_predictor_shapes_index_each_client_into_their_models():
+    from cflpipe.fl.predictors import Mixture, Models
 
-    run = prepare_run(parse_spec(tiny_spec(tmp_path)), "swap", "fedavg", 0)
-    run.setup()
-    first, second = run.ctx.init.clone(), run.ctx.init.clone()
-
-    class TwoModels(Method):
-        def eval_params(self, client):
-            return first if client % 3 == 0 else second
-
-    models, index = TwoModels(run.ctx).eval_models()
-    assert len(models) == 2 and models[0] is first and models[1] is second
-    assert index.tolist() == [0 if c % 3 == 0 else 1 for c in range(8)]
-
+    one, two = torch.zeros(3), torch.ones(3)
+    shared = Models.shared(one, 4)
+    assert shared.models == [one] and shared.index.tolist() == [0, 0, 0, 0]
+    own = Models.own(torch.stack([one, two]))
+    assert own.index.tolist() == [0, 1] and torch.equal(own.models[1], two)
+    mixture = Mixture([one, two], np.array([[0.7, 0.3], [0.2, 0.8], [0.5, 0.5]]))
+    assert mixture.index.tolist() == [0, 1, 0]  # the largest weight; a tie to the first
 
 def test_client_state_tables_keep_their_registered_shape(tmp_path):
     from cflpipe.fl.method import ClientStore
@@ -1047,18 +1048,18 @@ def test_a_method_that_picks_its_model_by_the_data_is_evaluated_with_its_choice(
     model the method selects for those inputs."""
     from cflpipe.methods.fedavg import FedAvg
 
+    from cflpipe.fl.predictors import Selected
+
     chosen_for = {}
 
-    def select_model(self, x):
+    def select(x):
         choice = int(float(x.mean()) > threshold)
         chosen_for[round(float(x.mean()), 6)] = choice
         return choice
 
-    monkeypatch.setattr(FedAvg, "selects_by_data", True, raising=False)
-    monkeypatch.setattr(FedAvg, "select_model", select_model, raising=False)
-    monkeypatch.setattr(FedAvg, "eval_models",  # model 1 predicts class 0 for every input
-                        lambda self: ([self.global_model, zero_bias_to(self.ctx, 0)],
-                                      np.zeros(self.ctx.num_clients, np.int64)))
+    monkeypatch.setattr(FedAvg, "predictor",  # model 1 predicts class 0 for every input
+                        lambda self, clients=None: Selected([self.global_model, zero_bias_to(self.ctx, 0)],
+                                                            np.zeros(self.ctx.num_clients, np.int64), select))
     run = prepare_run(parse_spec(tiny_spec(tmp_path)), "swap", "fedavg", 0)
     run.setup()
     means = [float(run.data.test.of(c)[0].mean()) for c in range(8)]
@@ -1161,7 +1162,8 @@ def test_evaluation_figures_equal_a_computation_by_hand(tmp_path):
     })
     run = prepare_run(spec, "s", "local", 0)
     run.execute(resume=False, progress=False)
-    models, index = run.method.eval_models()
+    predictor = run.method.predictor()
+    models, index = predictor.models, predictor.index
     test = run.data.test
 
     def predictions(vector, x):

@@ -14,7 +14,7 @@ from cflpipe.clustering import fcca_similarity, kmeans
 from cflpipe.fl.local import SGDStep, sgd
 from cflpipe.fl.params import ParamSpace
 from cflpipe.fl.engine import train_run
-from cflpipe.fl.method import client_update
+from cflpipe.fl.method import client_update, receive
 from cflpipe.methods.fcca import ConditionalFlow, FlowLikelihood, reconstructions
 from cflpipe.spec import parse_spec
 
@@ -416,7 +416,7 @@ def test_fcca_per_starts_each_round_from_the_clusters_classifier_and_keeps_what_
                            None)
     assert torch.equal(update.keep["head"], trained_model[fcca.head_mask])
     fcca.ctx.clients["head"][2] = update.keep["head"]
-    evaluated = fcca.eval_params(2)
+    evaluated = fcca.predictor().models[2]
     assert torch.equal(evaluated[fcca.head_mask], trained_model[fcca.head_mask])
     assert torch.equal(evaluated[fcca.body_mask], fcca.global_model[fcca.body_mask])
 
@@ -465,7 +465,7 @@ def test_a_client_uploads_and_keeps_its_trained_cinn_and_a_diverged_one_is_left_
     encoder_diverged = client_update(fcca, 1, fcca.payload(1), trained(model, loss=float("inf")), None)
     assert encoder_diverged.result.diverged and "flow_loss" not in encoder_diverged.meta
     assert torch.equal(encoder_diverged.tensors["flow"], fcca.ctx.clients.get("flow", 1))
-    fcca.receive({2: update})  # the engine drops the diverged updates
+    receive(fcca, {2: update})  # the engine drops the diverged updates
     assert fcca.round_metrics() == {"flow_nll": 2.0}
     fcca.round_start(np.arange(4))
     assert np.isnan(fcca.round_metrics()["flow_nll"])  # a round without a finite cINN loss

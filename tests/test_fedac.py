@@ -8,7 +8,7 @@ from sklearn.decomposition import PCA
 
 from cflpipe.clustering import cosine_similarity_matrix, pairwise_sq_distances
 from cflpipe.fl.engine import prepare_run, train_run
-from cflpipe.fl.method import client_update, local_update, client_work
+from cflpipe.fl.method import client_update, client_work, local_update, receive
 from cflpipe.metrics import clustering_scores
 from cflpipe.methods.fedac import cluster_ratios, tune_cluster_number
 from cflpipe.spec import parse_spec
@@ -187,7 +187,7 @@ def test_round_metrics_report_the_servers_clusters_g_values_and_pca_dims(tmp_pat
         payloads = {int(c): fedac.payload(int(c)) for c in sampled}
         started = {c: client_work(fedac, c, payloads[c]) for c in payloads}
         trained = run.ctx.run({c: plans for c, (plans, _) in started.items()})
-        fedac.receive({c: client_update(fedac, c, payloads[c], trained[c], started[c][1]) for c in payloads})
+        receive(fedac, {c: client_update(fedac, c, payloads[c], trained[c], started[c][1]) for c in payloads})
     metrics = fedac.round_metrics()
     assert metrics["fedac_clusters"] == fedac.centers.shape[0] == len(set(fedac.clusters.tolist()))
     assert metrics["fedac_g"] == [float(g) if np.isfinite(g) else None for g in fedac.g_values]

@@ -109,11 +109,11 @@ def test_a_clients_mixture_depends_on_the_input_and_its_cluster_is_its_classifie
     x = run.data.train.of(0)[0]
     z = x.reshape(len(x), -1).double() @ method.embedding
     near = int(torch.argmin(((z - method.means[1]) ** 2).sum(1)))  # the row nearest component 1
-    w = method.row_mixture(x, np.zeros(len(x), dtype=np.int64))
+    w = method.row_weights(x, np.zeros(len(x), dtype=np.int64))
     assert torch.allclose(w.sum(dim=1), torch.ones(len(x), dtype=w.dtype))
     assert float(w[:, 1].max() - w[:, 1].min()) > 0.1  # the weights follow the input
     assert float(w[near, 1]) > 0.3  # …towards the classifier its component is paired with
-    assert method.assignment()[0] == 0 and np.allclose(method.eval_mixture()[0], [0.7, 0.3])
+    assert method.assignment()[0] == 0 and np.allclose(method.shares()[0], [0.7, 0.3])
 
 
 def test_a_run_writes_the_classifiers_and_the_pairs_weights(tmp_path):

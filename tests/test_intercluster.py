@@ -8,6 +8,7 @@ import torch
 from cflpipe.fl.engine import prepare_run, train_run
 from cflpipe.fl.local import LocalResult
 from cflpipe.fl.method import Update, local_update
+from cflpipe.fl.predictors import Selected
 from cflpipe.registry import all_methods
 from cflpipe.methods.intercluster import awcfl_mix, sample_mean
 from cflpipe.spec import parse_spec
@@ -77,17 +78,17 @@ def test_mcfl_selects_the_cluster_with_the_nearest_feature_mean(tmp_path):
     planted = torch.stack([torch.full((dim,), -1.0), torch.full((dim,), 2.0)])
     mcfl.feature_means[:] = planted[torch.from_numpy(mcfl.clusters)]
     mcfl.has_mean[:] = True
-    mcfl.eval_models()  # the engine's evaluation starts here; cluster means are computed once
+    select = mcfl.predictor().select  # the engine's evaluation starts here; cluster means are computed once
     near_second = torch.full((40, 1, 8, 8), 1.6) + 0.1 * torch.randn(40, 1, 8, 8)
     near_first = torch.full((40, 1, 8, 8), -0.7) + 0.1 * torch.randn(40, 1, 8, 8)
-    assert mcfl.select_model(near_second) == 1
-    assert mcfl.select_model(near_first) == 0
+    assert select(near_second) == 1
+    assert select(near_first) == 0
     # Clusters with no uploaded mean are never chosen.
     mcfl.has_mean[mcfl.clusters == 1] = False
-    mcfl.eval_models()
-    assert mcfl.select_model(near_second) == 0
+    select = mcfl.predictor().select
+    assert select(near_second) == 0
     # A test set with no samples still gets a model (a client whose one sample went to train).
-    assert mcfl.select_model(near_first[:0]) in (0, 1)
+    assert select(near_first[:0]) in (0, 1)
 
 
 def test_awcfl_mixes_the_cluster_models_after_each_aggregation(tmp_path):
@@ -103,9 +104,9 @@ def test_awcfl_mixes_the_cluster_models_after_each_aggregation(tmp_path):
 def test_mcfl_uploads_train_feature_means_and_the_engine_selects_by_them(tmp_path):
     run = prepare_run(rot2_spec(tmp_path, {"oracle_mcfl": {"feature_samples": 100_000}}), "rot2", "oracle_mcfl", 0)
     mcfl = run.method
-    assert mcfl.selects_by_data  # what the engine reads to evaluate each test set with select_model
+    assert isinstance(mcfl.predictor(), Selected)  # the engine evaluates each test set with its choice
     near_second = torch.full((40, 1, 8, 8), 1.6)
-    assert mcfl.select_model(near_second) == 0, "no cluster has a feature mean yet: the first model"
+    assert mcfl.nearest_feature_mean(near_second) == 0, "no cluster has a feature mean yet: the first model"
     # A client's upload carries the mean of its training inputs (all of them, fewer than n).
     update = local_update(mcfl, 3, mcfl.payload(3))
     x, _ = run.data.client(3, "train")
@@ -117,11 +118,11 @@ def test_mcfl_uploads_train_feature_means_and_the_engine_selects_by_them(tmp_pat
     lone = int(np.nonzero(mcfl.clusters == 1)[0][0])
     updates = {c: u for c, u in updates.items() if mcfl.clusters[c] == 0 or c == lone}
     mcfl.aggregate(updates)
-    mcfl.eval_models()
+    select = mcfl.predictor().select
     means, present = mcfl.cluster_feature_means()
     assert present.tolist() == [True, True]
     torch.testing.assert_close(means, planted)
-    assert mcfl.select_model(near_second) == 1
+    assert select(near_second) == 1
 
 
 def test_mcfl_sends_every_other_cluster_model_with_the_own_one(tmp_path):

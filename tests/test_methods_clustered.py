@@ -17,7 +17,7 @@ from cflpipe.clustering import pairwise_sq_distances
 from cflpipe.fl.engine import Run, train_run
 from cflpipe.fl.runs import resolve_run
 from cflpipe.fl.local import LocalResult
-from cflpipe.fl.method import ClientView, Context, Update, local_update
+from cflpipe.fl.method import ClientView, Context, local_update, receive, Update
 from cflpipe.fl.plan import Trained
 from cflpipe.registry import all_methods
 from cflpipe.methods.catalog import CFLParams, FedGroupParams, FeSEMParams, FLHCParams, KMeansCFLParams
@@ -93,7 +93,7 @@ def play_round(method, ctx, sampled) -> dict:
         update = local_update(method, int(client), payload)
         up += update.nbytes
         updates[int(client)] = update
-    method.receive(updates)
+    receive(method, updates)
     row = {"bytes_down": down + ctx.extra_bytes_down, "bytes_up": up + ctx.extra_bytes_up,
            **method.round_metrics()}
     if ctx.extra_bytes_down or ctx.extra_bytes_up:
@@ -414,7 +414,8 @@ def test_fedgroup_decomposed_similarity_separates_planted_groups_and_cold_starts
     # Unassigned clients are evaluated with the mean of the group models.
     fresh = FedGroup(FakeContext(FedGroupParams(clusters=2), 10, 60, deltas))
     assert torch.equal(fresh.payload(0).tensors["model"], fresh.centers.mean(0))
-    models, index = fresh.eval_models()
+    evaluated = fresh.predictor()
+    models, index = evaluated.models, evaluated.index
     assert len(models) == 3 and (index == 2).all()
 
 
@@ -440,7 +441,8 @@ def test_ifca_client_picks_the_lowest_loss_model(tmp_path):
     ifca.aggregate({5: update, 6: other})
     assert ifca.clusters[5] == 1
     # Evaluation refreshes everyone's cluster by lowest training loss.
-    _, index = ifca.eval_models()
+    evaluated = ifca.predictor()
+    _, index = evaluated.models, evaluated.index
     assert np.array_equal(index, lowest(train_losses(ctx, ifca.centers)))
     assert np.array_equal(ifca.assignment(), index)
 
@@ -795,13 +797,15 @@ def test_fedgroup_moves_each_group_model_by_its_members_mean_update():
         mine = group.assignment() == k
         torch.testing.assert_close(group.centers[k], before[k] + deltas[mine].mean(0))
         torch.testing.assert_close(group.directions[k], deltas[mine].mean(0))
-    models, index = group.eval_models()
+    evaluated = group.predictor()
+    models, index = evaluated.models, evaluated.index
     assert len(models) == 2 and np.array_equal(index, group.assignment())
     # Half-way through the cold start: members with their group's model, the others with the mean.
     partial_ctx = FakeContext(FedGroupParams(clusters=2, pretrain_scale=3), 10, 60, deltas)
     partial = FedGroup(partial_ctx)
     play_round(partial, partial_ctx, [])
-    models, index = partial.eval_models()
+    evaluated = partial.predictor()
+    models, index = evaluated.models, evaluated.index
     assigned = partial.assignment() >= 0
     assert len(models) == 3 and 0 < assigned.sum() < 10 and (partial.assignment()[assigned] == 0).any()
     assert np.array_equal(index[assigned], partial.assignment()[assigned]) and (index[~assigned] == 2).all()

@@ -18,7 +18,7 @@ from cflpipe.fl import engine
 from cflpipe.fl.checkpoint import read_state, write_state
 from cflpipe.fl.data import FederatedData, SplitData
 from cflpipe.fl.local import Anchor, FOMAMLStep, LocalResult, MoreauStep, batch_indices, sgd
-from cflpipe.fl.method import Context, Update, local_update
+from cflpipe.fl.method import Context, local_update, receive, Update
 from cflpipe.seeds import mix_seed as _mix
 from cflpipe.fl.params import ParamSpace
 from cflpipe.registry import method_info
@@ -135,16 +135,16 @@ def test_fedper_averages_bodies_and_keeps_heads_personal():
     body, head = ctx.space.body, ctx.space.head
     b1, b2 = torch.randn(int(body.sum())), torch.randn(int(body.sum()))
     h1, h2 = torch.randn(int(head.sum())), torch.randn(int(head.sum()))
-    method.receive({0: fake_update("body", b1, 10, head=h1), 3: fake_update("body", b2, 30, head=h2)})
+    receive(method, {0: fake_update("body", b1, 10, head=h1), 3: fake_update("body", b2, 30, head=h2)})
     assert torch.allclose(method.global_model[body], 0.25 * b1 + 0.75 * b2, atol=1e-6)
-    models, index = method.eval_models()
+    evaluated = method.predictor()
+    models, index = evaluated.models, evaluated.index
     assert np.array_equal(index, np.arange(4))
     stacked = torch.stack(models)
     assert torch.allclose(stacked[:, body], method.global_model[body].expand(4, -1))
     assert torch.equal(stacked[0, head], h1) and torch.equal(stacked[3, head], h2)
     for never_sampled in (1, 2):  # clients that never trained keep the initial head
         assert torch.equal(stacked[never_sampled, head], ctx.init[head])
-    assert torch.equal(method.eval_params(3), stacked[3])
 
 
 # ---------------------------------------------------------------------------- Ditto
@@ -162,9 +162,10 @@ def test_ditto_lambda_zero_personal_model_is_local_training():
     global_expected, _ = ctx.train(1, method.global_model)
     assert torch.equal(update.tensors["model"], global_expected)
     assert set(update.tensors) == {"model"} and update.nbytes == ctx.space.nbytes()
-    method.receive({1: update})
+    receive(method, {1: update})
     assert torch.equal(ctx.clients.get("personal", 1), expected)
-    models, index = method.eval_models()
+    evaluated = method.predictor()
+    models, index = evaluated.models, evaluated.index
     assert torch.equal(models[index[1]], expected) and torch.equal(models[index[0]], ctx.init)
 
 
@@ -236,11 +237,12 @@ def test_perfedavg_local_update_averaging_and_evaluation():
 
     # The server averages uniformly (the paper's objective weights users equally).
     a, b = torch.randn(ctx.init.shape), torch.randn(ctx.init.shape)
-    method.receive({0: fake_update("model", a, 1), 2: fake_update("model", b, 100)})
+    receive(method, {0: fake_update("model", a, 1), 2: fake_update("model", b, 100)})
     assert torch.allclose(method.global_model, (a + b) / 2, atol=1e-6)
 
     # Personalized model: one SGD step of size α from the global model on a training batch.
-    models, index = method.eval_models()
+    evaluated = method.predictor()
+    models, index = evaluated.models, evaluated.index
     assert np.array_equal(index, np.arange(4)) and len(models) == 4
     x, y = ctx.data.client(3, "train")
     batch = batch_indices(len(y), 4, 1, torch.Generator().manual_seed(_mix(0, 2, 3, 2)))[0]
@@ -251,7 +253,8 @@ def test_perfedavg_local_update_averaging_and_evaluation():
     assert not torch.allclose(models[0], models[3])
 
     none, _ = make_method("perfedavg", {"eval_steps": 0})
-    models, index = none.eval_models()
+    evaluated = none.predictor()
+    models, index = evaluated.models, evaluated.index
     assert len(models) == 1 and not index.any()
 
 
@@ -277,7 +280,7 @@ def test_cgpfl_aggregation_assigns_to_nearest_and_averages_members():
         vector = base[k].clone()
         vector[2] = shift
         updates[client] = fake_update("model", vector, 1 + client, personal=vector + 100)
-    method.receive(updates)
+    receive(method, updates)
     assert method.assignment().tolist() == [0, 1, 1, 0, 0, 0]
     # Ω_0: clients 0 and 4 (weights 1 and 5); Ω_1: clients 1 and 2 (weights 2 and 3); Ω_2 untouched.
     assert method.centers[0, 2].item() == pytest.approx((1 * 1.0 + 5 * -0.5) / 6)
@@ -295,14 +298,14 @@ def test_cgpfl_server_step_beta():
     method, ctx = make_method("cgpfl", {"clusters": 1, "beta": 0.5})
     method.seeded[:] = True
     target = ctx.init + 2.0
-    method.receive({0: fake_update("model", target, 3, personal=target)})
+    receive(method, {0: fake_update("model", target, 3, personal=target)})
     assert torch.allclose(method.centers[0], ctx.init + 1.0)
 
 
 def test_cgpfl_seeds_generalized_models_from_first_uploads():
     method, ctx = make_method("cgpfl", {"clusters": 3}, clients=4)
     uploads = [ctx.init + shift for shift in (0.5, 3.0, -3.0, 3.1)]
-    method.receive({c: fake_update("model", v, 1, personal=v) for c, v in enumerate(uploads)})
+    receive(method, {c: fake_update("model", v, 1, personal=v) for c, v in enumerate(uploads)})
     assert bool(method.seeded.all())
     seeds = {tuple(c.tolist()) for c in method.centers}
     assert len(seeds) == 3  # distinct seeds, then each moved to its members' mean
@@ -344,8 +347,9 @@ def test_cgpfl_uploads_local_model_and_keeps_personal():
     update = local_update(method, 0, payload)
     assert set(update.tensors) == {"model"} and update.nbytes == ctx.space.nbytes()
     assert not torch.equal(update.keep["personal"], update.tensors["model"])
-    method.receive({0: update})
-    models, index = method.eval_models()
+    receive(method, {0: update})
+    evaluated = method.predictor()
+    models, index = evaluated.models, evaluated.index
     assert torch.equal(models[index[0]], update.keep["personal"])
 
 
@@ -362,7 +366,7 @@ def test_state_dict_round_trip(name, tmp_path):
     method, ctx = make_method(name)
     method.round_start(np.array([0, 2]))
     updates = {c: local_update(method, c, method.payload(c)) for c in (0, 2)}
-    method.receive(updates)
+    receive(method, updates)
     path = tmp_path / "state.pt"
     write_state(path, {"method": method.state_dict(), "clients": ctx.clients.state_dict()})
     state, problem = read_state(path)
@@ -370,8 +374,10 @@ def test_state_dict_round_trip(name, tmp_path):
     fresh, fresh_ctx = make_method(name)
     fresh.load_state_dict(state["method"])
     fresh_ctx.clients.load_state_dict(state["clients"])
-    a, ia = method.eval_models()
-    b, ib = fresh.eval_models()
+    evaluated = method.predictor()
+    a, ia = evaluated.models, evaluated.index
+    evaluated = fresh.predictor()
+    b, ib = evaluated.models, evaluated.index
     assert np.array_equal(ia, ib) and all(torch.equal(u, v) for u, v in zip(a, b))
     assert (method.assignment() is None) == (fresh.assignment() is None)
     if method.assignment() is not None:
@@ -450,7 +456,8 @@ def test_perfedavg_fine_tuning_is_plain_sgd_whatever_the_training_momentum_and_d
                               momentum=0.9, weight_decay=0.1)
     ctx.round = 2
     method.global_model = ctx.init + 0.1 * torch.randn(ctx.init.shape, generator=torch.Generator().manual_seed(5))
-    models, _ = method.eval_models()
+    evaluated = method.predictor()
+    models, _ = evaluated.models, evaluated.index
     x, y = ctx.data.client(3, "train")
     ctx.space.load(method.global_model)
     sgd(ctx.space, x, y, steps=2, batch_size=4, lr=0.05, generator=torch.Generator().manual_seed(_mix(0, 2, 3, 2)))
@@ -498,7 +505,7 @@ def test_cgpfl_seeds_every_generalized_model_from_nearby_uploads():
     # Squared distances between these uploads add up to far below 1: still distinct seeds.
     method, ctx = make_method("cgpfl", {"clusters": 3}, clients=4)
     uploads = [ctx.init + shift for shift in (0.001, 0.02, -0.02, 0.021)]
-    method.receive({c: fake_update("model", v, 1, personal=v) for c, v in enumerate(uploads)})
+    receive(method, {c: fake_update("model", v, 1, personal=v) for c, v in enumerate(uploads)})
     assert bool(method.seeded.all())
 
 
@@ -508,5 +515,5 @@ def test_cgpfl_never_seeds_a_model_with_a_copy_of_a_seeded_one():
     method, ctx = make_method("cgpfl", {"clusters": 3}, clients=30)
     g = torch.Generator().manual_seed(3)
     two = ctx.init + 10.0 * torch.randn(2, ctx.init.shape[0], generator=g)
-    method.receive({c: fake_update("model", two[c % 2], 1, personal=two[c % 2]) for c in range(30)})
+    receive(method, {c: fake_update("model", two[c % 2], 1, personal=two[c % 2]) for c in range(30)})
     assert int(method.seeded.sum()) == 2

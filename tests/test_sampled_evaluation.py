@@ -127,18 +127,30 @@ def test_a_sample_missing_a_group_scores_intra_and_inter_accuracy_on_the_groups_
     assert len(sampled) == 3 and np.isfinite(sampled[["intra_acc", "inter_acc"]].to_numpy()).all()
 
 
-def test_a_subclass_that_replaces_the_evaluation_models_keeps_them_when_sampled():
-    from cflpipe.fl.evaluation import sampled_hook_applies
+def test_a_subclass_that_replaces_the_cluster_models_is_evaluated_with_them_when_sampled(tmp_path):
+    """One hook gives the models of full and sampled evaluations alike (cluster_models(clients)),
+    so a subclass that replaces it cannot be bypassed by a sampled form it did not write."""
+    from cflpipe.fl.engine import prepare_run
     from cflpipe.methods.ifca import IFCA
 
+    asked = []
+
     class Own(IFCA):
-        def cluster_eval_models(self):
-            return super().cluster_eval_models()
+        def cluster_models(self, clients=None):
+            asked.append(None if clients is None else list(clients))
+            return super().cluster_models(clients)
 
-    class Both(Own):
-        def cluster_eval_models_of(self, clients):
-            return super().cluster_eval_models_of(clients)
+    spec = parse_spec(spec_dict(tmp_path, eval_clients=5))
+    ctx = prepare_run(spec, "s", "ifca", 0).ctx
+    sample = np.array([1, 4, 7])
+    predictor = Own(ctx).predictor(sample)
+    assert asked == [[1, 4, 7]] and len(predictor.models) == 2 and len(predictor.index) == CLIENTS
 
-    assert sampled_hook_applies(IFCA, "cluster_eval_models_of", "cluster_eval_models")
-    assert not sampled_hook_applies(Own, "cluster_eval_models_of", "cluster_eval_models")
-    assert sampled_hook_applies(Both, "cluster_eval_models_of", "cluster_eval_models")
+
+def test_the_evaluation_hooks_of_before_the_one_evaluation_shape_are_refused():
+    from cflpipe.methods.ifca import IFCA
+
+    with pytest.raises(TypeError, match="defines cluster_eval_models, an evaluation hook cflpipe no longer calls"):
+        class Old(IFCA):
+            def cluster_eval_models(self):
+                return super().cluster_models()

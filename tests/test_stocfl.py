@@ -82,10 +82,12 @@ def test_a_new_cluster_starts_from_the_global_model_and_clients_are_evaluated_wi
     method = run.method
     play(run, 2)
     assert method.has_model.all()  # every client sampled: every singleton cluster has a model
-    models, index = method.eval_models()
+    evaluated = method.predictor()
+    models, index = evaluated.models, evaluated.index
     assert len(models) == 6 and index.tolist() == list(range(6))
     assert not torch.equal(method.models[0], method.global_model)
     method.has_model[2] = False
-    models, index = method.eval_models()
+    evaluated = method.predictor()
+    models, index = evaluated.models, evaluated.index
     assert torch.equal(models[index[2]], method.global_model)
     assert torch.equal(method.payload(2).tensors["cluster"], method.global_model)

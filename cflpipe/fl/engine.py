@@ -23,7 +23,7 @@ from cflpipe.fl.data import FederatedData
 from cflpipe.fl.diagnosis import Degeneration, diagnose_clustering
 from cflpipe.fl.evaluation import evaluate
 from cflpipe.fl.method import (Context, Method, Payload, Update, WeightedSum, divergence_error, client_update,
-                               client_work)
+                               client_work, receive, streams_means)
 from cflpipe.fl.plan import Results
 from cflpipe.fl.params import ParamSpace
 from cflpipe.fl.trainer_choice import build_trainer
@@ -229,7 +229,7 @@ class Run:
             # Only the updates hold the trained vectors from here on, so aggregation can free
             # each upload as it copies it (see stack_updates); a method that reads only weighted
             # means gets them summed as clients finish, holding no upload at all.
-            if self.method.streams_means():
+            if streams_means(type(self.method)):
                 means, bytes_up, losses, skipped = self.train_summed(r, payloads)
                 t1 = time.perf_counter()
                 if means is not None:
@@ -238,7 +238,7 @@ class Run:
                 updates, bytes_up, losses, skipped = self.collect_updates(
                     r, payloads, *self.train_clients(payloads))
                 t1 = time.perf_counter()
-                self.method.receive(updates)
+                receive(self.method, updates)
                 # Nor is a round's traffic kept while the next round trains (2× the uploads at
                 # full participation, #17).
                 del updates

@@ -18,11 +18,12 @@ from cflpipe.fl.data import FederatedData
 from cflpipe.fl.local import Anchor, LocalResult, steps_for
 from cflpipe.fl.params import ParamSpace
 from cflpipe.fl.plan import ClientPlan, Plans, Results, Trained
+from cflpipe.fl.predictors import Predictor
 from cflpipe.fl.trainers import SequentialTrainer, Trainer
 from cflpipe.seeds import mix_seed, rng
 from cflpipe.fl.work import WorkItem
 from cflpipe.metrics import tensor_bytes
-from cflpipe.registry import Capabilities, bind_declared, declared_starts
+from cflpipe.registry import Capabilities, bind_declared
 from cflpipe.spec import Training
 
 
@@ -332,6 +333,33 @@ class ClientView:
 
 # The server-object client hooks of before the one client form (#45); a class defining one is refused.
 _REMOVED_CLIENT_HOOKS = ("plan", "finish", "start_client", "end_client", "local_update", "anchors", "cluster_finish")
+# The evaluation hooks of before the one evaluation shape (#45), all replaced by predictor().
+# Hooks of before #45 that became the engine's (receive, streams_means) or the registration's
+# (clustering_starts, premises: register(..., starts=, premises=)).
+_REMOVED_HOOKS = {"receive": "the engine passes the round's updates to aggregate(updates) (or aggregate_means)",
+                  "streams_means": "declare streamed_means; the engine sums uploads for a class that does",
+                  "clustering_starts": "pass starts=(hp -> (key, round) | None) to register()",
+                  "premises": "pass premises=(hp, training, scenario -> [(key, text)]) to register()"}
+_REMOVED_EVAL_HOOKS = ("eval_params", "eval_models", "eval_models_of", "eval_mixture", "row_mixture", "select_model",
+                       "selects_by_data", "cluster_eval_models", "cluster_eval_models_of")
+
+
+def streams_means(cls: type[Method]) -> bool:
+    """Whether the engine sums a class's uploads as they come (it declares streamed_means). A
+    subclass that overrides aggregate reads the round's updates itself: defining it clears
+    streamed_means (Method.__init_subclass__), for it and its subclasses (FedAvgM's momentum is in
+    its aggregate) unless one declares streamed_means again; one that overrides only
+    aggregate_means is streamed, its override used on both paths."""
+    return bool(cls.streamed_means)
+
+
+def receive(method: Method, updates: dict[int, Update]) -> None:
+    """The accepted updates of a round (the held path): what clients keep goes to the client
+    store, then the method aggregates."""
+    for client, update in updates.items():
+        for name, tensor in update.keep.items():
+            method.ctx.clients.set(name, client, tensor)
+    method.aggregate(updates)
 
 
 def client_work(method: Method, client: int, payload: Payload) -> tuple[Plans, Any]:
@@ -371,14 +399,6 @@ def divergence_error(round_index: int, client: int, method: str, loss: float) ->
                            f"{loss}; lower training.lr or set training.on_divergence: skip")
 
 
-def sampled_hook_applies(cls: type, sampled: str, full: str) -> bool:
-    """Whether the class defining `sampled` (eval_models_of) is the one defining `full`
-    (eval_models) or below it: a sampled form written for an evaluation hook that a subclass has
-    since replaced would bypass the replacement."""
-    where = {name: next(c for c in cls.__mro__ if name in vars(c)) for name in (sampled, full)}
-    return issubclass(where[sampled], where[full])
-
-
 class Method:
     """Base class. A built-in subclass is declared in cflpipe.methods.catalog and bound to its
     declaration as it is defined; a plugin's registers with cflpipe.methods.register and declares
@@ -406,6 +426,15 @@ class Method:
             raise TypeError(f"{cls.__module__}.{cls.__qualname__} defines {old[0]}(), a hook cflpipe no longer "
                             f"calls: write the client side as the classmethods client_plan(view, payload) and "
                             f"client_finish(view, payload, trained, scratch) (docs/extending.md)")
+        old = [name for name in _REMOVED_EVAL_HOOKS if name in vars(cls)]
+        if old:
+            raise TypeError(f"{cls.__module__}.{cls.__qualname__} defines {old[0]}, an evaluation hook cflpipe no "
+                            f"longer calls: return what the clients predict with from predictor(clients) "
+                            f"(Models, Selected or Mixture, cflpipe.fl.predictors; docs/extending.md)")
+        moved = [name for name in _REMOVED_HOOKS if name in vars(cls)]
+        if moved:
+            raise TypeError(f"{cls.__module__}.{cls.__qualname__} defines {moved[0]}(), which is no longer a method "
+                            f"hook: {_REMOVED_HOOKS[moved[0]]} (docs/extending.md)")
         if "aggregate" in vars(cls) and "streamed_means" not in vars(cls):
             cls.streamed_means = ()  # its aggregate reads the round's updates: they are held for it
         bind_declared(cls)  # a built-in's name and capabilities, from its declaration in the catalog
@@ -447,23 +476,6 @@ class Method:
         accepted updates (not called when none was accepted)."""
         raise NotImplementedError
 
-    @classmethod
-    def streams_means(cls) -> bool:
-        """Whether the engine sums uploads as they come: streamed_means declared and receive not
-        overridden. A subclass that overrides aggregate reads the round's updates itself: defining
-        it clears streamed_means (__init_subclass__), for it and its subclasses (FedAvgM's momentum
-        is in its aggregate) unless one declares streamed_means again; one that overrides only
-        aggregate_means is streamed, its override used on both paths."""
-        return bool(cls.streamed_means) and cls.receive is Method.receive
-
-    def receive(self, updates: dict[int, Update]) -> None:
-        """The accepted updates of a round: what clients keep goes to the client store, then
-        the server aggregates. The engine calls this; methods override aggregate."""
-        for client, update in updates.items():
-            for name, tensor in update.keep.items():
-                self.ctx.clients.set(name, client, tensor)
-        self.aggregate(updates)
-
     def aggregate(self, updates: dict[int, Update]) -> None:
         raise NotImplementedError
 
@@ -471,53 +483,17 @@ class Method:
         """Called before the sampled clients train (e.g. to re-cluster)."""
 
     # --- evaluation
-    def eval_params(self, client: int) -> torch.Tensor:
+    def predictor(self, clients: np.ndarray | None = None) -> Predictor:
+        """What the clients predict with at this evaluation round (fl/predictors.py): Models (a
+        model per client, by index), Selected (a model chosen by the inputs) or Mixture. `clients`:
+        the clients a sampled evaluation reads (training.eval_clients), None for all; a method
+        whose models cost work per client (IFCA's choice by loss, Per-FedAvg's fine-tuning) does
+        that work for these only, and the entries of the others are not read."""
         raise NotImplementedError
-
-    def eval_models(self) -> tuple[list[torch.Tensor], np.ndarray]:
-        """The distinct models clients are evaluated with, and each client's index into them."""
-        models: list[torch.Tensor] = []
-        seen: dict[int, int] = {}
-        index = np.empty(self.ctx.num_clients, dtype=np.int64)
-        for c in range(self.ctx.num_clients):
-            vector = self.eval_params(c)
-            key = id(vector)
-            if key not in seen:
-                seen[key] = len(models)
-                models.append(vector)
-            index[c] = seen[key]
-        return models, index
-
-    def eval_models_of(self, clients: np.ndarray) -> tuple[list[torch.Tensor], np.ndarray]:
-        """A sampled evaluation's models (training.eval_clients): as eval_models, of which only
-        the index entries of `clients` are read. A method whose evaluation models cost work per
-        client (IFCA's choice by loss, Per-FedAvg's fine-tuning) does it for these clients only."""
-        return self.eval_models()
-
-    def eval_mixture(self) -> np.ndarray | None:
-        """(clients × models) weights when each client is evaluated with a mixture of the models
-        of eval_models (FedEM: Σ_k π_ik·softmax(model_k(x)), rows summing to 1); None: each client
-        with its one model."""
-        return None
-
-    def row_mixture(self, x: torch.Tensor, clients: np.ndarray) -> torch.Tensor | None:
-        """(rows × models) weights of each row's mixture where they depend on the input (FedGMM:
-        the posterior of its input components), `clients` the client of each row; None: every
-        row of a client takes its eval_mixture row."""
-        return None
 
     def assignment(self) -> np.ndarray | None:
         """Cluster of every client (for clusters.parquet); None for non-clustered methods."""
         return None
-
-    # Methods that pick the model by the data it is applied to (MCFL) set this and implement
-    # select_model; the engine then evaluates every test set (a client's own, a ground-truth
-    # group's pooled one) with the model chosen for that data.
-    selects_by_data = False
-
-    def select_model(self, x: torch.Tensor) -> int:
-        """Index into eval_models() of the model to apply to the inputs x."""
-        raise NotImplementedError
 
     def round_metrics(self) -> dict[str, float]:
         """Extra round-level figures written to rounds.parquet (e.g. FedAC's G values)."""
@@ -532,22 +508,6 @@ class Method:
         return {}
 
     # --- degeneration (a clustered method that ends up as FedAvg must say so)
-    @classmethod
-    def clustering_starts(cls, hp: Any) -> tuple[str, int] | None:
-        """The hyper-parameter that delays clustering and the first round (0-based) in which the
-        method may form more than one cluster with these hyper-parameters; None: from the start.
-        `cflpipe validate` warns when that round is at or past the run's last one. A built-in's
-        is declared in cflpipe.methods.catalog; a subclass inherits its nearest ancestor's."""
-        return declared_starts(cls, hp)
-
-    @classmethod
-    def premises(cls, hp: Any, training: Any, scenario: Any) -> list[tuple[str, str]]:
-        """What in a run's hyper-parameters, training or scenario goes against the method's own
-        premises (a budget its clustering needs, a kind of group it cannot see): (the
-        hyper-parameter at fault or "", what is wrong and what to change); `cflpipe validate`
-        warns with each. A built-in's is declared in cflpipe.methods.catalog."""
-        return []
-
     def gate_note(self, rounds: Any) -> str | None:
         """After a run: "never clustered: <why>" when a gate of its own stayed shut (e.g. FedTSDP's
         Hopkins test), read from the run's rounds table (a pandas DataFrame: the outputs are rebuilt

@@ -18,10 +18,10 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from cflpipe.fl.method import (Capabilities, ClientView, Context, Method, Payload, Update, sampled_hook_applies,
-                               stack_updates)
+from cflpipe.fl.method import Capabilities, ClientView, Context, Method, Payload, Update, stack_updates
 from cflpipe.fl.params import cluster_average
 from cflpipe.fl.plan import ClientPlan, Plans, Results
+from cflpipe.fl.predictors import Models, Selected
 from cflpipe.fl.local import Anchor
 from cflpipe.methods.catalog import AWCFLParams, MCFLParams, cluster_options
 from cflpipe.methods.intercluster import awcfl_mix, sample_mean
@@ -72,7 +72,6 @@ class ClusterModels(Method):
         self.awcfl_beta = self.hp.beta if isinstance(self.hp, AWCFLParams) else None
         self.mcfl = isinstance(self.hp, MCFLParams)
         if self.mcfl:
-            self.selects_by_data = True
             dim = int(np.prod(ctx.data.input_shape))
             self.feature_means = torch.zeros(ctx.num_clients, dim, dtype=ctx.init.dtype, device=ctx.device)
             self.has_mean = np.zeros(ctx.num_clients, dtype=bool)
@@ -106,12 +105,10 @@ class ClusterModels(Method):
                                          self.num_clusters)
         self.centers[present] = means[present]
 
-    def cluster_eval_models(self) -> tuple[list[torch.Tensor], np.ndarray]:
+    def cluster_models(self, clients: np.ndarray | None = None) -> tuple[list[torch.Tensor], np.ndarray]:
+        """The cluster models clients are evaluated with and each client's index into them;
+        `clients` as in Method.predictor."""
         return list(self.centers), self.clusters.copy()
-
-    def cluster_eval_models_of(self, clients: np.ndarray) -> tuple[list[torch.Tensor], np.ndarray]:
-        """A sampled evaluation's cluster models (see Method.eval_models_of)."""
-        return self.cluster_eval_models()
 
     # ------------------------------------------------------------------ the engine's hooks
 
@@ -145,23 +142,14 @@ class ClusterModels(Method):
                 self.has_mean[client] = True
             self._cluster_means = None
 
-    def eval_models(self) -> tuple[list[torch.Tensor], np.ndarray]:
-        return self._evaluated(self.cluster_eval_models())
-
-    def eval_models_of(self, clients: np.ndarray) -> tuple[list[torch.Tensor], np.ndarray]:
-        if not sampled_hook_applies(type(self), "cluster_eval_models_of", "cluster_eval_models"):
-            return self.eval_models()  # a subclass replaced cluster_eval_models, not its sampled form
-        return self._evaluated(self.cluster_eval_models_of(clients))
-
-    def _evaluated(self, models: tuple[list[torch.Tensor], np.ndarray]) -> tuple[list[torch.Tensor], np.ndarray]:
-        if self.mcfl:
-            # Assignments may change at evaluation (IFCA re-picks by loss): recompute the means
-            # once per evaluation, not once per test set.
-            self._cluster_means = self.cluster_feature_means()
-        return models
-
-    def eval_params(self, client: int) -> torch.Tensor:
-        return self.centers[self.clusters[client]]
+    def predictor(self, clients: np.ndarray | None = None) -> Models | Selected:
+        models, index = self.cluster_models(clients)
+        if not self.mcfl:
+            return Models(models, index)
+        # Assignments may change at evaluation (IFCA re-picks by loss): the means are computed
+        # again once per evaluation, not once per test set.
+        self._cluster_means = self.cluster_feature_means()
+        return Selected(models, index, self.nearest_feature_mean)
 
     def assignment(self) -> np.ndarray | None:
         return self.clusters.copy()
@@ -178,7 +166,9 @@ class ClusterModels(Method):
         counts = onehot.sum(1)
         return (onehot @ self.feature_means[known]) / counts.clamp_min(1)[:, None], (counts > 0).cpu().numpy()
 
-    def select_model(self, x: torch.Tensor) -> int:
+    def nearest_feature_mean(self, x: torch.Tensor) -> int:
+        """MCFL's choice for the inputs x: the cluster whose members' feature mean is nearest
+        (L2) to a sample mean of x."""
         if self._cluster_means is None:
             self._cluster_means = self.cluster_feature_means()
         means, present = self._cluster_means

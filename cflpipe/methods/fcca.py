@@ -135,6 +135,7 @@ from cflpipe.fl.local import AdamStep, Anchor, SGDStep
 from cflpipe.fl.method import ClientView, Context, Method, Payload, Update, stack_updates
 from cflpipe.fl.params import cluster_average, weighted_average
 from cflpipe.fl.plan import ClientPlan, Trained
+from cflpipe.fl.predictors import Models
 from cflpipe.seeds import mix_seed
 from cflpipe.methods.catalog import fcca_options
 
@@ -368,19 +369,12 @@ class FCCA(_FCCAVariants, Method):
         vector[self.head_mask] = self.heads[cluster]
         return vector
 
-    def eval_params(self, client: int) -> torch.Tensor:
-        if self.hp.personal:
-            vector = self.global_model.clone()
-            vector[self.head_mask] = self.ctx.clients.get("head", client)
-            return vector
-        return self.cluster_model(int(self.assign[client]))
-
-    def eval_models(self) -> tuple[list[torch.Tensor], np.ndarray]:
+    def predictor(self, clients: np.ndarray | None = None) -> Models:
         if self.hp.personal:  # the global encoder with every client's own classifier, as FedPer's
             models = self.global_model.repeat(self.ctx.num_clients, 1)
             models[:, self.head_mask] = self.ctx.clients["head"]
-            return list(models), np.arange(self.ctx.num_clients)
-        return [self.cluster_model(k) for k in range(self.hp.clusters)], self.assign.copy()
+            return Models.own(models)
+        return Models([self.cluster_model(k) for k in range(self.hp.clusters)], self.assign.copy())
 
     def assignment(self) -> np.ndarray | None:
         return self.assign.copy()

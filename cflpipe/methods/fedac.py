@@ -55,6 +55,7 @@ from cflpipe.fl.local import Anchor
 from cflpipe.fl.method import ClientView, Method, Payload, Update
 from cflpipe.fl.params import cluster_average
 from cflpipe.fl.plan import ClientPlan, Trained
+from cflpipe.fl.predictors import Models
 
 
 def cluster_ratios(models: torch.Tensor, centers: torch.Tensor, clusters: np.ndarray) -> np.ndarray:
@@ -264,11 +265,8 @@ class FedAC(Method):
 
     # ------------------------------------------------------------------ evaluation / state
 
-    def eval_params(self, client: int) -> torch.Tensor:
-        return self.models[client]
-
-    def eval_models(self) -> tuple[list[torch.Tensor], np.ndarray]:
-        return list(self.models), np.arange(self.ctx.num_clients)
+    def predictor(self, clients: np.ndarray | None = None) -> Models:
+        return Models.own(self.models)
 
     def assignment(self) -> np.ndarray | None:
         return self.clusters.copy()

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from cflpipe.fl.local import Anchor
 from cflpipe.fl.method import ClientView, Method, Payload, Update, average_updates
 from cflpipe.fl.plan import ClientPlan, Trained
+from cflpipe.fl.predictors import Models
 
 
 class FedAvg(Method):
@@ -44,5 +46,5 @@ class FedAvg(Method):
     def aggregate_means(self, means: dict[str, torch.Tensor]) -> None:
         self.global_model = means["model"]
 
-    def eval_params(self, client: int) -> torch.Tensor:
-        return self.global_model
+    def predictor(self, clients: np.ndarray | None = None) -> Models:
+        return Models.shared(self.global_model, self.ctx.num_clients)

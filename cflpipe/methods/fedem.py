@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from cflpipe.fl.method import ClientView, Context, Method, Payload, Update, stack_updates
 from cflpipe.fl.params import weighted_average
 from cflpipe.fl.plan import ClientPlan, Trained
+from cflpipe.fl.predictors import Mixture
 from cflpipe.methods.clustered import mixture_table
 from cflpipe.methods.ifca import lowest, random_models, sample_losses
 
@@ -65,7 +66,7 @@ class FedEM(Method):
     on the q_k-weighted loss (`WeightedCrossEntropy`) and sends the K trained models. The server
     sets each model to the sample-weighted average of the clients' (the authors' aggregator
     weights clients by their sample counts). A client is evaluated with its mixture of the K
-    models (`eval_mixture`); its cluster, for clusters.parquet and the ARI/NMI, is its largest
+    models (a `Mixture` predictor); its cluster, for clusters.parquet and the ARI/NMI, is its largest
     weight argmax_k π_ik, and every evaluation writes the π_i to `mixture.parquet`.
 
     As in the authors' code: the K models start from independent random initializations, π_i
@@ -133,17 +134,11 @@ class FedEM(Method):
 
     # ------------------------------------------------------------------ evaluation
 
-    def eval_params(self, client: int) -> torch.Tensor:
-        return self.models[int(np.argmax(self.mixture()[client]))]
-
-    def eval_models(self) -> tuple[list[torch.Tensor], np.ndarray]:
-        return list(self.models), self.assignment()
+    def predictor(self, clients: np.ndarray | None = None) -> Mixture:
+        return Mixture(list(self.models), self.mixture())
 
     def mixture(self) -> np.ndarray:
         return self.ctx.clients["pi"].cpu().numpy()
-
-    def eval_mixture(self) -> np.ndarray:
-        return self.mixture()
 
     def assignment(self) -> np.ndarray:
         return lowest(-self.mixture())

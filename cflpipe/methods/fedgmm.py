@@ -25,6 +25,7 @@ from sklearn.cluster import KMeans
 from cflpipe.fl.method import ClientView, Context, Method, Payload, Update, stack_updates
 from cflpipe.fl.params import weighted_average
 from cflpipe.fl.plan import ClientPlan, Trained
+from cflpipe.fl.predictors import Mixture
 from cflpipe.methods.clustered import mixture_table
 from cflpipe.methods.fedem import WeightedCrossEntropy
 from cflpipe.methods.ifca import lowest, random_models, sample_losses
@@ -94,7 +95,7 @@ class FedGMM(Method):
     trained classifiers and their masses Σ_n Σ_m1 r. The server sets each Gaussian to the pooled
     moments of the clients' statistics weighted by their masses, plus `covariance_floor`·I, and
     each classifier to the mass-weighted average of the clients' (the authors' n_i·Σ π_i
-    weights). A client is evaluated with its input-dependent mixture (`row_mixture`). Its cluster
+    weights). A client is evaluated with its input-dependent mixture (`row_weights`). Its cluster
     (clusters.parquet, ARI/NMI) is the classifier it weights most, argmax_m2 Σ_m1 π_i[m1, m2]
     (our reading: the paper reports no clustering; the classifiers carry the concept a group
     shares, while inputs drawn alike in every group spread a client over the Gaussians, so the
@@ -220,16 +221,16 @@ class FedGMM(Method):
     def pi(self) -> np.ndarray:
         return self.ctx.clients["pi"].cpu().numpy()  # (clients × M1 × M2)
 
-    def eval_params(self, client: int) -> torch.Tensor:
-        return self.models[int(np.argmax(self.eval_mixture()[client]))]
+    def predictor(self, clients: np.ndarray | None = None) -> Mixture:
+        return Mixture(list(self.models), self.shares(), self.row_weights)
 
-    def eval_models(self) -> tuple[list[torch.Tensor], np.ndarray]:
-        return list(self.models), lowest(-self.eval_mixture())
+    def shares(self) -> np.ndarray:
+        """Each client's weight of each classifier (its input components' summed)."""
+        return self.pi().sum(axis=1)
 
-    def eval_mixture(self) -> np.ndarray:
-        return self.pi().sum(axis=1)  # each client's weight of each classifier
-
-    def row_mixture(self, x: torch.Tensor, clients: np.ndarray) -> torch.Tensor:
+    def row_weights(self, x: torch.Tensor, clients: np.ndarray) -> torch.Tensor:
+        """(rows × classifiers) weights of each input row of the given clients: the posterior of
+        its client's input components."""
         pi = self.ctx.clients["pi"]
         rows = torch.as_tensor(clients, device=pi.device)
         return torch.cat([input_weights(torch.log(pi[rows[i:i + ROWS_AT_ONCE]]),
@@ -239,7 +240,7 @@ class FedGMM(Method):
             torch.zeros((0, self.hp.clusters), dtype=torch.float64, device=pi.device)
 
     def assignment(self) -> np.ndarray:
-        return lowest(-self.eval_mixture())
+        return lowest(-self.shares())
 
     def eval_tables(self) -> dict[str, dict[str, np.ndarray]]:
         """Each client's weight of each classifier (`mixture`, the shares its cluster is the
@@ -248,7 +249,7 @@ class FedGMM(Method):
         m, m1, m2 = pi.shape
         pairs = {"client": np.repeat(np.arange(m), m1 * m2), "component": np.tile(np.repeat(np.arange(m1), m2), m),
                  "classifier": np.tile(np.arange(m2), m * m1), "weight": pi.reshape(-1)}
-        return {"mixture": mixture_table(self.eval_mixture()), "gmm_pairs": pairs}
+        return {"mixture": mixture_table(self.shares()), "gmm_pairs": pairs}
 
 
 def _gaussian_statistics(z: torch.Tensor, resp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -108,10 +108,8 @@ class FedGroup(ClusterModels):
 
     # ------------------------------------------------------------------ evaluation
 
-    def eval_params(self, client: int) -> torch.Tensor:
-        return self.centers[self.clusters[client]] if self.clusters[client] >= 0 else self._auxiliary()
-
-    def cluster_eval_models(self) -> tuple[list[torch.Tensor], np.ndarray]:
+    def cluster_models(self, clients: np.ndarray | None = None) -> tuple[list[torch.Tensor], np.ndarray]:
+        """Clients not yet in a group (never sampled) are evaluated with the groups' mean."""
         models = list(self.centers)
         index = self.clusters.copy()
         if (index < 0).any():

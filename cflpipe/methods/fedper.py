@@ -17,6 +17,7 @@ import torch
 
 from cflpipe.fl.method import ClientView, Method, Payload, Update, stack_updates
 from cflpipe.fl.plan import ClientPlan, Trained
+from cflpipe.fl.predictors import Models
 from cflpipe.fl.params import weighted_average
 
 
@@ -66,10 +67,5 @@ class FedPer(Method):
         models[:, self.head_mask] = self.ctx.clients["head"]
         return models
 
-    def eval_params(self, client: int) -> torch.Tensor:
-        vector = self.global_model.clone()
-        vector[self.head_mask] = self.ctx.clients.get("head", client)
-        return vector
-
-    def eval_models(self) -> tuple[list[torch.Tensor], np.ndarray]:
-        return list(self.client_models()), np.arange(self.ctx.num_clients)
+    def predictor(self, clients: np.ndarray | None = None) -> Models:
+        return Models.own(self.client_models())

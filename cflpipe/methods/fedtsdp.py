@@ -90,6 +90,7 @@ from cflpipe.errors import SpecError
 from cflpipe.fl.method import ClientView, Context, Method, Payload, Update, stack_updates
 from cflpipe.fl.params import cluster_average
 from cflpipe.fl.plan import ClientPlan, Trained
+from cflpipe.fl.predictors import Models
 
 # Purposes of the server's randomness.
 _PUBLIC_BATCH, _HOPKINS = 0x75D1, 0x75D2
@@ -294,17 +295,12 @@ class FedTSDP(Method):
         self.clusters = order
 
     # --- evaluation: the cluster's shared layers and the client's own personalization layers
-    def eval_params(self, client: int) -> torch.Tensor:
-        vector = self.ctx.clients.get("model", client).clone()
-        mask = self.shared_mask()
-        vector[mask] = self.centers[self.clusters[client]][mask]
-        return vector
-
-    def eval_models(self) -> tuple[list[torch.Tensor], np.ndarray]:
+    def predictor(self, clients: np.ndarray | None = None) -> Models:
+        """Each client's own model with the shared layers of its cluster's."""
         mask = self.shared_mask()
         models = self.ctx.clients["model"].clone()
         models[:, mask] = self.centers[torch.from_numpy(self.clusters).to(self.centers.device)][:, mask]
-        return list(models), np.arange(self.ctx.num_clients)
+        return Models.own(models)
 
     def assignment(self) -> np.ndarray | None:
         return self.clusters.copy()

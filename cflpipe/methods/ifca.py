@@ -172,18 +172,14 @@ class IFCA(ClusterModels):
             self.centers = self.centers[self.best_track * k:(self.best_track + 1) * k].clone()
             self.tracks, self.best_track = 1, 0
 
-    def eval_params(self, client: int) -> torch.Tensor:
-        return self.centers[self.best_track * self.hp.clusters + self.clusters[client]]
-
-    def cluster_eval_models(self) -> tuple[list[torch.Tensor], np.ndarray]:
+    def cluster_models(self, clients: np.ndarray | None = None) -> tuple[list[torch.Tensor], np.ndarray]:
+        """Clients choose their cluster again by loss on their training data; in a sampled
+        evaluation only the sampled ones, the others keep the cluster they last chose."""
         models = self._best_models()
-        self.clusters = lowest(train_losses(self.ctx, models))
-        return list(models), self.clusters.copy()
-
-    def cluster_eval_models_of(self, clients: np.ndarray) -> tuple[list[torch.Tensor], np.ndarray]:
-        # Only the sampled clients choose again; the others keep the cluster they last chose.
-        models = self._best_models()
-        self.clusters[clients] = lowest(train_losses(self.ctx, models, clients))
+        if clients is None:
+            self.clusters = lowest(train_losses(self.ctx, models))
+        else:
+            self.clusters[clients] = lowest(train_losses(self.ctx, models, clients))
         return list(models), self.clusters.copy()
 
     def _best_models(self) -> torch.Tensor:

@@ -36,6 +36,7 @@ from cflpipe.fl.local import FOMAMLStep
 from cflpipe.fl.method import ClientView, Payload, Update, stack_updates
 from cflpipe.fl.params import weighted_average
 from cflpipe.fl.plan import ClientPlan
+from cflpipe.fl.predictors import Models
 from cflpipe.methods.fedavg import FedAvg
 
 # Batch stream of the evaluation fine-tuning (training uses the client's default stream).
@@ -67,25 +68,12 @@ class PerFedAvg(FedAvg):
         return ClientPlan(self.global_model, steps=self.hp.eval_steps, lr=self.alpha(), momentum=0.0,
                           weight_decay=0.0, stream=(_EVAL_STREAM,))
 
-    def eval_params(self, client: int) -> torch.Tensor:
-        if self.hp.eval_steps == 0:
-            return self.global_model
-        return self.ctx.run({client: self.fine_tuning()})[client].vector
-
-    def eval_models(self) -> tuple[list[torch.Tensor], np.ndarray]:
+    def predictor(self, clients: np.ndarray | None = None) -> Models:
         m = self.ctx.num_clients
         if self.hp.eval_steps == 0:
-            return [self.global_model], np.zeros(m, dtype=np.int64)
+            return Models.shared(self.global_model, m)
         plan = self.fine_tuning()
-        tuned = self.ctx.run({client: plan for client in range(m)})
-        return [tuned[client].vector for client in range(m)], np.arange(m)
-
-    def eval_models_of(self, clients: np.ndarray) -> tuple[list[torch.Tensor], np.ndarray]:
-        if self.hp.eval_steps == 0:
-            return self.eval_models()
-        plan = self.fine_tuning()
-        tuned = self.ctx.run({int(client): plan for client in clients})
-        # A model per client as in a full evaluation, so a client's `model` is its own id; the
+        tuned = self.ctx.run({int(client): plan for client in (range(m) if clients is None else clients)})
+        # A model per client, so a client's `model` is its own id; in a sampled evaluation the
         # others' entries (the global model) are never read.
-        m = self.ctx.num_clients
-        return [tuned[c].vector if c in tuned else self.global_model for c in range(m)], np.arange(m)
+        return Models.own([tuned[c].vector if c in tuned else self.global_model for c in range(m)])

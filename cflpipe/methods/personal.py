@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import ClassVar
 
 import numpy as np
-import torch
 
 from cflpipe.fl.method import Context
+from cflpipe.fl.predictors import Models
 
 
 class PersonalModels:
@@ -23,9 +23,5 @@ class PersonalModels:
         super().__init__(ctx)  # type: ignore[call-arg]
         ctx.clients.add(self.personal_table, ctx.init)
 
-    def eval_params(self, client: int) -> torch.Tensor:
-        return self.ctx.clients.get(self.personal_table, client)
-
-    def eval_models(self) -> tuple[list[torch.Tensor], np.ndarray]:
-        models = self.ctx.clients[self.personal_table]
-        return list(models), np.arange(len(models))
+    def predictor(self, clients: np.ndarray | None = None) -> Models:
+        return Models.own(self.ctx.clients[self.personal_table])

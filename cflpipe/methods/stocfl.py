@@ -22,6 +22,7 @@ from cflpipe.clustering import canonical_labels
 from cflpipe.fl.local import Anchor, steps_for
 from cflpipe.fl.method import ClientView, Context, Method, Payload, Update
 from cflpipe.fl.plan import ClientPlan, Trained
+from cflpipe.fl.predictors import Models
 
 
 def cosine_matrix(rows: torch.Tensor) -> torch.Tensor:
@@ -144,15 +145,11 @@ class StoCFL(Method):
 
     # ------------------------------------------------------------------ evaluation
 
-    def eval_params(self, client: int) -> torch.Tensor:
-        k = int(self.cluster_of[client])
-        return self.models[k] if self.has_model[k] else self.global_model
-
-    def eval_models(self) -> tuple[list[torch.Tensor], np.ndarray]:
+    def predictor(self, clients: np.ndarray | None = None) -> Models:
         keys = np.where(self.has_model[self.cluster_of], self.cluster_of, -1)
         distinct, index = np.unique(keys, return_inverse=True)
         models = [self.global_model if k < 0 else self.models[k] for k in distinct]
-        return models, index.astype(np.int64)
+        return Models(models, index.astype(np.int64))
 
     def assignment(self) -> np.ndarray:
         return canonical_labels(self.cluster_of)

@@ -1,0 +1,70 @@
+"""What a method's clients predict with at an evaluation round: the one thing a method returns to
+be evaluated (`Method.predictor`), in one of three shapes, each scored by its own function in
+fl/evaluation.py:
+
+    Models    client c predicts with models[index[c]] (one global model, a model per cluster,
+              a personal model per client)
+    Selected  the model applied to a set of inputs is chosen from the inputs (MCFL)
+    Mixture   client c predicts with Σ_k weights[c, k]·softmax(models[k](x)) (FedEM), the weights
+              per input where they depend on it (FedGMM)
+
+Every shape holds `models` and `index` (each client's model: the one it predicts with, its
+cluster's, or its largest share), which is what the conformance checks compare."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+
+
+@dataclass
+class Models:
+    """Each client predicts with one of `models`: client c with models[index[c]] (an entry for
+    every client; a sampled evaluation reads its clients' entries)."""
+
+    models: list[torch.Tensor]
+    index: np.ndarray
+
+    @classmethod
+    def shared(cls, model: torch.Tensor, clients: int) -> "Models":
+        """One model for every client."""
+        return cls([model], np.zeros(clients, dtype=np.int64))
+
+    @classmethod
+    def own(cls, models: torch.Tensor | list[torch.Tensor]) -> "Models":
+        """A model per client, row c client c's."""
+        return cls(list(models), np.arange(len(models)))
+
+
+@dataclass
+class Selected:
+    """The model applied to a set of inputs is the one `select(x)` picks for them (an index into
+    `models`): each client's test set, and each true group's pooled test set, is evaluated with
+    the model chosen for it. `index` is each client's cluster, which it trained (not read by the
+    evaluation)."""
+
+    models: list[torch.Tensor]
+    index: np.ndarray
+    select: Callable[[torch.Tensor], int]
+
+
+@dataclass
+class Mixture:
+    """Client c predicts with Σ_k weights[c, k]·softmax(models[k](x)), rows of `weights` summing
+    to 1, and is scored by that mixture's negative log-likelihood. `rows(x, clients)`, where given,
+    gives (rows × models) weights per input row, `clients` the client of each row (FedGMM's
+    posterior of its input components). A client's `model` column is its largest weight."""
+
+    models: list[torch.Tensor]
+    weights: np.ndarray
+    rows: Callable[[torch.Tensor, np.ndarray], torch.Tensor] | None = None
+
+    @property
+    def index(self) -> np.ndarray:
+        return np.argmax(self.weights, axis=1).astype(np.int64)
+
+
+Predictor = Models | Selected | Mixture
