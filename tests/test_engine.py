@@ -782,12 +782,15 @@ def test_a_method_that_overrides_aggregate_is_not_streamed():
 
 
 @pytest.mark.parametrize("hook", ["receive", "streams_means", "clustering_starts", "premises"])
-def test_a_class_that_defines_a_hook_moved_out_of_the_method_is_refused(hook):
+@pytest.mark.parametrize("in_mixin", [False, True])
+def test_a_class_that_defines_a_hook_moved_out_of_the_method_is_refused(hook, in_mixin):
     """Each would be silently ignored: the engine receives, the registration states the rest."""
     from cflpipe.methods.fedavg import FedAvg
 
+    own = {hook: lambda self, *args: None}
+    bases = (type("Mixin", (), own), FedAvg) if in_mixin else (FedAvg,)
     with pytest.raises(TypeError, match=f"defines {hook}\\(\\), which is no longer a method hook"):
-        type("Old", (FedAvg,), {hook: lambda self, *args: None})
+        type("Old", bases, {} if in_mixin else own)
 
 
 def test_stacking_updates_frees_each_clients_own_copy():

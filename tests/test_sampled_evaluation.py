@@ -25,7 +25,7 @@ def spec_dict(tmp_path, method: str = "ifca", **training) -> dict:
                      "lr": 0.05, "eval_every": 1, "device": "cpu", **training},
         "scenarios": {"s": {"dataset": "digits", "clients": CLIENTS,
                             "partition": [{"kind": "iid"}, {"kind": "label_swap", "groups": 2}]}},
-        "methods": {method: {"clusters": 2} if method == "ifca" else {}},
+        "methods": {method: {"clusters": 2} if method in ("ifca", "fedem") else {}},
         "results_dir": str(tmp_path / "results"), "data_dir": str(tmp_path / "data"),
     }
 
@@ -37,7 +37,10 @@ def run(tmp_path, method: str = "ifca", **training):
     return result, read("rounds"), read("metrics"), read("clusters")
 
 
-@pytest.mark.parametrize("method", ["ifca", "ditto", "perfedavg"])
+# One method of each predictor shape: Models (ifca, ditto, perfedavg), Mixture (fedem), Selected
+# (oracle_mcfl; IFCA's MCFL would select by cluster means that the clients left out of a sample
+# did not choose again, so its sampled figures are not the full ones).
+@pytest.mark.parametrize("method", ["ifca", "ditto", "perfedavg", "fedem", "oracle_mcfl"])
 def test_sampled_rounds_read_the_sample_and_full_rounds_every_client(tmp_path, method):
     result, rounds, metrics, clusters = run(tmp_path / "sampled", method, eval_clients=5, full_eval_every=2)
     assert rounds["evaluated_clients"].tolist() == [5, CLIENTS, 5, CLIENTS]
@@ -147,10 +150,15 @@ def test_a_subclass_that_replaces_the_cluster_models_is_evaluated_with_them_when
     assert asked == [[1, 4, 7]] and len(predictor.models) == 2 and len(predictor.index) == CLIENTS
 
 
-def test_the_evaluation_hooks_of_before_the_one_evaluation_shape_are_refused():
+@pytest.mark.parametrize("hook", ["eval_params", "eval_models", "eval_models_of", "eval_mixture", "row_mixture",
+                                  "select_model", "selects_by_data", "cluster_eval_models", "cluster_eval_models_of"])
+@pytest.mark.parametrize("in_mixin", [False, True])
+def test_the_evaluation_hooks_of_before_the_one_evaluation_shape_are_refused(hook, in_mixin):
+    """On the class or on a mixin it lists (as PersonalModels is listed): either way the hook
+    would be silently ignored."""
     from cflpipe.methods.ifca import IFCA
 
-    with pytest.raises(TypeError, match="defines cluster_eval_models, an evaluation hook cflpipe no longer calls"):
-        class Old(IFCA):
-            def cluster_eval_models(self):
-                return super().cluster_models()
+    own = {hook: lambda self, *args: None}
+    bases = (type("Mixin", (), own), IFCA) if in_mixin else (IFCA,)
+    with pytest.raises(TypeError, match=f"defines {hook}, an evaluation hook cflpipe no longer calls"):
+        type("Old", bases, {} if in_mixin else own)

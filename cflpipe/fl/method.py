@@ -333,13 +333,13 @@ class ClientView:
 
 # The server-object client hooks of before the one client form (#45); a class defining one is refused.
 _REMOVED_CLIENT_HOOKS = ("plan", "finish", "start_client", "end_client", "local_update", "anchors", "cluster_finish")
-# The evaluation hooks of before the one evaluation shape (#45), all replaced by predictor().
 # Hooks of before #45 that became the engine's (receive, streams_means) or the registration's
 # (clustering_starts, premises: register(..., starts=, premises=)).
 _REMOVED_HOOKS = {"receive": "the engine passes the round's updates to aggregate(updates) (or aggregate_means)",
                   "streams_means": "declare streamed_means; the engine sums uploads for a class that does",
                   "clustering_starts": "pass starts=(hp -> (key, round) | None) to register()",
                   "premises": "pass premises=(hp, training, scenario -> [(key, text)]) to register()"}
+# The evaluation hooks of before the one evaluation shape (#45), all replaced by predictor().
 _REMOVED_EVAL_HOOKS = ("eval_params", "eval_models", "eval_models_of", "eval_mixture", "row_mixture", "select_model",
                        "selects_by_data", "cluster_eval_models", "cluster_eval_models_of")
 
@@ -420,18 +420,19 @@ class Method:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        # The client side's older form: defined on a subclass it would be silently ignored.
-        old = [name for name in _REMOVED_CLIENT_HOOKS if name in vars(cls)]
+        # Hooks of older forms would be silently ignored, whether the class or a mixin it lists
+        # defines them: Method defines none of these names, so any the class has is refused.
+        old = [name for name in _REMOVED_CLIENT_HOOKS if hasattr(cls, name)]
         if old:
             raise TypeError(f"{cls.__module__}.{cls.__qualname__} defines {old[0]}(), a hook cflpipe no longer "
                             f"calls: write the client side as the classmethods client_plan(view, payload) and "
                             f"client_finish(view, payload, trained, scratch) (docs/extending.md)")
-        old = [name for name in _REMOVED_EVAL_HOOKS if name in vars(cls)]
+        old = [name for name in _REMOVED_EVAL_HOOKS if hasattr(cls, name)]
         if old:
             raise TypeError(f"{cls.__module__}.{cls.__qualname__} defines {old[0]}, an evaluation hook cflpipe no "
                             f"longer calls: return what the clients predict with from predictor(clients) "
                             f"(Models, Selected or Mixture, cflpipe.fl.predictors; docs/extending.md)")
-        moved = [name for name in _REMOVED_HOOKS if name in vars(cls)]
+        moved = [name for name in _REMOVED_HOOKS if hasattr(cls, name)]
         if moved:
             raise TypeError(f"{cls.__module__}.{cls.__qualname__} defines {moved[0]}(), which is no longer a method "
                             f"hook: {_REMOVED_HOOKS[moved[0]]} (docs/extending.md)")
