@@ -1005,12 +1005,12 @@ def test_the_summary_names_the_run(tmp_path):
     spec = parse_spec(tiny_spec(tmp_path))
     summary = train_run(spec, "swap", "fedprox", 1, progress=False).summary
     assert list(summary) == ["scenario", "method", "method_type", "seed", "rounds", "clients", "final",
-                             "best_acc_macro", "bytes_down_total", "bytes_up_total", "degenerate", "degenerate_kind",
-                             "provenance"]
+                             "best_test_acc_macro", "best_round", "best_selected_on", "bytes_down_total",
+                             "bytes_up_total", "degenerate", "degenerate_kind", "provenance"]
     assert (summary["scenario"], summary["method"], summary["method_type"], summary["seed"], summary["rounds"],
             summary["clients"]) == ("swap", "fedprox", "fedprox", 1, 6, 8)
     rounds = pd.read_parquet(spec.run_dir("swap", "fedprox", 1) / "rounds.parquet")
-    assert summary["best_acc_macro"] == rounds["acc_macro"].max()
+    assert summary["best_test_acc_macro"] == rounds["acc_macro"].max()  # no validation split: chosen on test
     assert rounds["round"].dtype == "Int64" and rounds["acc_macro"].dtype == "float64"
     run_dir = spec.run_dir("swap", "fedprox", 1)
     assert json.loads((run_dir / "summary.json").read_text()) == summary

@@ -81,7 +81,7 @@ def test_the_best_accuracy_is_the_best_full_evaluation_and_reruns_are_identical(
     full = rounds[rounds["evaluated_clients"] == CLIENTS]
     assert full["round"].tolist() == [4]
     summary = json.loads((result.run_dir / "summary.json").read_text())
-    assert summary["best_acc_macro"] == pytest.approx(full["acc_macro"].max())
+    assert summary["best_test_acc_macro"] == pytest.approx(full["acc_macro"].max()) and summary["best_round"] == 4
     again, *_ = run(tmp_path / "b", eval_clients=3)
     for name in ("rounds.parquet", "metrics.parquet", "clusters.parquet"):
         assert (result.run_dir / name).read_bytes() == (again.run_dir / name).read_bytes()

@@ -61,6 +61,9 @@ class FederatedData:
     # A mixture scenario's (clients × groups) shares of each group in each client's training
     # samples (partition.realized_weights; None: every client is one group's).
     mixture_weights: np.ndarray | None = None
+    # Each client's validation split (scenario validation_fraction): never trained on, read by
+    # evaluation for selection; None without one.
+    val: SplitData | None = None
 
     @property
     def num_clients(self) -> int:
@@ -75,7 +78,7 @@ class FederatedData:
         return int(self.groups.max()) + 1 if self.has_groups else 0
 
     def client(self, c: int, split: str = "train") -> tuple[torch.Tensor, torch.Tensor]:
-        return (self.train if split == "train" else self.test).of(c)
+        return {"train": self.train, "test": self.test, "val": self.val}[split].of(c)
 
     def subset(self, clients: np.ndarray, train: bool = True) -> "FederatedData":
         """The given clients alone (their rows copied), numbered 0..len(clients)-1 in that order:
@@ -85,7 +88,8 @@ class FederatedData:
                           self.train.owner[:0])
         return FederatedData(self.train.subset(clients) if train else empty, self.test.subset(clients),
                              self.groups[clients], self.num_classes, self.input_shape, self.transforms, self.public,
-                             None if self.mixture_weights is None else self.mixture_weights[clients])
+                             None if self.mixture_weights is None else self.mixture_weights[clients],
+                             None if self.val is None else self.val.subset(clients))
 
 
 # Bytes of the pool read at once by gather_pool_rows (its memory-mapped pages dropped after each).
@@ -152,7 +156,8 @@ def build_federated_data(spec: Spec, scenario: str, device: torch.device) -> Fed
     transforms = [str(t) for t in stats.loc[clients, "transform"]]
     per_sample = client_sample_transforms(partition) if MIXED in transforms else {}
     splits = {}
-    for split in ("train", "test"):
+    with_val = bool((partition.clients["split"] == "val").any())
+    for split in ("train", "test", "val")[:3 if with_val else 2]:
         rows = [np.asarray(indices[c][split], dtype=np.int64) for c in clients]
         every = np.concatenate(rows) if rows else np.empty(0, np.int64)
         if len(every) and (every.min() < 0 or every.max() >= len(y_pool)):
@@ -184,7 +189,7 @@ def build_federated_data(spec: Spec, scenario: str, device: torch.device) -> Fed
     realized = realized_weights(partition)
     weights = None if realized is None else realized[clients]
     return FederatedData(splits["train"], splits["test"], groups, partition.num_classes,
-                         tuple(dataset.input_shape), transforms, public, weights)
+                         tuple(dataset.input_shape), transforms, public, weights, splits.get("val"))
 
 
 def _channel_std(x: np.ndarray, mean: np.ndarray, rows_at_once: int = 4096,

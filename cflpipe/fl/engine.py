@@ -73,6 +73,27 @@ class RunResult:
         return f"{self.run_dir}: {verb}{figures}"
 
 
+def best_round(full: pd.DataFrame) -> dict[str, Any]:
+    """The best of the full evaluations (a sampled one's figure is an estimate from fewer
+    clients), chosen on validation data where the scenario has a validation split: its round,
+    its test acc_macro (`best_acc_macro`) and its val_acc_macro; without one the best test
+    acc_macro, a choice made on test data, is named for what it is (`best_test_acc_macro`).
+    The first of equal rounds wins."""
+    on_validation = "val_acc_macro" in full.columns
+    column = "val_acc_macro" if on_validation else "acc_macro"
+    scores = full[column].to_numpy(dtype=float) if len(full) else np.empty(0)
+    if not len(scores) or np.isnan(scores).all():
+        row = None
+    else:
+        row = full.iloc[int(np.nanargmax(scores))]
+    if not on_validation:
+        return {"best_test_acc_macro": None if row is None else _plain(row["acc_macro"]),
+                "best_round": None if row is None else int(row["round"]), "best_selected_on": "test"}
+    return {"best_acc_macro": None if row is None else _plain(row["acc_macro"]),
+            "best_val_acc_macro": None if row is None else _plain(row["val_acc_macro"]),
+            "best_round": None if row is None else int(row["round"]), "best_selected_on": "validation"}
+
+
 def train_run(spec: Spec, scenario: str, method: str, seed: int, force: bool = False,
               progress: bool = True) -> RunResult:
     return train_resolved(resolve_run(spec, scenario, method, seed, threads=torch.get_num_threads()), force, progress)
@@ -491,8 +512,7 @@ class Run:
             "scenario": self.scenario, "method": self.method_name, "method_type": self.config["method_type"],
             "seed": self.seed, "rounds": self.training.rounds, "clients": self.data.num_clients,
             "final": final,
-            # The best of the full evaluations: a sampled one's figure is an estimate from fewer clients.
-            "best_acc_macro": _plain(full["acc_macro"].max()) if len(full := self.full_evaluations(evals)) else None,
+            **best_round(self.full_evaluations(evals)),
             "bytes_down_total": int(rounds["bytes_down"].sum()),
             "bytes_up_total": int(rounds["bytes_up"].sum()),
             "degenerate": None, "degenerate_kind": None,

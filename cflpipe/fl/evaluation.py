@@ -97,7 +97,9 @@ class _Scoring:
 
     @property
     def splits(self) -> tuple[tuple[str, Split], ...]:
-        return (("test", self.data.test), ("train", self.data.train))[:2 if self.train_split else 1]
+        """test, then train (unless left out), then val where the scenario has a validation split."""
+        splits = (("test", self.data.test), ("train", self.data.train))[:2 if self.train_split else 1]
+        return splits + ((("val", self.data.val),) if self.data.val is not None else ())
 
     def scored_models(self, n_models: int, used: np.ndarray) -> np.ndarray:
         """The models scored on the pooled test data: those the evaluated clients use, or a
@@ -240,6 +242,9 @@ def _split_figures(tables: dict, split_name: str, split: Split, data: FederatedD
         figures.update(device_f1(f1, n))
         # not FeSEM's: one class-macro F1 of every client's predictions pooled
         figures["f1_pooled"] = f1_macro_over_classes(y_true, y_pred, data.num_classes)
+    elif split_name == "val":  # what selection reads (the best round, tuning), never the test split
+        figures["val_acc_macro"] = personalized_summary(acc, n)["acc_macro"]
+        figures["val_loss"] = float(losses.double().mean()) if len(y_true) else float("nan")
     else:
         figures["train_acc_macro"] = float(np.nanmean(acc))
     return figures

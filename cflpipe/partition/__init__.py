@@ -27,6 +27,10 @@ Choices worth knowing:
 - Every client gets at least one sample: a Dirichlet `min_size` of 0 is treated as 1.
 - Hold-out: round(test_fraction·n) test samples (half to even, like Python's round), clamped to
   [1, n-1] when n >= 2 so both sides are non-empty; a one-sample client trains only.
+- Validation (`validation_fraction` > 0): of the training samples left after the hold-out,
+  round(validation_fraction·n_train), clamped the same way, become the client's `val` split, by
+  a stream of their own (the test split is the one without validation). Recorded in the
+  partition, so every method and seed of the scenario selects on the same samples.
 - Transform string of a client without a group transform: "none" (group -1).
 
 Layout: `splits` (label splits and sizes), `groups` (group transforms and mixtures), `files`
@@ -48,7 +52,7 @@ from cflpipe.errors import PartitionError
 from cflpipe.spec import LABEL_SPLITS, Scenario
 from cflpipe.partition.arrays import (client_indices, client_transforms, realized_weights, client_sample_transforms,
                                       apply_sample_transforms, client_arrays, apply_transform)
-from cflpipe.partition.base import FILES, MIXED, NO_TRANSFORM, PUBLIC_FILE, WEIGHT_PREFIX, Partition
+from cflpipe.partition.base import FILES, MIXED, NO_TRANSFORM, PUBLIC_FILE, SPLITS, WEIGHT_PREFIX, Partition
 from cflpipe.partition.files import (SMALL_TEST_SET, small_test_sets, write_partition, load_partition,
                                      label_heatmap_png)
 from cflpipe.partition.groups import _plan_groups, _assign_cells, _mix_cells, _truth_weights
@@ -57,7 +61,7 @@ from cflpipe.partition.splits import (_quantity_sizes, _split_iid, _split_dirich
                                       _split_natural)
 
 # One independent random stream per role; appending names keeps existing streams unchanged.
-_STREAMS = ("sizes", "split", "groups", "permutations", "holdout", "public", "mixture")
+_STREAMS = ("sizes", "split", "groups", "permutations", "holdout", "public", "mixture", "validation")
 
 __all__ = [
     "FILES", "MIXED", "NO_TRANSFORM", "PUBLIC_FILE", "Partition", "SMALL_TEST_SET", "WEIGHT_PREFIX",
@@ -150,8 +154,13 @@ def build_partition(scenario: Scenario, dataset: Dataset, where: str = "scenario
                                  f"sample in {dataset.name}'s files; use holdout: fraction")
     else:
         is_test = _holdout(client, clients, scenario.test_fraction, rng["holdout"])
+    is_val = None
+    if scenario.validation_fraction > 0:
+        is_val = np.zeros(len(client), dtype=bool)
+        trains = np.flatnonzero(~is_test)
+        is_val[trains] = _holdout(client[trains], clients, scenario.validation_fraction, rng["validation"])
     partition = _assemble(client, sample, is_test, group_of_client, client_transform, seen, num_classes,
-                          group_plan.groups if group_plan else 0, sample_transform, sample_group, weights)
+                          group_plan.groups if group_plan else 0, sample_transform, sample_group, weights, is_val)
     return replace(partition, public=public)
 
 
@@ -192,16 +201,18 @@ def _holdout(client: np.ndarray, clients: int, test_fraction: float, rng: np.ran
 
 
 def _assemble(client, sample, is_test, group_of_client, client_transform, seen, num_classes, groups,
-              sample_transform=None, sample_group=None, weights=None) -> Partition:
+              sample_transform=None, sample_group=None, weights=None, is_val=None) -> Partition:
     clients = len(group_of_client)
     empty = np.flatnonzero(np.bincount(client, minlength=clients) == 0)
     if len(empty):  # the splits guarantee >= 1 sample per client; this guards against regressions
         raise AssertionError(f"partition left client {int(empty[0])} without samples")
-    order = np.lexsort((sample, is_test, client))
+    # Rows by client, then train, test, val (SPLITS' order), then sample.
+    code = is_test.astype(np.int64) if is_val is None else np.where(is_val, 2, is_test.astype(np.int64))
+    order = np.lexsort((sample, code, client))
     c = client[order]
     columns = {
         "client": c.astype(np.int32),
-        "split": np.where(is_test[order], "test", "train").astype(object),
+        "split": np.asarray(SPLITS, dtype=object)[code[order]],
         "sample": sample[order].astype(np.int64),
         "group": group_of_client[c].astype(np.int32),
         "transform": client_transform[c] if sample_transform is None else sample_transform[order],
@@ -213,13 +224,16 @@ def _assemble(client, sample, is_test, group_of_client, client_transform, seen, 
     label_counts = np.bincount(client * num_classes + seen, minlength=clients * num_classes)
     label_counts = label_counts.reshape(clients, num_classes)
     n_test = np.bincount(client[is_test], minlength=clients)
+    n_val = np.bincount(client[is_val], minlength=clients) if is_val is not None else np.zeros(clients, np.int64)
     stats = {
         "client": np.arange(clients, dtype=np.int32),
         "group": group_of_client.astype(np.int32),
         "transform": client_transform,
-        "n_train": (label_counts.sum(axis=1) - n_test).astype(np.int64),
+        "n_train": (label_counts.sum(axis=1) - n_test - n_val).astype(np.int64),
         "n_test": n_test.astype(np.int64),
     }
+    if is_val is not None:  # a column only where there is a validation split: older partitions keep their bytes
+        stats["n_val"] = n_val.astype(np.int64)
     stats.update({f"label_{k}": label_counts[:, k].astype(np.int64) for k in range(num_classes)})
     if weights is not None:
         stats.update({f"{WEIGHT_PREFIX}{g}": weights[:, g].astype(np.float64) for g in range(weights.shape[1])})

@@ -4,25 +4,27 @@ from __future__ import annotations
 
 import numpy as np
 
-from cflpipe.partition.base import NO_TRANSFORM, MIXED, Partition
+from cflpipe.partition.base import NO_TRANSFORM, MIXED, SPLITS, Partition
 
 
 # --------------------------------------------------------------------------- use by the engine
 
 
 def client_indices(partition: Partition) -> dict[int, dict[str, np.ndarray]]:
-    """client → {'train': pool indices, 'test': pool indices}, each ascending."""
+    """client → {'train': pool indices, 'test': …, 'val': …}, each ascending ('val' empty
+    without a validation split)."""
     return _per_client_split(partition, "sample")
 
 
 def _per_client_split(partition: Partition, column: str) -> dict[int, dict[str, np.ndarray]]:
-    """client → {'train': …, 'test': …} of clients.parquet's `column`, rows in ascending sample."""
-    table = partition.clients
-    key = table["client"].to_numpy(np.int64) * 2 + (table["split"] == "test").to_numpy()
+    """client → {split: …} of clients.parquet's `column` for each of SPLITS, rows in ascending sample."""
+    table, width = partition.clients, len(SPLITS)
+    code = np.select([table["split"] == name for name in SPLITS], list(range(width)), -1)
+    key = table["client"].to_numpy(np.int64) * width + code
     order = np.lexsort((table["sample"].to_numpy(np.int64), key))
     key, values = key[order], table[column].to_numpy()[order]
-    bounds = np.searchsorted(key, np.arange(2 * partition.num_clients + 1))
-    return {k: {"train": values[bounds[2 * k]:bounds[2 * k + 1]], "test": values[bounds[2 * k + 1]:bounds[2 * k + 2]]}
+    bounds = np.searchsorted(key, np.arange(width * partition.num_clients + 1))
+    return {k: {name: values[bounds[width * k + s]:bounds[width * k + s + 1]] for s, name in enumerate(SPLITS)}
             for k in range(partition.num_clients)}
 
 

@@ -14,19 +14,22 @@ MIXED = "mixture"
 # stats.parquet's columns of a mixture client's ground-truth group weights: weight_0, weight_1, …
 WEIGHT_PREFIX = "weight_"
 FILES = ("clients.parquet", "stats.parquet", "label_hist.png")
+# The values of clients.parquet's `split`, in the order of a client's rows ("val" only with a
+# scenario's validation_fraction).
+SPLITS = ("train", "test", "val")
 # The server's public samples (scenario `public:`), when the scenario has them.
 PUBLIC_FILE = "public.parquet"
 
 
 @dataclass(frozen=True)
 class Partition:
-    """`clients`: one row per (client, sample) sorted by client, train before test, sample;
-    columns client int32, split 'train'|'test', sample int64 (pool index), group int32 (the
+    """`clients`: one row per (client, sample) sorted by client, train before test before val, sample;
+    columns client int32, split 'train'|'test'|'val', sample int64 (pool index), group int32 (the
     client's ground-truth group; -1 without one), transform str (the sample's: a mixture
     client's samples each have their own), label int64 (the label the client sees), and in a
     mixture scenario component int32 (the ground-truth group the sample was drawn from).
     `stats`: one row per client: client, group, transform (MIXED for a mixture client), n_train,
-    n_test, label_0..label_{C-1}, and in a mixture scenario weight_0..weight_{G-1} (the drawn
+    n_test, n_val (with a validation split only), label_0..label_{C-1}, and in a mixture scenario weight_0..weight_{G-1} (the drawn
     weights of the ground-truth groups)."""
 
     clients: pd.DataFrame

@@ -4,9 +4,11 @@ Reads each run's summary.json, rounds.parquet, config.yaml and timing.json (neve
 writes `results/aggregate/`, every file atomically:
 
 - `runs.parquet`     one row per run: scenario, method, method_type, seed, hyperparams (JSON),
-                     rounds, clients, the final evaluation figures, best_acc_macro, bytes totals,
-                     and summary.json's provenance (cflpipe/torch/python versions, requested
-                     device, config hash; "" for runs written before it existed).
+                     rounds, clients, the final evaluation figures, best_acc_macro (the best round
+                     selected on validation data) or best_test_acc_macro (selected on test data, where
+                     the scenario has no validation split), bytes totals, and summary.json's
+                     provenance (cflpipe/torch/python versions, requested device, config hash; ""
+                     for runs written before it existed).
 - `curves.parquet`   scenario × method × round: `<figure>_mean`/`<figure>_std` over seeds of
                      every per-round figure of rounds.parquet (evaluation figures are null on
                      non-evaluation rounds; `eval` says which rounds were evaluated), and of
@@ -272,7 +274,13 @@ def runs_frame(spec: Spec, runs: list[RunOutputs]) -> pd.DataFrame:
             "final_round": _float(final.get("round")),
         }
         row.update({f: _float(final.get(f)) for f in figures})
-        row["best_acc_macro"] = _float(r.summary.get("best_acc_macro"))
+        # The best round chosen on validation data (best_acc_macro: its test figure), or, without
+        # a validation split, on the test data itself (best_test_acc_macro; a summary written
+        # before the split existed called that best_acc_macro).
+        on_validation = r.summary.get("best_selected_on") == "validation"
+        row["best_acc_macro"] = _float(r.summary.get("best_acc_macro")) if on_validation else math.nan
+        row["best_test_acc_macro"] = math.nan if on_validation else _float(
+            r.summary.get("best_test_acc_macro", r.summary.get("best_acc_macro")))
         row["bytes_down_total"] = _float(down)
         row["bytes_up_total"] = _float(up)
         row["bytes_total"] = _float(down) + _float(up)

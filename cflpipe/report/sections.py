@@ -369,7 +369,9 @@ class Sections:
             if stats is not None:
                 labels = [c for c in stats.columns if c.startswith("label_")]
                 item.update(classes=len(labels), n_train=int(stats["n_train"].sum()),
-                            n_test=int(stats["n_test"].sum()), note=small_test_sets(stats))
+                            n_test=int(stats["n_test"].sum()), note=small_test_sets(stats),
+                            n_val=int(stats["n_val"].sum()) if "n_val" in stats else None,
+                            validation_fraction=sc.validation_fraction)
             else:
                 item["note"] = (f"{view.spec.partition_dir(name) / 'stats.parquet'} is missing; run "
                                 f"`cflpipe partition --config FILE --scenario {name}`")

@@ -379,6 +379,10 @@ class Scenario(Strict):
     label: str | None = label_field("scenario")
     clients: int = Field(ge=1, le=MAX_COUNT)
     test_fraction: float = Field(0.2, gt=0, lt=1, description="share of each client's data held out")
+    validation_fraction: float = Field(
+        0.0, ge=0, lt=1, description="share of each client's training data held out for validation (what picks the "
+                                     "best round and tuned settings, never the test data): never trained on; 0: "
+                                     "no validation split")
     pool: Literal["all", "train"] = Field(
         "all", description="partition the dataset's train+test pool, or only its train split"
     )
@@ -448,11 +452,13 @@ class Scenario(Strict):
         """The scenario as data, without its training and hyper-parameter overrides (they reach a
         run through its resolved training and hyperparams, not its partition) and without its
         `label` (cosmetic: a new label re-partitions and re-trains nothing); options added later
-        (`public`, a natural step's `holdout`) only where they differ from their defaults, so that
+        (`public`, `validation_fraction`, a natural step's `holdout`) only where they differ from their defaults, so that
         partitions and runs written before they existed keep their fingerprints."""
         data = self.model_dump(mode="json", exclude={"training", "hyperparams", "label"})
         if data.get("public") is None:
             data.pop("public", None)
+        if data.get("validation_fraction") == 0:
+            data.pop("validation_fraction", None)
         for step in data["partition"]:
             for key, default in LATER_STEP_DEFAULTS.get(step.get("kind"), {}).items():
                 if step.get(key) == default:
