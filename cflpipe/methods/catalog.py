@@ -11,6 +11,7 @@ default comes from. A new built-in method adds its parameters and one `declare` 
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -263,14 +264,18 @@ class FCCAPerProxParams(FCCAProxParams):
 
 # --- methods/fedac.py
 
-class FedACParams(HyperParams):
-    clusters: int = Field(2, ge=1, description="initial number of clusters K (CNT tunes it)")
+class LCFedParams(HyperParams):
+    clusters: int = Field(2, ge=1, description="number of clusters K (fixed: LCFed has no cluster-number tuning)")
     mu: float = Field(0.01, ge=0, description="pull of the personalized model to its cluster center (μ)")
     lam: float = Field(0.1, ge=0, description="pull of the embedding to the global embedding Φ (λ)")
     components: int = Field(50, ge=1, description="PCA dimensions D of LrCos (paper: 50)")
     pca_every: int | None = Field(None, ge=1, description="refit the PCA map every N rounds (default: a tenth of "
                                                           "the run's rounds, the paper's 100 of 1,000)")
     similarity: Literal["lrcos", "l2"] = Field("lrcos", description="E-step similarity (ablation: l2)")
+
+
+class FedACParams(LCFedParams):
+    clusters: int = Field(2, ge=1, description="initial number of clusters K (CNT tunes it)")
     cnt: bool = Field(True, description="cluster-number tuning on/off (ablation)")
     cnt_low: float = Field(0.2, ge=0, description="CNT lower threshold a: G < a merges")
     cnt_high: float = Field(0.8, gt=0, description="CNT upper threshold b: G > b splits")
@@ -357,6 +362,13 @@ class FedSoftParams(HyperParams):
 
 
 # --- methods/stocfl.py
+
+class ICFLParams(HyperParams):
+    eps1: float = Field(4.0, gt=math.e, description="ε₁ of the split bar α_t = 1 − (e/ε₁)^(t/ε₂): larger makes the "
+                                                     "bar rise faster (FedRC's default 4; must exceed e)")
+    alpha0: float = Field(0.85, gt=0, lt=1, description="α₀: the bar reaches it at round ε₂², "
+                                                        "ε₂ = ln(1 − α₀)/(1 − ln ε₁) (FedRC's default 0.85)")
+
 
 class StoCFLParams(HyperParams):
     tau: float = Field(0.3, ge=-1, le=1, description="τ: unite two clusters whose mean anchor movements have a "
@@ -536,6 +548,10 @@ declare("fcca", FCCAParams, "cflpipe.methods.fcca:FCCA",
 declare("fedac", FedACParams, "cflpipe.methods.fedac:FedAC",
         "FedAC: personalized models pulled to cluster centers (μ) and a global embedding (λ); LrCos EM "
         "clustering; CNT.", _PERSONAL_CLUSTERED_K, family="seed")
+declare("lcfed", LCFedParams, "cflpipe.methods.lcfed:LCFed",
+        "LCFed (reconstructed from its abstract and FedAC): FedAC's global embedding, cluster centers and LrCos "
+        "re-clustering every round, with a fixed K (no cluster-number tuning).", _PERSONAL_CLUSTERED_K,
+        family="clustered")
 declare("fedtsdp", FedTSDPParams, "cflpipe.methods.fedtsdp:FedTSDP",
         "FedTSDP (Zhu et al.): Hopkins-gated two-stage clustering (JS of public outputs, then weights) with "
         "shrinking shared layers.", Capabilities(clustered=True, personalized=True, needs_public=True),
@@ -554,6 +570,9 @@ declare("fedgmm", FedGMMParams, "cflpipe.methods.fedgmm:FedGMM",
 declare("fedsoft", FedSoftParams, "cflpipe.methods.fedsoft:FedSoft",
         "FedSoft: soft clusters; local models pulled to every center by the client's share in it.", _SOFT_K,
         family="clustered")
+declare("icfl", ICFLParams, "cflpipe.methods.icfl:ICFL",
+        "ICFL (reconstructed from FedRC's implementation): a pool of unclustered clients; clusters bisected when "
+        "the cohesion of their updates falls below a rising bar.", Capabilities(clustered=True), family="clustered")
 declare("stocfl", StoCFLParams, "cflpipe.methods.stocfl:StoCFL",
         "StoCFL: clients united into clusters by the cosine similarity of how a fixed anchor model moves on "
         "their data.", Capabilities(clustered=True), family="clustered")

@@ -132,6 +132,7 @@ class FedAC(Method):
 
     checkpoint = ("phi", "centers", "clusters", "pca_round", "pca_version", "client_pca_version",
                   "projections", "g_values")
+    tunes_cluster_number = True  # CNT (Algorithm 3), switched by the `cnt` hyper-parameter
 
     def __init__(self, ctx):
         super().__init__(ctx)
@@ -208,7 +209,7 @@ class FedAC(Method):
         self._m_step()
         self.clusters = self.e_step(self.models, self.centers)
         self._m_step()
-        if self.hp.cnt and self.ctx.round + 1 >= self.hp.cnt_start:
+        if self.tunes_cluster_number and self.hp.cnt and self.ctx.round + 1 >= self.hp.cnt_start:
             self.centers, self.clusters, self.g_values = tune_cluster_number(
                 self.models, self.centers, self.clusters, self.hp.cnt_low, self.hp.cnt_high,
                 self.hp.max_clusters, self._assign_rows)
@@ -288,3 +289,4 @@ class FedAC(Method):
         super().load_state_dict(state)
         device = self.ctx.device
         self.pca = PCAProjection(mean.to(device), components.to(device)) if components.numel() else None
+
