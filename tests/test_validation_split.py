@@ -53,14 +53,14 @@ def test_a_scenario_without_validation_keeps_its_partition_and_definition():
         scenario(validation_fraction=1.0)
 
 
-def spec_dict(tmp_path, validation_fraction: float = 0.2) -> dict:
+def spec_dict(tmp_path, validation_fraction: float = 0.2, method: str = "ifca") -> dict:
     sc = {"dataset": "digits", "clients": 8, "partition": [{"kind": "iid"}, {"kind": "label_swap", "groups": 2}]}
     if validation_fraction:
         sc["validation_fraction"] = validation_fraction
     return {"seeds": [0],
             "training": {"model": "mlp", "rounds": 6, "clients_per_round": 4, "local_steps": 3, "batch_size": 16,
                          "lr": 0.05, "eval_every": 1, "device": "cpu"},
-            "scenarios": {"s": sc}, "methods": {"ifca": {"clusters": 2}},
+            "scenarios": {"s": sc}, "methods": {method: {"clusters": 2} if method == "ifca" else {}},
             "results_dir": str(tmp_path / "results"), "data_dir": str(tmp_path / "data")}
 
 
@@ -80,23 +80,30 @@ def test_a_run_with_a_validation_split_evaluates_it_and_selects_on_it(tmp_path):
     assert "best_test_acc_macro" not in summary
 
 
-def test_selection_never_reads_the_test_data(tmp_path, monkeypatch):
-    """The test labels shuffled before training change the test figures and no selected value."""
-    spec = parse_spec(spec_dict(tmp_path / "clean"))
-    clean = json.loads((train_run(spec, "s", "ifca", 0, progress=False).run_dir / "summary.json").read_text())
+@pytest.mark.parametrize("method", ["ifca", "oracle_mcfl"])  # a model per cluster; a model chosen by the inputs
+def test_selection_never_reads_the_test_data(tmp_path, monkeypatch, method):
+    """The test split's labels shuffled and its inputs scaled before training change the test
+    figures and nothing that validation reads: the selected round, and every validation row."""
+    spec = parse_spec(spec_dict(tmp_path / "clean", method=method))
+    clean_dir = train_run(spec, "s", method, 0, progress=False).run_dir
     build = runs.build_federated_data
 
-    def shuffled_test_labels(*args, **kwargs):
+    def other_test_data(*args, **kwargs):
         data = build(*args, **kwargs)
         data.test.y = data.test.y[torch.randperm(len(data.test.y), generator=torch.Generator().manual_seed(1))]
+        data.test.x = 3.0 * data.test.x + 1.0
         return data
 
-    monkeypatch.setattr(runs, "build_federated_data", shuffled_test_labels)
-    spec = parse_spec(spec_dict(tmp_path / "shuffled"))
-    shuffled = json.loads((train_run(spec, "s", "ifca", 0, progress=False).run_dir / "summary.json").read_text())
+    monkeypatch.setattr(runs, "build_federated_data", other_test_data)
+    spec = parse_spec(spec_dict(tmp_path / "shuffled", method=method))
+    shuffled_dir = train_run(spec, "s", method, 0, progress=False).run_dir
+    clean, shuffled = (json.loads((d / "summary.json").read_text()) for d in (clean_dir, shuffled_dir))
     assert shuffled["final"]["acc_macro"] != clean["final"]["acc_macro"]  # the test data did change
     for key in ("best_round", "best_val_acc_macro", "best_selected_on"):
         assert shuffled[key] == clean[key], key
+    val_rows = [pd.read_parquet(d / "metrics.parquet").query("split == 'val'").reset_index(drop=True)
+                for d in (clean_dir, shuffled_dir)]
+    pd.testing.assert_frame_equal(*val_rows)
 
 
 def test_without_a_validation_split_the_best_round_is_named_as_chosen_on_test(tmp_path):
@@ -118,7 +125,7 @@ def test_the_best_round_is_the_first_of_equal_validation_scores():
     assert best_round(full[:0])["best_round"] is None
 
 
-def test_a_validation_fraction_that_leaves_no_training_is_refused_in_one_line(tmp_path):
+def test_a_negative_validation_fraction_is_refused_in_one_line(tmp_path):
     raw = spec_dict(tmp_path)
     raw["scenarios"]["s"]["validation_fraction"] = -0.1
     with pytest.raises(SpecError, match=r"scenarios\.s\.validation_fraction"):

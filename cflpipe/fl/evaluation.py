@@ -64,8 +64,8 @@ def evaluate(ctx: Context, method: Method, data: FederatedData, eval_batch_size:
         scored = _one_model_each(scoring, predictor.models, np.asarray(predictor.index)[client_ids])
     figures: dict[str, Any] = {}
     tables: dict[str, dict[str, np.ndarray]] = {"metrics": {}}
-    for split_name, (split, preds, losses) in scored.splits.items():
-        figures.update(_split_figures(tables, split_name, split, data, preds, losses, scored.client_model,
+    for split_name, (split, preds, losses, client_model) in scored.splits.items():
+        figures.update(_split_figures(tables, split_name, split, data, preds, losses, client_model,
                                       round_number, client_ids))
     figures.update(scored.model_figures(data.groups, everyone.num_groups))
     assignment = method.assignment()
@@ -118,7 +118,8 @@ class _Scored:
     client_model: np.ndarray
     n_models: int
     used: int
-    splits: dict[str, tuple[Split, torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    # split → (its data, predictions, per-row losses, each client's model there)
+    splits: dict[str, tuple[Split, torch.Tensor, torch.Tensor, np.ndarray]] = field(default_factory=dict)
     global_acc: dict[int, float] = field(default_factory=dict)
     group_acc: dict[int, np.ndarray] = field(default_factory=dict)
     # (clients × true groups) model each client would apply to each group's pooled test data
@@ -148,16 +149,19 @@ class _Scored:
 
 
 def _one_model_each(scoring: _Scoring, models: list[torch.Tensor], client_model: np.ndarray,
-                    model_for_group: np.ndarray | None = None) -> _Scored:
-    """Models and Selected: each client's rows predicted by its one model; a model every
+                    model_for_group: np.ndarray | None = None, val_model: np.ndarray | None = None) -> _Scored:
+    """Models and Selected: each client's rows predicted by its one model (on the validation
+    split `val_model`'s where given: a selection made on validation inputs); a model every
     evaluated client uses, or one scored on the pooled test data, applied to the whole split."""
     data, n_models, m = scoring.data, len(models), len(client_model)
-    used = np.arange(n_models) if not scoring.sampled else np.unique(
-        client_model if model_for_group is None else np.concatenate([client_model, model_for_group.ravel()]))
+    used = np.arange(n_models) if not scoring.sampled else np.unique(np.concatenate(
+        [client_model] + ([] if model_for_group is None else [model_for_group.ravel()])
+        + ([] if val_model is None else [val_model])))
     scored_set = set(scoring.scored_models(n_models, used).tolist())
     result = _Scored(client_model, n_models, len(used), model_for_group=model_for_group)
-    members = [np.nonzero(client_model == j)[0] for j in range(n_models)]
     for split_name, split in scoring.splits:
+        split_model = val_model if split_name == "val" and val_model is not None else client_model
+        members = [np.nonzero(split_model == j)[0] for j in range(n_models)]
         group_of_row = data.groups[split.owner.cpu().numpy()]
         whole = [j for j in range(n_models) if (split_name == "test" and j in scored_set) or len(members[j]) == m]
         partial = [j for j in range(n_models) if len(members[j]) and j not in set(whole)]
@@ -175,13 +179,14 @@ def _one_model_each(scoring: _Scoring, models: list[torch.Tensor], client_model:
             for rows, out in zip(rows_of, logits):
                 preds[rows] = out.argmax(dim=1)
                 losses[rows] = F.cross_entropy(out, split.y[rows], reduction="none")
-        result.splits[split_name] = (split, preds, losses)
+        result.splits[split_name] = (split, preds, losses, split_model)
     return result
 
 
 def _selected(scoring: _Scoring, predictor: Selected) -> _Scored:
     """Selected: each client's test set, and each true group's pooled test set, evaluated with the
-    model chosen for that data (a client's training rows with the model chosen for its test set)."""
+    model chosen for that data (a client's training rows with the model chosen for its test set,
+    its validation rows with the one chosen for them: selection never reads test inputs)."""
     data = scoring.data
     client_model = np.array([predictor.select(data.test.of(c)[0]) for c in range(data.num_clients)],
                             dtype=np.int64)
@@ -191,7 +196,9 @@ def _selected(scoring: _Scoring, predictor: Selected) -> _Scored:
         chosen = [predictor.select(data.test.x[torch.from_numpy(test_groups == h).to(data.test.x.device)])
                   for h in range(scoring.n_groups)]
         model_for_group = np.tile(np.array(chosen, dtype=np.int64), (data.num_clients, 1))
-    return _one_model_each(scoring, predictor.models, client_model, model_for_group)
+    val_model = None if data.val is None else np.array(
+        [predictor.select(data.val.of(c)[0]) for c in range(data.num_clients)], dtype=np.int64)
+    return _one_model_each(scoring, predictor.models, client_model, model_for_group, val_model)
 
 
 def _mixture(scoring: _Scoring, predictor: Mixture, client_ids: np.ndarray) -> _Scored:
@@ -208,7 +215,7 @@ def _mixture(scoring: _Scoring, predictor: Mixture, client_ids: np.ndarray) -> _
             for j in scoring.scored_models(len(models), used):
                 correct = (_whole(scoring.ctx, models[j], split, scoring.chunk)[0] == split.y).cpu().numpy()
                 result.score(int(j), correct, group_of_row, scoring.n_groups)
-        result.splits[split_name] = (split, preds, losses)
+        result.splits[split_name] = (split, preds, losses, result.client_model)
     return result
 
 
