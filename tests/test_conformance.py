@@ -85,6 +85,8 @@ EFFECTIVE_VALUE = {
     ("FedAC", "pca_every"): 1,
     ("FedAC", "max_clusters"): 1,
     ("FedAC", "components"): 1,
+    ("LCFed", "pca_every"): 2,    # the default refits every round of the fixture's 4 (a tenth, at least 1)
+    ("LCFed", "components"): 1,
     ("FedAC", "cnt_start"): ROUNDS + 1,  # the fixture's CNT acts in the last round only
     ("FLHC", "cluster_round"): 2,
     ("FLHC", "distance_threshold"): 1e-6,

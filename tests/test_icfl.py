@@ -72,13 +72,30 @@ def test_the_pool_splits_once_then_newcomers_join_the_nearest_clusters_mean_upda
     torch.testing.assert_close(icfl.centers[along_b], start + b)
     # θ_0: the round's pool clients (none left) and every cluster model, weighted by members' samples
     torch.testing.assert_close(icfl.centers[POOL], (icfl.centers[1] + icfl.centers[2]) / 2)
-    # A later pool client joins the cluster whose members' mean update is most like its own (not
-    # the last cluster, FedRC's defect B), compared update with update (not with the model, C).
+    # The round's clients now hold their cluster's model (FedRC's broadcast); the others the initial one.
+    torch.testing.assert_close(icfl.held[2], icfl.centers[along_b])
+    torch.testing.assert_close(icfl.held[5], start)
+    # A later pool client joins the cluster whose members' mean update is most like its own.
     icfl.ctx.round = 2
-    pool_model = icfl.centers[POOL].clone()
-    icfl.aggregate({4: _update(pool_model + 3 * b)})
+    icfl.aggregate({4: _update(start + 3 * b)})
     assert icfl.clusters[4] == along_b
     assert icfl.num_clusters == 3  # the pool is never split again
+
+
+def test_a_pool_client_joins_by_mean_update_not_by_model_nor_the_last_cluster(tmp_path):
+    """Three clusters; the newcomer's update runs along cluster 1's mean update, while cluster 3
+    (the last, FedRC's defect B) has the model most like that update (its defect C)."""
+    icfl = make(tmp_path, eps1=100.0)
+    p = icfl.centers.shape[1]
+    e = torch.eye(p)[:3]
+    icfl.clusters[:] = [1, 2, 3, POOL, POOL, POOL]
+    icfl.centers = torch.stack([icfl.centers[POOL], e[2], e[2], 5 * e[0] + e[2]])
+    icfl.latest_update[:3] = e  # cluster 1 moved along e0, 2 along e1, 3 along e2
+    icfl.has_update[:3] = True
+    icfl.samples[:3] = 10
+    icfl.ctx.round = 5
+    icfl.aggregate({3: _update(icfl.held[3] + 2 * e[0])})
+    assert icfl.clusters[3] == 1
 
 
 def test_a_cluster_below_the_bar_is_bisected_and_one_above_it_is_kept(tmp_path):
@@ -110,5 +127,7 @@ def test_a_run_records_its_split_schedule(tmp_path):
     rounds = pd.read_parquet(result.run_dir / "rounds.parquet")
     bars = rounds["icfl_alpha_t"].tolist()
     assert bars[0] == 0.0 and all(x < y for x, y in zip(bars, bars[1:]))
-    assert (rounds["icfl_clusters"] >= 1).all()
+    clusters = pd.read_parquet(result.run_dir / "clusters.parquet").groupby("round")["cluster"].nunique()
+    evaluated = rounds.set_index("round").loc[clusters.index, "icfl_clusters"]
+    assert evaluated.tolist() == clusters.tolist()  # the pool counted while it has members
     assert all(isinstance(v, (list, np.ndarray)) for v in rounds["icfl_alpha_g"])

@@ -78,7 +78,10 @@ class FederatedData:
         return int(self.groups.max()) + 1 if self.has_groups else 0
 
     def client(self, c: int, split: str = "train") -> tuple[torch.Tensor, torch.Tensor]:
-        return {"train": self.train, "test": self.test, "val": self.val}[split].of(c)
+        chosen = {"train": self.train, "test": self.test, "val": self.val}[split]
+        if chosen is None:
+            raise ValueError("this scenario has no validation split (scenario validation_fraction)")
+        return chosen.of(c)
 
     def subset(self, clients: np.ndarray, train: bool = True) -> "FederatedData":
         """The given clients alone (their rows copied), numbered 0..len(clients)-1 in that order:

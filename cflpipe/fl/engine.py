@@ -38,7 +38,7 @@ from cflpipe import store
 
 # DVC cannot read Parquet: these evaluation figures are also written to plots.csv for `dvc plots`.
 PLOT_COLUMNS = ("round", "acc_macro", "acc_micro", "global_acc_mean", "loss", "train_loss", "ari", "nmi",
-                "n_clusters", "intra_acc", "inter_acc")
+                "n_clusters", "intra_acc", "inter_acc", "val_acc_macro")
 
 STANDARD_TABLES = ("metrics", "clusters", "rounds", "timing")
 # Whether this process has trained a round yet: its first pays one-time costs (allocations, first

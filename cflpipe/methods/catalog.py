@@ -265,7 +265,8 @@ class FCCAPerProxParams(FCCAProxParams):
 # --- methods/fedac.py
 
 class LCFedParams(HyperParams):
-    clusters: int = Field(2, ge=1, description="number of clusters K (fixed: LCFed has no cluster-number tuning)")
+    clusters: int = Field(2, ge=1, description="number of clusters K (at most: no cluster-number tuning adds one; a cluster "
+                                                  "left without members is dropped)")
     mu: float = Field(0.01, ge=0, description="pull of the personalized model to its cluster center (μ)")
     lam: float = Field(0.1, ge=0, description="pull of the embedding to the global embedding Φ (λ)")
     components: int = Field(50, ge=1, description="PCA dimensions D of LrCos (paper: 50)")
@@ -363,13 +364,6 @@ class FedSoftParams(HyperParams):
 
 # --- methods/stocfl.py
 
-class ICFLParams(HyperParams):
-    eps1: float = Field(4.0, gt=math.e, description="ε₁ of the split bar α_t = 1 − (e/ε₁)^(t/ε₂): larger makes the "
-                                                     "bar rise faster (FedRC's default 4; must exceed e)")
-    alpha0: float = Field(0.85, gt=0, lt=1, description="α₀: the bar reaches it at round ε₂², "
-                                                        "ε₂ = ln(1 − α₀)/(1 − ln ε₁) (FedRC's default 0.85)")
-
-
 class StoCFLParams(HyperParams):
     tau: float = Field(0.3, ge=-1, le=1, description="τ: unite two clusters whose mean anchor movements have a "
                                                      "cosine similarity of at least this (the authors' default 0.3)")
@@ -377,6 +371,15 @@ class StoCFLParams(HyperParams):
                                              "trains it (the authors' 0.1)")
     observe_epochs: float = Field(1.0, gt=0, description="epochs of local SGD from the anchor that measure a "
                                                          "client's movement ψ (the authors' 1)")
+
+
+# --- methods/icfl.py
+
+class ICFLParams(HyperParams):
+    eps1: float = Field(4.0, gt=math.e, description="ε₁ of the split bar α_t = 1 − (e/ε₁)^(t/ε₂): larger makes the "
+                                                     "bar rise faster (FedRC's default 4; must exceed e)")
+    alpha0: float = Field(0.85, gt=0, lt=1, description="α₀: the bar reaches it at round ε₂², "
+                                                        "ε₂ = ln(1 − α₀)/(1 − ln ε₁) (FedRC's default 0.85)")
 
 
 # --- the declarations
@@ -550,7 +553,7 @@ declare("fedac", FedACParams, "cflpipe.methods.fedac:FedAC",
         "clustering; CNT.", _PERSONAL_CLUSTERED_K, family="seed")
 declare("lcfed", LCFedParams, "cflpipe.methods.lcfed:LCFed",
         "LCFed (reconstructed from its abstract and FedAC): FedAC's global embedding, cluster centers and LrCos "
-        "re-clustering every round, with a fixed K (no cluster-number tuning).", _PERSONAL_CLUSTERED_K,
+        "re-clustering every round, with no cluster-number tuning (K as given, or fewer).", _PERSONAL_CLUSTERED_K,
         family="clustered")
 declare("fedtsdp", FedTSDPParams, "cflpipe.methods.fedtsdp:FedTSDP",
         "FedTSDP (Zhu et al.): Hopkins-gated two-stage clustering (JS of public outputs, then weights) with "

@@ -289,4 +289,3 @@ class FedAC(Method):
         super().load_state_dict(state)
         device = self.ctx.device
         self.pca = PCAProjection(mean.to(device), components.to(device)) if components.numel() else None
-

@@ -23,7 +23,7 @@ import torch
 from sklearn.cluster import KMeans
 
 from cflpipe.clustering import cosine_similarity_matrix
-from cflpipe.fl.method import Context, Update, stack_updates
+from cflpipe.fl.method import Context, Payload, Update, stack_updates
 from cflpipe.methods.clustered import ClusterModels
 from cflpipe.seeds import seed32
 
@@ -65,16 +65,17 @@ class ICFL(ClusterModels):
        being update against update);
     D. the incremental assignment runs (FedRC read an attribute that does not exist, so it
        crashed or, with every client sampled, never ran).
-    The 2-means is seeded from the run (FedRC's was not). Where cflpipe departs from FedRC: the
-    engine samples clients_per_round over all clients (FedRC sampled a share of each cluster),
-    and a cluster's split test reads its members' latest updates of any round, as FedRC's does.
-    Aggregation is FedRC's: θ_k (k ≥ 1) is the sample-weighted mean of all its members' latest
-    local models, θ_0 that of the round's pool clients and of every θ_k weighted by its members'
-    samples. rounds.parquet records α_t (`icfl_alpha_t`), each cluster's α_G where it was tested
+    The 2-means is seeded from the run (FedRC's was not), and the engine samples clients_per_round
+    over all clients (FedRC sampled a share of each cluster). As in FedRC: a cluster's split test
+    reads its members' latest updates of any round; a client trains from the model it holds, the
+    one broadcast to it at the end of the last round it took part in (sent here at the start of
+    its next round: the same bytes); θ_k (k ≥ 1) is the sample-weighted mean of every member's
+    model, this round's trained one or the one it holds, θ_0 that of the round's pool clients and
+    of every θ_k weighted by its members' samples. rounds.parquet records α_t (`icfl_alpha_t`), each cluster's α_G where it was tested
     (`icfl_alpha_g`, NaN elsewhere) and the number of clusters (`icfl_clusters`, the pool
     included while it has members)."""
 
-    checkpoint = (*ClusterModels.checkpoint, "latest", "latest_update", "has_update", "samples")
+    checkpoint = (*ClusterModels.checkpoint, "held", "latest_update", "has_update", "samples")
 
     @classmethod
     def check_hyperparams(cls, params: type) -> dict[str, Any]:
@@ -83,20 +84,24 @@ class ICFL(ClusterModels):
     def __init__(self, ctx: Context):
         super().__init__(ctx, 1, np.full(ctx.num_clients, POOL, dtype=np.int64))
         p = ctx.init.numel()
-        self.latest = ctx.init.new_zeros((ctx.num_clients, p))  # each client's latest local model
-        self.latest_update = ctx.init.new_zeros((ctx.num_clients, p))  # …and its update Δ_i
+        # The model each client holds: the initial one, then its cluster's model broadcast to it at
+        # the end of each round it took part in (what it trains from and counts with in aggregation).
+        self.held = ctx.init.repeat(ctx.num_clients, 1)
+        self.latest_update = ctx.init.new_zeros((ctx.num_clients, p))  # each client's latest update Δ_i
         self.has_update = np.zeros(ctx.num_clients, dtype=bool)
         self.samples = np.zeros(ctx.num_clients, dtype=np.int64)  # n_i, known once a client uploaded
         self._alpha_g: list[float] = []
+
+    def cluster_payload(self, client: int) -> Payload:
+        return Payload({"model": self.held[client]})
 
     def cluster_aggregate(self, updates: dict[int, Update]) -> None:
         self._alpha_g = [float("nan")] * self.num_clusters
         if not updates:
             return
         clients, models, _ = stack_updates(updates)
-        sent = self.centers[torch.from_numpy(self.clusters[clients]).to(self.centers.device)]
-        self.latest[clients] = models
-        self.latest_update[clients] = models - sent
+        rows = torch.from_numpy(clients).to(self.held.device)
+        self.latest_update[rows] = models - self.held[rows]
         self.has_update[clients] = True
         self.samples[clients] = [updates[int(c)].n for c in clients]
         round_pool = clients[self.clusters[clients] == POOL]
@@ -107,7 +112,10 @@ class ICFL(ClusterModels):
                 continue
             members = round_pool if k == POOL else np.nonzero((self.clusters == k) & self.has_update)[0]
             self._split_test(k, members)
-        self._average(round_pool)
+        current = self.held.clone()  # every member's model: the round's trained ones, the others' held ones
+        current[rows] = models
+        self._average(current, round_pool)
+        self.held[rows] = self.centers[torch.from_numpy(self.clusters[clients]).to(self.held.device)]  # broadcast
 
     def _join_nearest(self, pool_clients: np.ndarray) -> None:
         """Each of the round's pool clients joins the cluster whose mean update is most similar
@@ -116,13 +124,13 @@ class ICFL(ClusterModels):
             return
         clusters = np.arange(1, self.num_clusters)
         means = torch.stack([self.latest_update[torch.from_numpy(np.nonzero((self.clusters == k) & self.has_update)[0])
-                                                .to(self.latest.device)].mean(dim=0) for k in clusters])
+                                                .to(self.held.device)].mean(dim=0) for k in clusters])
         similarity = cosine_similarity_matrix(self.latest_update[torch.from_numpy(pool_clients)
-                                                                 .to(self.latest.device)], means)
+                                                                 .to(self.held.device)], means)
         self.clusters[pool_clients] = clusters[similarity.argmax(dim=1).cpu().numpy()]
 
     def _split_test(self, k: int, members: np.ndarray) -> None:
-        affinity = cosine_similarity_matrix(self.latest_update[torch.from_numpy(members).to(self.latest.device)])
+        affinity = cosine_similarity_matrix(self.latest_update[torch.from_numpy(members).to(self.held.device)])
         affinity = affinity.double().cpu().numpy()
         alpha_g = cohesion(affinity)
         self._alpha_g[k] = alpha_g
@@ -142,19 +150,19 @@ class ICFL(ClusterModels):
         self.centers = torch.cat([self.centers, self.centers[:1].clone()])  # set by _average this round
         self._alpha_g.append(float("nan"))
 
-    def _average(self, round_pool: np.ndarray) -> None:
-        """θ_k: the sample-weighted mean of all members' latest models; θ_0: of the round's pool
+    def _average(self, current: torch.Tensor, round_pool: np.ndarray) -> None:
+        """θ_k: the sample-weighted mean of all members' `current` models; θ_0: of the round's pool
         clients' models and of every θ_k, weighted by its members' samples (FedRC's)."""
-        device = self.latest.device
+        device = current.device
         sizes: list[float] = []
         for k in range(1, self.num_clusters):
             members = np.nonzero(self.clusters == k)[0]
             weights = torch.as_tensor(self.samples[members], dtype=torch.float64, device=device)
-            self.centers[k] = ((weights[:, None] * self.latest[torch.from_numpy(members).to(device)].double()).sum(0)
+            self.centers[k] = ((weights[:, None] * current[torch.from_numpy(members).to(device)].double()).sum(0)
                                / weights.sum()).to(self.centers.dtype)
             sizes.append(float(weights.sum()))
         pool = round_pool[self.clusters[round_pool] == POOL]
-        parts = [self.latest[torch.from_numpy(pool).to(device)]] if len(pool) else []
+        parts = [current[torch.from_numpy(pool).to(device)]] if len(pool) else []
         weights = list(self.samples[pool].astype(float))
         if self.num_clusters > 1:
             parts.append(self.centers[1:])

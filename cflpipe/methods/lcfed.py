@@ -10,13 +10,14 @@ from cflpipe.methods.fedac import FedAC
 
 
 class LCFed(FedAC):
-    """LCFed (reconstructed from its abstract and FedAC): FedAC's global embedding, cluster centers and LrCos re-clustering every round, with a fixed K (no cluster-number tuning).
+    """LCFed (reconstructed from its abstract and FedAC): FedAC's global embedding, cluster centers and LrCos re-clustering every round, with no cluster-number tuning (K as given, or fewer).
 
     LCFed (Zhang et al., ICASSP 2025, by FedAC's authors) could be read here only as far as its
     abstract and introduction: model partitioning into a shared embedding and cluster-wise
     decision layers, and PCA low-rank cosine similarity for re-clustering every round. Those are
     FedAC's machinery, which this runs unchanged; what the abstract does not list, FedAC's
-    cluster-number tuning, is left out, so K stays as given. Everything its method section would
+    cluster-number tuning, is left out: no cluster is ever added, and one that loses every member
+    is dropped, as in FedAC, so K is at most the given one. Everything its method section would
     settle (whether clients keep personal models across rounds, what the PCA is fitted on and
     how often, the initial centers, μ, λ, D) is FedAC's reading here; docs/methods-reconstructed.md
     lists the guesses."""

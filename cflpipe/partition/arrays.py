@@ -20,6 +20,8 @@ def _per_client_split(partition: Partition, column: str) -> dict[int, dict[str, 
     """client → {split: …} of clients.parquet's `column` for each of SPLITS, rows in ascending sample."""
     table, width = partition.clients, len(SPLITS)
     code = np.select([table["split"] == name for name in SPLITS], list(range(width)), -1)
+    if (code < 0).any():  # would be filed under the previous client's last split
+        raise ValueError(f"clients.parquet: split {table['split'][code < 0].iloc[0]!r} is none of {', '.join(SPLITS)}")
     key = table["client"].to_numpy(np.int64) * width + code
     order = np.lexsort((table["sample"].to_numpy(np.int64), key))
     key, values = key[order], table[column].to_numpy()[order]
@@ -64,7 +66,7 @@ def apply_sample_transforms(x: np.ndarray, y: np.ndarray, transforms: np.ndarray
 
 def client_arrays(partition: Partition, x: np.ndarray, y: np.ndarray
                   ) -> dict[int, dict[str, tuple[np.ndarray, np.ndarray]]]:
-    """client → {'train': (x, y), 'test': (x, y)} with the client's transform (a mixture client's:
+    """client → {'train': (x, y), 'test': (x, y), 'val': (x, y)} with the client's transform (a mixture client's:
     each sample's) applied; `x`, `y` are the pool arrays of `Dataset.pool(scenario.pool)`. The
     labels equal the `label` column."""
     transforms = client_transforms(partition)

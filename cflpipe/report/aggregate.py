@@ -281,6 +281,7 @@ def runs_frame(spec: Spec, runs: list[RunOutputs]) -> pd.DataFrame:
         row["best_acc_macro"] = _float(r.summary.get("best_acc_macro")) if on_validation else math.nan
         row["best_test_acc_macro"] = math.nan if on_validation else _float(
             r.summary.get("best_test_acc_macro", r.summary.get("best_acc_macro")))
+        row["best_round"] = _float(r.summary.get("best_round"))
         row["bytes_down_total"] = _float(down)
         row["bytes_up_total"] = _float(up)
         row["bytes_total"] = _float(down) + _float(up)

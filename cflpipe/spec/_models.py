@@ -381,7 +381,7 @@ class Scenario(Strict):
     test_fraction: float = Field(0.2, gt=0, lt=1, description="share of each client's data held out")
     validation_fraction: float = Field(
         0.0, ge=0, lt=1, description="share of each client's training data held out for validation (what picks the "
-                                     "best round and tuned settings, never the test data): never trained on; 0: "
+                                     "best round in summary.json, never the test data): never trained on; 0: "
                                      "no validation split")
     pool: Literal["all", "train"] = Field(
         "all", description="partition the dataset's train+test pool, or only its train split"
