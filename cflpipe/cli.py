@@ -112,15 +112,16 @@ def cmd_download(args) -> int:
 def cmd_partition(args) -> int:
     from cflpipe.partition_files import partition_scenario
 
-    from cflpipe.partition import small_test_sets
+    from cflpipe.partition import small_test_sets, small_validation_sets
     from cflpipe.store import read_parquet
 
     spec = _load(args, check_methods=False)
     out = partition_scenario(spec, _scenario(spec, args.scenario), force=True)
     print(f"partition of {args.scenario} written to {out}")
-    note = small_test_sets(read_parquet(out / "stats.parquet"))
-    if note:
-        print(f"warning: scenarios.{args.scenario}: {note}", file=sys.stderr)
+    stats = read_parquet(out / "stats.parquet")
+    for note in (small_test_sets(stats), small_validation_sets(stats)):
+        if note:
+            print(f"warning: scenarios.{args.scenario}: {note}", file=sys.stderr)
     return 0
 
 

@@ -141,3 +141,14 @@ def test_a_sampled_evaluation_reads_the_samples_validation_rows_and_selects_amon
     assert val.to_dict() == {1: 3, 2: 3, 3: 8, 4: 3, 5: 3, 6: 8}
     summary = json.loads((result.run_dir / "summary.json").read_text())
     assert summary["best_round"] in (3, 6)  # a sampled round's figure is an estimate from fewer clients
+
+
+def test_small_validation_sets_are_warned_about_in_one_line():
+    from cflpipe.partition import small_validation_sets
+
+    stats = build_partition(scenario(validation_fraction=0.05), digits()).stats
+    line = small_validation_sets(stats)
+    assert line is not None and line.startswith(f"{int((stats['n_val'] < 10).sum())} of 12 clients have fewer than 10 "
+                                                f"validation samples (fewest: {int(stats['n_val'].min())})")
+    assert small_validation_sets(build_partition(scenario(validation_fraction=0.5), digits()).stats) is None
+    assert small_validation_sets(build_partition(scenario(), digits()).stats) is None  # no validation split

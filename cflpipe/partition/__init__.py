@@ -53,7 +53,8 @@ from cflpipe.spec import LABEL_SPLITS, Scenario
 from cflpipe.partition.arrays import (client_indices, client_transforms, realized_weights, client_sample_transforms,
                                       apply_sample_transforms, client_arrays, apply_transform)
 from cflpipe.partition.base import FILES, MIXED, NO_TRANSFORM, PUBLIC_FILE, SPLITS, WEIGHT_PREFIX, Partition
-from cflpipe.partition.files import (SMALL_TEST_SET, small_test_sets, write_partition, load_partition,
+from cflpipe.partition.files import (SMALL_TEST_SET, small_test_sets, small_validation_sets, write_partition,
+                                     load_partition,
                                      label_heatmap_png)
 from cflpipe.partition.groups import _plan_groups, _assign_cells, _mix_cells, _truth_weights
 from cflpipe.partition.splits import (_quantity_sizes, _split_iid, _split_dirichlet_labelwise,
@@ -67,7 +68,7 @@ __all__ = [
     "FILES", "MIXED", "NO_TRANSFORM", "PUBLIC_FILE", "Partition", "SMALL_TEST_SET", "WEIGHT_PREFIX",
     "apply_sample_transforms", "apply_transform", "build_partition", "client_arrays", "client_indices",
     "client_sample_transforms", "client_transforms", "label_heatmap_png", "load_partition", "realized_weights",
-    "small_test_sets", "write_partition",
+    "small_test_sets", "small_validation_sets", "write_partition",
 ]
 
 

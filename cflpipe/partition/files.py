@@ -40,6 +40,20 @@ def small_test_sets(stats: pd.DataFrame, minimum: int = SMALL_TEST_SET) -> str |
             f"dirichlet min_size, quantity min) gives finer ones")
 
 
+def small_validation_sets(stats: pd.DataFrame, minimum: int = SMALL_TEST_SET) -> str | None:
+    """One line when the scenario has a validation split and some clients hold fewer than
+    `minimum` validation samples (a client without training data has none by design), else None."""
+    if "n_val" not in stats:
+        return None
+    n_val = stats["n_val"].to_numpy()[(stats["n_train"] + stats["n_val"]).to_numpy() > 0]
+    small = n_val < minimum
+    if not small.any():
+        return None
+    return (f"{int(small.sum())} of {len(n_val)} clients have fewer than {minimum} validation samples (fewest: "
+            f"{int(n_val.min())}); the validation accuracy that picks the best round is coarse for them. A larger "
+            f"validation_fraction or more data per client gives a finer one")
+
+
 def write_partition(partition: Partition, out_dir: str | Path, title: str | None = None) -> None:
     """Write clients.parquet, stats.parquet and label_hist.png. Everything is prepared in memory
     first and each file is renamed into place, so an error leaves no new or half-written file."""

@@ -30,7 +30,11 @@ METHOD_CURVES: dict[str, tuple[str, str, dict | None]] = {
                        dict(range=[-0.02, 1.02])),
     "shared_layers": ("number of shared layers (FedTSDP; the rest are personalization layers)", "layers",
                       dict(rangemode="tozero")),
-    "fedac_clusters": ("FedAC: number of cluster models", "clusters", dict(rangemode="tozero")),
+    "fedac_clusters": ("FedAC, LCFed: number of cluster models", "clusters", dict(rangemode="tozero")),
+    "icfl_clusters": ("ICFL: number of clusters (the pool included while it has members)", "clusters",
+                      dict(rangemode="tozero")),
+    "icfl_alpha_t": ("ICFL: split bar α_t (a cluster whose updates' cohesion is below it is bisected)", "α_t",
+                     dict(range=[0, 1.02])),
     "flow_nll": ("FCCA: cINN training loss (Eq. 3, mean over the round's clients)", "NLL", None),
 }
 
@@ -39,7 +43,8 @@ METHOD_CURVES: dict[str, tuple[str, str, dict | None]] = {
 # Fractions (accuracies, F1, NMI) lie in [0, 1], ARI in [-1, 1], counts, bytes and losses above 0:
 # a ± std band is clipped to its figure's range (a cluster count's band dipped below 0). A
 # method's own figures (FCCA's flow NLL is negative) are left unclipped.
-_FRACTIONS = ("acc", "f1", "nmi", "ami", "intra_acc", "inter_acc", "global_acc", "best_acc")
+_FRACTIONS = ("acc", "f1", "nmi", "ami", "intra_acc", "inter_acc", "global_acc", "best_acc", "best_test_acc",
+              "best_val_acc", "val_acc")
 _NON_NEGATIVE = ("n_clusters", "loss", "train_loss", "bytes", "models", "global_models", "sampled", "skipped")
 
 

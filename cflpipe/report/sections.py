@@ -11,7 +11,7 @@ from typing import Any
 import pandas as pd
 
 from cflpipe import __version__
-from cflpipe.partition import small_test_sets
+from cflpipe.partition import small_test_sets, small_validation_sets
 from cflpipe.report.figures import FigureBuilder
 from cflpipe.report.ranks import q_alpha, rank_methods
 from cflpipe.report.styles import FAMILY_TITLES
@@ -369,7 +369,8 @@ class Sections:
             if stats is not None:
                 labels = [c for c in stats.columns if c.startswith("label_")]
                 item.update(classes=len(labels), n_train=int(stats["n_train"].sum()),
-                            n_test=int(stats["n_test"].sum()), note=small_test_sets(stats),
+                            n_test=int(stats["n_test"].sum()),
+                            note="; ".join(n for n in (small_test_sets(stats), small_validation_sets(stats)) if n) or None,
                             n_val=int(stats["n_val"].sum()) if "n_val" in stats else None,
                             validation_fraction=sc.validation_fraction)
             else:
