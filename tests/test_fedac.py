@@ -160,8 +160,12 @@ def test_fedac_recovers_four_label_swap_groups_from_two(tmp_path):
     assert recovered >= 2
 
 
-def test_the_pca_dimension_actually_used_is_recorded_and_said(tmp_path, capsys):
-    """A PCA of 10 sampled models has at most 10 components: D = 50 becomes 10, and says so."""
+def test_the_pca_dimension_actually_used_is_recorded_and_said(tmp_path, capsys, monkeypatch):
+    """A PCA of 10 sampled models has at most 10 components: D = 50 becomes 10, and says so, once
+    per process (a job that trains every seed says it once)."""
+    from cflpipe.methods import fedac as fedac_module
+
+    monkeypatch.setattr(fedac_module, "_SAID_DIMS", set())  # what earlier tests in this process said
     run = prepare_run(spec_for(tmp_path, {"fedac": {"components": 50, "pca_every": 1}}), "swap4", "fedac", 0)
     fedac = run.method
     fedac.aggregate({c: local_update(fedac, c, fedac.payload(c)) for c in range(10)})
@@ -172,7 +176,11 @@ def test_the_pca_dimension_actually_used_is_recorded_and_said(tmp_path, capsys):
     version = fedac.pca_version
     fedac.aggregate({c: local_update(fedac, c, fedac.payload(c)) for c in range(10, 20)})
     assert fedac.pca_version == version + 1 and fedac.round_metrics()["fedac_pca_dims"] == 10.0
-    assert "LrCos keeps" not in capsys.readouterr().err  # said once per run
+    assert "LrCos keeps" not in capsys.readouterr().err  # said once
+    other = prepare_run(spec_for(tmp_path / "seed1", {"fedac": {"components": 50, "pca_every": 1}}), "swap4",
+                        "fedac", 1).method
+    other.aggregate({c: local_update(other, c, other.payload(c)) for c in range(10)})
+    assert other.round_metrics()["fedac_pca_dims"] == 10.0 and "LrCos keeps" not in capsys.readouterr().err
 
 
 def test_round_metrics_report_the_servers_clusters_g_values_and_pca_dims(tmp_path):

@@ -123,6 +123,10 @@ def tune_cluster_number(models: torch.Tensor, centers: torch.Tensor, clusters: n
     return centers[order], compact, ratios
 
 
+# (method entry, D kept, D asked) already warned about in this process.
+_SAID_DIMS: set[tuple[str, int, int]] = set()
+
+
 class FedAC(Method):
     """FedAC: personalized models pulled to cluster centers (μ) and a global embedding (λ); LrCos EM clustering; CNT."""
 
@@ -136,7 +140,6 @@ class FedAC(Method):
 
     def __init__(self, ctx):
         super().__init__(ctx)
-        self._said_dims = False
         m = ctx.num_clients
         # ω_i lives on the clients (the client store); the server keeps every client's last
         # upload, which is the same table.
@@ -227,10 +230,12 @@ class FedAC(Method):
             # again with the new map (the server holds their last models).
             self.pca = fit_pca(vectors, self.hp.components, seed=self.ctx.rng(0xCA))
             dims = int(self.pca.components.shape[0])
-            if dims < self.hp.components and not self._said_dims:
+            said = (self.ctx.method, dims, int(self.hp.components))
+            if dims < self.hp.components and said not in _SAID_DIMS:
                 # A PCA of n models has at most n components: with 25 sampled clients the paper's
-                # D = 50 is D = 25 (recorded every round as fedac_pca_dims).
-                self._said_dims = True
+                # D = 50 is D = 25 (recorded every round as fedac_pca_dims). Said once per process:
+                # a job that trains every seed of a method would print it for each run.
+                _SAID_DIMS.add(said)
                 print(f"warning: {self.ctx.method}: LrCos keeps D = {dims} of components = {self.hp.components}: a "
                       f"PCA of the {len(vectors)} sampled clients' models has at most {len(vectors)} components",
                       file=sys.stderr)
