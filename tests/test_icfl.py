@@ -131,3 +131,18 @@ def test_a_run_records_its_split_schedule(tmp_path):
     evaluated = rounds.set_index("round").loc[clusters.index, "icfl_clusters"]
     assert evaluated.tolist() == clusters.tolist()  # the pool counted while it has members
     assert all(isinstance(v, (list, np.ndarray)) for v in rounds["icfl_alpha_g"])
+
+
+def test_a_subclass_with_the_cluster_base_variants_is_refused_in_one_line(tmp_path, registry_copy):
+    """A plugin's subclass of ICFL gets AWCFL and MCFL variants from the cluster-model base; ICFL's
+    clients hold the model broadcast to them, which neither option can reach."""
+    from cflpipe.errors import SpecError
+    from cflpipe.methods import register
+    from cflpipe.methods.catalog import ICFLParams
+    from cflpipe.methods.icfl import ICFL
+
+    Sub = type("Sub", (ICFL,), {"__module__": __name__, "__qualname__": "Sub", "__doc__": "Sub: an ICFL."})
+    register("icfl_sub", ICFLParams)(Sub)
+    raw = spec_dict(tmp_path, "icfl_sub_mcfl")
+    with pytest.raises(SpecError, match="methods.icfl_sub_mcfl: ICFL takes neither AWCFL's mixing nor MCFL's"):
+        prepare_run(parse_spec(raw), "s", "icfl_sub_mcfl", 0)

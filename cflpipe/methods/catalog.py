@@ -385,7 +385,7 @@ class ICFLParams(HyperParams):
 # --- the declarations
 
 def cluster_options(name: str, awcfl: str = "{name}_awcfl", mcfl: str = "{name}_mcfl") -> tuple:
-    """The AWCFL and MCFL variants every cluster-model method has (methods/clustered.py)."""
+    """The AWCFL and MCFL variants every cluster-model method has (methods/clustered.py), ICFL aside."""
     return ((awcfl.format(name=name), AWCFLParams, "AWCFL inter-cluster aggregation (β)"),
             (mcfl.format(name=name), MCFLParams, "MCFL multi-model selection by feature means"))
 

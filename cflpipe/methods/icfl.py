@@ -23,6 +23,7 @@ import torch
 from sklearn.cluster import KMeans
 
 from cflpipe.clustering import cosine_similarity_matrix
+from cflpipe.errors import SpecError
 from cflpipe.fl.method import Context, Payload, Update, stack_updates
 from cflpipe.methods.clustered import ClusterModels
 from cflpipe.seeds import seed32
@@ -83,6 +84,9 @@ class ICFL(ClusterModels):
 
     def __init__(self, ctx: Context):
         super().__init__(ctx, 1, np.full(ctx.num_clients, POOL, dtype=np.int64))
+        if self.awcfl_beta is not None or self.mcfl:  # a plugin's subclass gets them from the cluster-model base
+            raise SpecError(f"methods.{ctx.method}: ICFL takes neither AWCFL's mixing nor MCFL's selection: its "
+                            f"clients hold the model broadcast to them and its first model is the pool's")
         p = ctx.init.numel()
         # The model each client holds: the initial one, then its cluster's model broadcast to it at
         # the end of each round it took part in (what it trains from and counts with in aggregation).
@@ -112,9 +116,8 @@ class ICFL(ClusterModels):
                 continue
             members = round_pool if k == POOL else np.nonzero((self.clusters == k) & self.has_update)[0]
             self._split_test(k, members)
-        current = self.held.clone()  # every member's model: the round's trained ones, the others' held ones
-        current[rows] = models
-        self._average(current, round_pool)
+        self.held[rows] = models  # every member's model: the round's trained ones, the others' held ones
+        self._average(self.held, round_pool)
         self.held[rows] = self.centers[torch.from_numpy(self.clusters[clients]).to(self.held.device)]  # broadcast
 
     def _join_nearest(self, pool_clients: np.ndarray) -> None:
