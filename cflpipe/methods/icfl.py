@@ -25,6 +25,7 @@ from sklearn.cluster import KMeans
 from cflpipe.clustering import cosine_similarity_matrix
 from cflpipe.errors import SpecError
 from cflpipe.fl.method import Context, Payload, Update, stack_updates
+from cflpipe.fl.params import cluster_average, weighted_average
 from cflpipe.methods.clustered import ClusterModels
 from cflpipe.seeds import seed32
 
@@ -125,12 +126,13 @@ class ICFL(ClusterModels):
         to its own (defects B, C and D fixed)."""
         if not len(pool_clients):
             return
-        clusters = np.arange(1, self.num_clusters)
-        means = torch.stack([self.latest_update[torch.from_numpy(np.nonzero((self.clusters == k) & self.has_update)[0])
-                                                .to(self.held.device)].mean(dim=0) for k in clusters])
-        similarity = cosine_similarity_matrix(self.latest_update[torch.from_numpy(pool_clients)
-                                                                 .to(self.held.device)], means)
-        self.clusters[pool_clients] = clusters[similarity.argmax(dim=1).cpu().numpy()]
+        device = self.held.device
+        known = np.nonzero(self.has_update)[0]
+        means, _ = cluster_average(self.latest_update[torch.from_numpy(known).to(device)],
+                                   torch.from_numpy(self.clusters[known]), torch.ones(len(known), device=device),
+                                   self.num_clusters)
+        similarity = cosine_similarity_matrix(self.latest_update[torch.from_numpy(pool_clients).to(device)], means[1:])
+        self.clusters[pool_clients] = 1 + similarity.argmax(dim=1).cpu().numpy()
 
     def _split_test(self, k: int, members: np.ndarray) -> None:
         affinity = cosine_similarity_matrix(self.latest_update[torch.from_numpy(members).to(self.held.device)])
@@ -156,23 +158,16 @@ class ICFL(ClusterModels):
     def _average(self, current: torch.Tensor, round_pool: np.ndarray) -> None:
         """θ_k: the sample-weighted mean of all members' `current` models; θ_0: of the round's pool
         clients' models and of every θ_k, weighted by its members' samples (FedRC's)."""
-        device = current.device
-        sizes: list[float] = []
-        for k in range(1, self.num_clusters):
-            members = np.nonzero(self.clusters == k)[0]
-            weights = torch.as_tensor(self.samples[members], dtype=torch.float64, device=device)
-            self.centers[k] = ((weights[:, None] * current[torch.from_numpy(members).to(device)].double()).sum(0)
-                               / weights.sum()).to(self.centers.dtype)
-            sizes.append(float(weights.sum()))
-        pool = round_pool[self.clusters[round_pool] == POOL]
-        parts = [current[torch.from_numpy(pool).to(device)]] if len(pool) else []
-        weights = list(self.samples[pool].astype(float))
-        if self.num_clusters > 1:
-            parts.append(self.centers[1:])
-            weights += sizes
-        if parts:
-            w = torch.as_tensor(weights, dtype=torch.float64, device=device)
-            self.centers[POOL] = ((w[:, None] * torch.cat(parts).double()).sum(0) / w.sum()).to(self.centers.dtype)
+        labels = torch.from_numpy(self.clusters)
+        samples = torch.as_tensor(self.samples, dtype=current.dtype, device=current.device)
+        means, _ = cluster_average(current, labels, samples, self.num_clusters)  # members have uploaded: n_i > 0
+        self.centers[1:] = means[1:]
+        pool = torch.from_numpy(round_pool[self.clusters[round_pool] == POOL]).to(current.device)
+        sizes = torch.zeros(self.num_clusters, dtype=current.dtype, device=current.device)
+        sizes.index_add_(0, labels.to(current.device), samples)
+        weights = torch.cat([samples[pool], sizes[1:]])
+        if len(weights):
+            self.centers[POOL] = weighted_average(torch.cat([current[pool], self.centers[1:]]), weights)
 
     def round_metrics(self) -> dict[str, Any]:
         pooled = int((self.clusters == POOL).any())
