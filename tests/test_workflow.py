@@ -39,10 +39,11 @@ def test_rule_environment_matches_environment_yml():
 def test_snakemake_schema_knows_every_spec_key():
     """The Snakefile validates specs against workflow/schemas/config.schema.yaml before cflpipe
     sees them, so a key the parser accepts but the schema lacks would be refused there."""
-    from cflpipe.spec import Spec, Training
+    from cflpipe.spec import Scenario, Spec, Training
 
     schema = yaml.safe_load((ROOT / "workflow/schemas/config.schema.yaml").read_text())
     assert set(schema["properties"]) == set(Spec.model_fields)
+    assert set(schema["properties"]["scenarios"]["additionalProperties"]["properties"]) == set(Scenario.model_fields)
     assert set(schema["$defs"]["training"]["properties"]) == set(Training.model_fields)
     steps = typing.get_args(typing.get_args(PartitionStep)[0])
     kinds = {typing.get_args(step.model_fields["kind"].annotation)[0] for step in steps}
