@@ -25,6 +25,7 @@ report: "workflow/report/workflow.rst"
 
 include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
+include: "workflow/rules/tuning.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/report.smk"
 

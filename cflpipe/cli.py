@@ -146,22 +146,38 @@ def cmd_train(args) -> int:
 
 
 def _train_runs(args) -> int:
-    from cflpipe.fl.engine import is_finished, train_run
-    from cflpipe.fl.runs import resolve_run
-
-    spec = _load(args)
+    # The final runs of tuned methods train with what their tuning chose.
+    spec = _load(args).with_tuning_choices()
     scenario = _scenario(spec, args.scenario)
     methods = [_method(spec, method) for method in args.method]
+    _runs_on(spec, scenario, methods)
+    seeds = [_seed(spec, seed) for seed in args.seed]
+    _given_once(methods, seeds)
+    return _run_each(spec, scenario, methods, seeds, args)
+
+
+def _runs_on(spec, scenario: str, methods: list[str]) -> None:
     for method in methods:  # a run outside the spec's matrix would be one no aggregate reads
         if not spec.runs_on(method, scenario):
             listed = ", ".join(spec.methods[method].scenarios or [])
             raise SpecError(f"--method: {method} does not run on scenario {scenario} "
                             f"(methods.{spec.method_entry(method)}.scenarios: {listed})")
-    seeds = [_seed(spec, seed) for seed in args.seed]
-    for option, what, values in (("--method", "method", methods), ("--seed", "seed", seeds)):
+
+
+def _given_once(methods: list, seeds: list[int], method_option: str = "--method") -> None:
+    for option, what, values in ((method_option, method_option.lstrip("-"), methods), ("--seed", "seed", seeds)):
         twice = [str(v) for v in dict.fromkeys(v for v in values if values.count(v) > 1)]
         if twice:
             raise SpecError(f"{option}: {' '.join(twice)} given twice; give each {what} once")
+
+
+def _run_each(spec, scenario: str, methods: list[str], seeds: list[int], args, finished=None) -> int:
+    """Train every method × seed of one scenario in this process. `finished(method, seed, error)`
+    is told of each run's end (error: the CflpipeError it failed with, else None) and returns
+    whether that failure is the job's (True) or only the run's (False)."""
+    from cflpipe.fl.engine import is_finished, train_run
+    from cflpipe.fl.runs import resolve_run
+
     # Several runs in one process pay Python's and torch's start-up once (most of a small run's
     # time); every run is still its own folder, resumed or skipped on its own. A failed run does
     # not keep the job's other runs from training; the first failure is the job's error.
@@ -180,10 +196,16 @@ def _train_runs(args) -> int:
             try:
                 result = train_run(spec, scenario, method, seed, force=args.force, progress=not args.quiet)
             except CflpipeError as exc:
-                failed.append((f"{method}/seed{seed}" if len(methods) > 1 else str(seed), exc))
+                if finished is None or finished(method, seed, exc):
+                    failed.append((f"{method}/seed{seed}" if len(methods) > 1 else str(seed), exc))
+                else:
+                    print(f"{spec.run_dir(scenario, method, seed)}: failed, recorded as a failed trial: "
+                          f"{str(exc).splitlines()[0]}", flush=True)
                 continue
             finally:
                 done += 1
+            if finished is not None:
+                finished(method, seed, None)
             elapsed = time.monotonic() - started
             if not result.skipped:
                 trained, trained_seconds = trained + 1, trained_seconds + elapsed
@@ -194,6 +216,73 @@ def _train_runs(args) -> int:
         others = [name for name, _ in failed[1:]]
         also = f" ({'runs' if len(methods) > 1 else 'seeds'} {', '.join(others)} failed too)" if others else ""
         raise type(first)(f"{first}{also}")  # the first failure's class: its exit code
+    return 0
+
+
+def cmd_tune(args) -> int:
+    """Train a tuned method entry's trials on a scenario (its tuning seeds), recording each."""
+    cpus = os.cpu_count() or 1
+    if not 1 <= args.threads <= cpus:
+        raise SpecError(f"--threads: must lie in [1, {cpus}] (the CPUs of this machine), got {args.threads}")
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from cflpipe.errors import DivergenceError
+    from cflpipe.tuning import record_trial
+
+    spec = _load(args)
+    tuned = spec.tuned_methods()
+    if not tuned:
+        raise SpecError(f"--config: {args.config} has no tuning: section (nothing to tune)")
+    scenario = _scenario(spec, args.scenario)
+    if args.method not in tuned:
+        raise SpecError(f"--method: {args.method!r} is not tuned (tuning.space); allowed: {', '.join(tuned)}")
+    _runs_on(spec, scenario, [args.method])
+    names = [t.name for t in spec.trials(args.method)]
+    trials = args.trial or names
+    for trial in trials:
+        if trial not in names:
+            raise SpecError(f"--trial: unknown trial {trial!r} of {args.method}; allowed: {', '.join(names)}")
+    seeds = args.seed or list(spec.tuning.seeds)
+    for seed in seeds:
+        if seed not in spec.tuning.seeds:
+            raise SpecError(f"--seed: {seed} is not one of tuning.seeds; allowed: "
+                            f"{', '.join(map(str, spec.tuning.seeds))}")
+    _given_once(trials, seeds, "--trial")
+    view = spec.tuning_spec()
+
+    def finished(entry: str, seed: int, error) -> bool:
+        # A trial whose training diverged is a result of the search (that value is too large), not
+        # a failure of the job: it is recorded and never chosen. Any other failure is the job's.
+        if error is not None and not isinstance(error, DivergenceError):
+            return True
+        record_trial(spec, scenario, args.method, entry.split("/", 1)[1], seed, error)
+        return False
+
+    return _run_each(view, scenario, [spec.trial_entry(args.method, t) for t in trials], seeds, args, finished)
+
+
+def cmd_tune_select(args) -> int:
+    from cflpipe.tuning import select
+
+    spec = _load(args)
+    tuned = spec.tuned_methods()
+    if not tuned:
+        raise SpecError(f"--config: {args.config} has no tuning: section (nothing to select)")
+    scenarios = [_scenario(spec, args.scenario)] if args.scenario else list(spec.scenarios)
+    if args.method is not None and args.method not in tuned:
+        raise SpecError(f"--method: {args.method!r} is not tuned (tuning.space); allowed: {', '.join(tuned)}")
+    methods = [args.method] if args.method else tuned
+    for scenario in scenarios:
+        for method in methods:
+            if not spec.runs_on(method, scenario):
+                continue
+            chosen = select(spec, scenario, method)
+            best = next(t for t in chosen["trials"] if t["trial"] == chosen["chosen"])
+            values = ", ".join(f"{k}={v}" for k, v in chosen["values"].items())
+            print(f"{scenario}/{method}: {values} (validation acc {best['score']:.4f} over tuning seeds "
+                  f"{', '.join(map(str, chosen['tuning_seeds']))}; {_count(len(chosen['trials']), 'trial')}) -> "
+                  f"{spec.chosen_path(scenario, method)}")
     return 0
 
 
@@ -319,7 +408,7 @@ def _size(n: int) -> str:
 def cmd_aggregate(args) -> int:
     from cflpipe.report.aggregate import aggregate
 
-    out = aggregate(_load(args))
+    out = aggregate(_load(args).with_tuning_choices())
     print(f"aggregate written to {out}")
     return 0
 
@@ -327,7 +416,7 @@ def cmd_aggregate(args) -> int:
 def cmd_report(args) -> int:
     from cflpipe.report.build import build_report
 
-    out = build_report(_load(args))
+    out = build_report(_load(args).with_tuning_choices())
     print(f"report written to {out}")
     return 0
 
@@ -448,6 +537,34 @@ def build_parser() -> argparse.ArgumentParser:
                         "it, and it is recorded in the run's config.yaml)")
     _add_quiet(p)
     p.set_defaults(func=cmd_train)
+
+    p = _sub(sub, "tune", "train a tuned method's trials on one scenario",
+             "With a `tuning:` section: trains the trials of one tuned method entry (every point of its search\n"
+             "space, or those of --trial) for the tuning seeds, into RESULTS/tuning/runs/SCENARIO/METHOD/TRIAL/\n"
+             "seedK/, and records each run's validation curve in its trial.json (a run that diverges is\n"
+             "recorded as failed, never chosen). Finished trials are skipped, killed ones resume. Then\n"
+             "`cflpipe tune-select`; snakemake runs both before the final seeds.",
+             "  cflpipe tune --config config/experiments/tuning_default.yaml --scenario digits-swap4 --method ifca\n")
+    _add_config(p)
+    p.add_argument("--scenario", required=True, metavar="NAME", help="one of the spec's scenarios")
+    p.add_argument("--method", required=True, metavar="NAME", help="a method entry that tuning.space tunes")
+    p.add_argument("--trial", nargs="+", metavar="TRIAL", help="these trials only (default: all of them)")
+    p.add_argument("--seed", type=int, nargs="+", metavar="SEED", help="these tuning seeds only (default: all)")
+    p.add_argument("--force", action="store_true", help="re-run finished trials from scratch")
+    p.add_argument("--threads", type=int, default=1, metavar="N", help="CPU threads for torch (default 1)")
+    _add_quiet(p)
+    p.set_defaults(func=cmd_tune)
+
+    p = _sub(sub, "tune-select", "choose each tuned method's values from its trials",
+             "Reads the trials' records (validation figures only) and writes, per scenario × tuned method,\n"
+             "RESULTS/tuning/chosen/SCENARIO/METHOD.json: the trial with the highest mean validation accuracy\n"
+             "over the tuning seeds (tuning.select: at the last round, or at each seed's best round; the\n"
+             "first of equal ones), with every trial's score. `cflpipe train` runs the final seeds with it.",
+             "  cflpipe tune-select --config config/experiments/tuning_default.yaml\n")
+    _add_config(p)
+    p.add_argument("--scenario", metavar="NAME", help="only this scenario (default: all)")
+    p.add_argument("--method", metavar="NAME", help="only this tuned method entry (default: all)")
+    p.set_defaults(func=cmd_tune_select)
 
     p = _sub(sub, "aggregate", "mean ± std over seeds of the spec's runs",
              "Reads every run of the spec (its scenarios × methods × seeds, nothing else under RESULTS/runs)\n"

@@ -425,9 +425,11 @@ def validate_method_entry(method_type: str, hyperparams: dict[str, Any], where: 
 def resolved_hyperparams(spec, scenario: str, method: str) -> HyperParams:
     """The hyper-parameters of `method` on `scenario`: the method's defaults, then the scenario's
     `hyperparams` that the method has (e.g. K = the scenario's true groups), then the method
-    entry's own values (the same order as `training` overrides, most specific last)."""
+    entry's own values (the same order as `training` overrides, most specific last), then what its
+    tuning chose (a spec read with_tuning_choices)."""
     info = method_info(spec.method_type(method))
-    return info.params(**{**scenario_hyperparams(spec, scenario, method), **spec.methods[method].hyperparams})
+    return info.params(**{**scenario_hyperparams(spec, scenario, method), **spec.methods[method].hyperparams,
+                          **spec.chosen(scenario, method).hyperparams})
 
 
 def scenario_hyperparams(spec, scenario: str, method: str) -> dict[str, Any]:

@@ -48,6 +48,8 @@ def parse_spec(data: Any, *, check_methods: bool = True, check_datasets: bool = 
     if check_methods:
         problems += _check_scenario_hyperparams(spec)
         problems += _check_models(spec)
+        if not problems:
+            problems += _check_tuning(spec, data)
     if problems:
         # A bad scenario override would otherwise be reported once per method.
         raise SpecError("\n".join(_sweep_paths(problems, origins)))
@@ -354,3 +356,61 @@ def _check_scenario_hyperparams(spec: Spec) -> list[str]:
                 problems.append(f"scenarios.{scenario}.hyperparams.{key}: every method of this scenario that has "
                                 f"it sets its own value, so this one is never used; remove it")
     return problems
+
+
+def _check_tuning(spec: Spec, data: dict) -> list[str]:
+    """A tuning section's keys name what the method has, its scenarios hold validation data, and
+    every trial is a valid run (checked as the runs it is, the line pointed at the space's key)."""
+    from cflpipe.registry import method_info
+    from cflpipe.spec._tuning import ALL_METHODS, TUNABLE_TRAINING, MAX_TRIALS, grid_size
+
+    tuning = spec.tuning
+    if tuning is None:
+        return []
+    problems = []
+    for method in spec.tuned_methods():
+        own = tuning.space.get(method, {})
+        fields = set(method_info(spec.method_type(method)).params.model_fields)
+        for key in tuning.keys_of(method):
+            where = f"tuning.space.{method if key in own else ALL_METHODS}.{key}"
+            if key in TRAINING_KEYS and key not in TUNABLE_TRAINING:
+                problems.append(f"{where}: training.{key} is not tuned (it says what a run is or keeps, not how "
+                                f"it learns); allowed training keys: {', '.join(TUNABLE_TRAINING)}")
+            elif key in TUNABLE_TRAINING and key in fields:
+                problems.append(f"{where}: both a training key and a hyper-parameter of {spec.method_type(method)}")
+            elif key not in TUNABLE_TRAINING and key not in fields:
+                problems.append(f"{where}: methods.{method} ({spec.method_type(method)}) has no hyper-parameter "
+                                f"{key}; allowed: {', '.join([*TUNABLE_TRAINING, *sorted(fields)])}")
+        keys = tuning.keys_of(method)
+        if tuning.sampler == "grid" and grid_size(tuning, method) > MAX_TRIALS:
+            problems.append(f"tuning.space: methods.{method}'s grid has {grid_size(tuning, method)} combinations; "
+                            f"at most {MAX_TRIALS} (or sampler: random with a number of trials)")
+        elif tuning.sampler == "random" and not any(isinstance(v, dict) for v in keys.values()) \
+                and grid_size(tuning, method) < (tuning.trials or 0):
+            problems.append(f"tuning.trials: {tuning.trials} draws of the {grid_size(tuning, method)} combinations "
+                            f"of methods.{method}'s space; use sampler: grid, or fewer trials")
+        for scenario, sc in spec.scenarios.items():
+            if spec.runs_on(method, scenario) and sc.validation_fraction == 0:
+                problems.append(f"scenarios.{scenario}.validation_fraction: 0, but methods.{method} is tuned on it "
+                                f"(tuning.space): tuning selects on validation data, never on test data; give it "
+                                f"a share of the training data, e.g. 0.2")
+    if problems:
+        return list(dict.fromkeys(problems))
+    view = spec.tuning_spec()
+    for method in spec.tuned_methods():
+        own = tuning.space.get(method, {})
+        for trial in spec.trials(method):
+            name = spec.trial_entry(method, trial.name)
+            lines = _check_method(view, name)
+            for scenario in spec.scenarios:
+                if spec.runs_on(method, scenario):
+                    lines += _check_training(view, data, scenario, name)
+            for line in lines:
+                path, _, message = line.partition(": ")
+                key = path.rsplit(".", 1)[-1]
+                if path.startswith(f"methods.{name}") and key in trial.values:
+                    path = f"tuning.space.{method if key in own else ALL_METHODS}.{key}"
+                problems.append(f"{path}: {message} (trial {trial.name} of methods.{method})")
+            if problems:
+                return problems
+    return []

@@ -6,10 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, PrivateAttr, field_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from cflpipe.spec._models import NAME_PATTERN, MethodEntry, Scenario, Strict, Training, merge_training
 from cflpipe.spec._sweeps import SweepOrigin
+from cflpipe.spec._tuning import ALL_METHODS, PROTOCOLS, MethodChoice, TuningOptions, Trial, expand_trials
 
 # torch.manual_seed takes a signed 64-bit integer.
 MAX_SEED = 2**63 - 1
@@ -80,10 +81,22 @@ class Spec(Strict):
     data_dir: str = Field("resources/datasets", min_length=1)
     report: ReportOptions = Field(default_factory=ReportOptions)
     workflow: WorkflowOptions = Field(default_factory=WorkflowOptions)
+    tuning: TuningOptions | None = Field(None, description="hyper-parameters searched on validation data before the "
+                                                            "final seeds run with the chosen values")
+    protocol: Literal[PROTOCOLS] | None = Field(  # type: ignore[valid-type]
+        None, description="how the methods' hyper-parameters were set, said in the report: shared (the spec's "
+                          "values for every method), paper (each method's published settings) or tuned (`tuning:`)")
     # {expanded entry: the `sweep:` entry it comes from}; not a field, so no dump or hash sees it.
     _sweeps: dict[str, SweepOrigin] = PrivateAttr(default_factory=dict)
     # The file the spec was read from (load_spec), for the report to say which spec it covers.
     _source: str | None = PrivateAttr(None)
+    # {(scenario, method entry): the values its tuning chose}: None until with_tuning_choices() read
+    # them (what the workflow's own process and `validate` see: the spec as written).
+    _chosen: dict[tuple[str, str], MethodChoice] | None = PrivateAttr(None)
+    # Where a tuning view (tuning_spec) finds the partitions: the final spec's, shared.
+    _partitions_root: str | None = PrivateAttr(None)
+    _trials: dict[str, list[Trial]] = PrivateAttr(default_factory=dict)
+    _tuning_view: "Spec | None" = PrivateAttr(None)
 
     @field_validator("seeds")
     @classmethod
@@ -103,6 +116,24 @@ class Spec(Strict):
                 raise ValueError(f"name {name!r} must match [a-z0-9_][a-z0-9_-]* (it becomes a path; no "
                                  f"leading dash)")
         return entries
+
+    @model_validator(mode="after")
+    def _tuning_fits(self) -> "Spec":
+        if self.tuning is not None:
+            final = sorted(set(self.tuning.seeds) & set(self.seeds))
+            if final:
+                raise ValueError(f"tuning.seeds: {final[0]} is also a final seed (seeds); tuning seeds must differ "
+                                 f"from the seeds the results are reported on")
+            for entry in self.tuning.space:
+                if entry != ALL_METHODS and entry not in self.methods:
+                    raise ValueError(f"tuning.space.{entry}: not a method entry; allowed: {ALL_METHODS}, "
+                                     f"{', '.join(self.methods)}")
+        if self.protocol == "tuned" and self.tuning is None:
+            raise ValueError("protocol: 'tuned' needs a tuning: section (what was tuned, on which seeds)")
+        if self.tuning is not None and self.protocol not in (None, "tuned"):
+            raise ValueError(f"protocol: {self.protocol!r}, but the spec has a tuning: section; a spec that tunes "
+                             f"says protocol: tuned")
+        return self
 
     # ------------------------------------------------------------------ resolution
 
@@ -124,7 +155,95 @@ class Spec(Strict):
 
     def resolved_training(self, scenario: str, method: str) -> Training:
         return Training(**merge_training([self.training.model_dump(), self.scenarios[scenario].training,
-                                          self.methods[method].training]))
+                                          self.methods[method].training, self.chosen(scenario, method).training]))
+
+    # ------------------------------------------------------------------ tuning
+
+    def tuned_methods(self) -> list[str]:
+        """The method entries `tuning.space` gives a search space, in the spec's order."""
+        if self.tuning is None:
+            return []
+        return [m for m in self.methods if self.tuning.keys_of(m)]
+
+    def trials(self, method: str) -> list[Trial]:
+        """The trials of a tuned method entry ([] for one that is not tuned)."""
+        if self.tuning is None:
+            return []
+        if method not in self._trials:
+            self._trials[method] = expand_trials(self.tuning, method)
+        return self._trials[method]
+
+    def tuning_matrix(self) -> list[tuple[str, str, str, int]]:
+        """Every (scenario, method, trial, tuning seed) trial run, in a stable order."""
+        if self.tuning is None:
+            return []
+        return [(s, m, t.name, k) for s in self.scenarios for m in self.tuned_methods() if self.runs_on(m, s)
+                for t in self.trials(m) for k in self.tuning.seeds]
+
+    @property
+    def tuning_dir(self) -> Path:
+        return Path(self.results_dir) / "tuning"
+
+    def chosen_path(self, scenario: str, method: str) -> Path:
+        """Where the selection of a tuned method on a scenario is written (cflpipe.tuning)."""
+        return self.tuning_dir / "chosen" / scenario / f"{method}.json"
+
+    def tuning_spec(self) -> "Spec":
+        """The trials as a spec of their own: one method entry `METHOD/TRIAL` per trial (the entry with
+        the trial's values), the tuning seeds, results under RESULTS/tuning/ (a trial's run folder is
+        RESULTS/tuning/runs/SCENARIO/METHOD/TRIAL/seedK) and the final spec's partitions."""
+        assert self.tuning is not None
+        if self._tuning_view is not None:
+            return self._tuning_view
+        methods = {}
+        for method in self.tuned_methods():
+            entry = self.methods[method]
+            for trial in self.trials(method):
+                training = dict(entry.training)
+                for key, other in (("local_steps", "local_epochs"), ("local_epochs", "local_steps")):
+                    if key in trial.training:
+                        training.pop(other, None)
+                methods[self.trial_entry(method, trial.name)] = MethodEntry(
+                    method=self.method_type(method), training={**training, **trial.training},
+                    scenarios=entry.scenarios, label=f"{self.method_label(method)} ({trial.text})",
+                    **{**entry.hyperparams, **trial.hyperparams})
+        view = self.model_copy(update={"methods": methods, "seeds": list(self.tuning.seeds), "tuning": None,
+                                       "results_dir": str(self.tuning_dir)})
+        view._partitions_root = self._partitions_root or self.results_dir
+        view._trials, view._chosen, view._sweeps, view._tuning_view = {}, None, {}, None
+        self._tuning_view = view
+        return view
+
+    def trial_entry(self, method: str, trial: str) -> str:
+        return f"{method}/{trial}"
+
+    def with_tuning_choices(self) -> "Spec":
+        """This spec with every tuned method's chosen values read from its chosen files (those
+        missing are an error when a run needs them: `chosen`)."""
+        from cflpipe.spec._tuning import read_choice
+
+        spec = self.model_copy()
+        spec._chosen = {}
+        for scenario in self.scenarios:
+            for method in self.tuned_methods():
+                path = self.chosen_path(scenario, method)
+                if self.runs_on(method, scenario) and path.is_file():
+                    spec._chosen[(scenario, method)] = read_choice(path)
+        return spec
+
+    def chosen(self, scenario: str, method: str) -> MethodChoice:
+        """The values tuning chose for a method entry on a scenario (none for one not tuned, or
+        before with_tuning_choices)."""
+        if self._chosen is None or self.tuning is None or not self.tuning.keys_of(method):
+            return MethodChoice()
+        choice = self._chosen.get((scenario, method))
+        if choice is None:
+            from cflpipe.errors import SpecError
+
+            raise SpecError(f"{self.chosen_path(scenario, method)}: missing; methods.{method} is tuned "
+                            f"(tuning.space), so its runs on {scenario} need their trials and selection first: "
+                            f"`cflpipe tune` and `cflpipe tune-select` (snakemake runs both)")
+        return choice
 
     def matrix(self) -> list[tuple[str, str, int]]:
         """Every (scenario, method, seed) run the spec asks for, in a stable order."""
@@ -140,4 +259,4 @@ class Spec(Strict):
         return Path(self.results_dir) / "runs" / scenario / method / f"seed{seed}"
 
     def partition_dir(self, scenario: str) -> Path:
-        return Path(self.results_dir) / "partitions" / scenario
+        return Path(self._partitions_root or self.results_dir) / "partitions" / scenario

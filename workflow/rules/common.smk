@@ -92,6 +92,14 @@ REPORT = f"{RESULTS}/report"
 LOGS = f"{RESULTS}/logs"
 BENCHMARKS = f"{RESULTS}/benchmarks"
 
+# `tuning:`: one job trains the trials of a tuned method entry on a scenario (every trial × tuning
+# seed; a trial added later trains alone, the finished ones are skipped), one selects its values
+# from their validation records, and the scenario's final training waits for the selections.
+TUNED = SPEC.tuned_methods()
+TUNING_VIEW = SPEC.tuning_spec() if TUNED else None
+TUNED_MARKER = f"{RESULTS}/tuning/runs/{{scenario}}/{{method}}/.tuned"
+CHOSEN = f"{RESULTS}/tuning/chosen/{{scenario}}/{{method}}.json"
+
 wildcard_constraints:
     scenario=choice(SPEC.scenarios),
     method=choice(SPEC.methods),
@@ -149,7 +157,16 @@ def withdraw_stale_markers():
     report are up to date. Every invocation of the main snakemake process withdraws, dry runs
     included (the marker is empty, and what it claimed was no longer true); a cluster job that
     parses this file does not touch another scenario's marker."""
-    if not (SCENARIO_JOBS and workflow.is_main_process):
+    if not workflow.is_main_process:
+        return
+    from cflpipe.tuning import trial_file
+
+    for s, m in dict.fromkeys((s, m) for s, m, _, _ in SPEC.tuning_matrix()):
+        marker = Path(TUNED_MARKER.format(scenario=s, method=m))
+        records = (trial_file(SPEC, s, m, t.name, k) for t in SPEC.trials(m) for k in SPEC.tuning.seeds)
+        if marker.exists() and not all(f.exists() for f in records):
+            marker.unlink()
+    if not SCENARIO_JOBS:
         return
     for scenario in SPEC.scenarios:
         marker = Path(TRAINED.format(scenario=scenario))
@@ -197,16 +214,38 @@ def run_params(wildcards):
     return json.dumps({m: method_params(s, m) for m in scenario_methods(s)}, sort_keys=True)
 
 
-def method_params(s, m):
+def method_params(s, m, spec=SPEC):
     from cflpipe.fl.runs import run_plugins  # imports torch: only where a run's params are needed
     from cflpipe.registry import resolved_hyperparams
 
     # The resolved hyper-parameters (defaults included) and cflpipe's version (and the versions of
     # plugins the run uses): a release that changes a default or a definition re-runs what it changes.
-    plugins = run_plugins(SPEC, s, m)  # absent without plugins: older runs keep their params
-    return {"method": SPEC.method_type(m), "cflpipe": __version__, **({"plugins": plugins} if plugins else {}),
-            "hyperparams": resolved_hyperparams(SPEC, s, m).model_dump(mode="json"),
-            "training": SPEC.resolved_training(s, m).definition()}
+    # A tuned method's final runs: as written, before tuning; its chosen file is their input.
+    plugins = run_plugins(spec, s, m)  # absent without plugins: older runs keep their params
+    return {"method": spec.method_type(m), "cflpipe": __version__, **({"plugins": plugins} if plugins else {}),
+            "hyperparams": resolved_hyperparams(spec, s, m).model_dump(mode="json"),
+            "training": spec.resolved_training(s, m).definition()}
+
+
+def trial_names(wildcards):
+    return [t.name for t in SPEC.trials(wildcards.method)]
+
+
+def tune_params(wildcards):
+    """What the trials of a tune job depend on: each trial's run, as method_params says it."""
+    return json.dumps({t: method_params(wildcards.scenario, SPEC.trial_entry(wildcards.method, t), TUNING_VIEW)
+                       for t in trial_names(wildcards)}, sort_keys=True)
+
+
+def selection_params(wildcards):
+    """What a selection depends on besides its records: the rule, the tuning seeds, the trials."""
+    return json.dumps({"select": SPEC.tuning.select, "seeds": SPEC.tuning.seeds,
+                       "trials": {t.name: t.values for t in SPEC.trials(wildcards.method)}}, sort_keys=True)
+
+
+def chosen_files(wildcards):
+    """The selections a train job's tuned methods need (none without tuning)."""
+    return [CHOSEN.format(scenario=wildcards.scenario, method=m) for m in job_methods(wildcards) if m in TUNED]
 
 
 # Resources of one train job (its runs one after another), for SLURM (and `--resources` locally).
@@ -227,6 +266,18 @@ def train_gpu(wildcards):
 def train_mem_mb(wildcards):
     name = SPEC.scenarios[wildcards.scenario].dataset.name
     return TRAIN_MEM_MB.get(name, 8000 if name in DOWNLOADS else 2000)
+
+
+def tune_work(wildcards):
+    """job_work of a tune job: its trials × tuning seeds."""
+    training = SPEC.resolved_training(wildcards.scenario, wildcards.method)
+    return len(SPEC.trials(wildcards.method)) * len(SPEC.tuning.seeds) * training.rounds * training.clients_per_round
+
+
+def tune_runtime(wildcards):
+    training = SPEC.resolved_training(wildcards.scenario, wildcards.method)
+    runs = len(SPEC.trials(wildcards.method)) * len(SPEC.tuning.seeds)
+    return 30 + runs * training.rounds * MINUTES_PER_ROUND.get(training.model, 1)
 
 
 def job_work(wildcards):

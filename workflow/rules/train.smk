@@ -17,6 +17,7 @@ if SCENARIO_JOBS:
             spec=ancient(SPEC_FILE),
             clients=f"{PARTITION}/clients.parquet",
             stats=f"{PARTITION}/stats.parquet",
+            chosen=chosen_files,
         output:
             trained=touch(TRAINED),
         wildcard_constraints:
@@ -50,6 +51,7 @@ else:
             spec=ancient(SPEC_FILE),
             clients=f"{PARTITION}/clients.parquet",
             stats=f"{PARTITION}/stats.parquet",
+            chosen=chosen_files,
         output:
             **{name.replace(".", "_"): seed_files(name) for name in RUN_OUTPUT_FILES},
         params:
