@@ -79,7 +79,13 @@ def cmd_validate(args) -> int:
     runs = len(spec.matrix())
     counts = ", ".join(_count(n, what) for n, what in ((len(spec.scenarios), "scenario"),
                                                         (len(spec.methods), "method"), (len(spec.seeds), "seed")))
-    print(f"{args.config}: ok ({_count(runs, 'run')}: {counts}; results in {spec.results_dir}/)")
+    tuning = ""
+    if spec.tuning is not None:
+        trials = sum(len(spec.trials(m)) for m in spec.tuned_methods())
+        tuning = (f"; tuning: {_count(len(spec.tuning_matrix()), 'trial run')} ({_count(trials, 'trial')} of "
+                  f"{_count(len(spec.tuned_methods()), 'method')} × {_count(len(spec.tuning.seeds), 'tuning seed')} "
+                  f"× their scenarios)")
+    print(f"{args.config}: ok ({_count(runs, 'run')}: {counts}{tuning}; results in {spec.results_dir}/)")
     return 0
 
 

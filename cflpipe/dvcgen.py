@@ -40,6 +40,9 @@ def dvc_runs(config: str | Path) -> dict:
     config = _repo_path(config)
     spec = load_spec(config)
     raw = read_yaml(config)
+    if spec.tuning is not None:
+        raise SpecError(f"{config}: tuning: the DVC pipeline has no tuning stages; run this spec with snakemake "
+                        f"(its tune and tune_select jobs), or `cflpipe tune` and `cflpipe tune-select` by hand")
     missing = [key for key in REQUIRED_KEYS if key not in raw]
     if missing:
         raise SpecError(f"{config}: dvc.yaml tracks {' and '.join(f'`{k}`' for k in missing)} as DVC "

@@ -336,6 +336,44 @@ class FigureBuilder:
         fig.update_layout(title=f"{view.scenario_labels[sweep.scenario]}: {sweep.method_type} vs {sweep.symbol}")
         return self.registry.add(fig, f"{sweep.scenario}-{sweep.method_type}-{sweep.param}-sweep", 360)
 
+    def tuning_figure(self, scenario: str) -> Figure | None:
+        """Each tuned method's tuning curve on a scenario: mean validation accuracy over the tuning
+        seeds of every trial (± std), the chosen trial ringed. Against the value when the space is
+        one numeric key, else against the trials in their order."""
+        import plotly.graph_objects as go
+
+        view = self.view
+        chosen = {m: c for (s, m), c in view.tuning.items() if s == scenario}
+        if not chosen:
+            return None
+        keys = {key for c in chosen.values() for t in c["trials"] for key in t["values"]}
+        numeric = len(keys) == 1 and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                         for c in chosen.values() for t in c["trials"] for v in t["values"].values())
+        fig = go.Figure()
+        for m in view.plot_order(list(chosen)):
+            trials = chosen[m]["trials"]
+            x = [next(iter(t["values"].values())) if numeric else ", ".join(f"{k}={v}" for k, v in t["values"].items())
+                 for t in trials]
+            y = [None if t["score"] is None else t["score"] * 100 for t in trials]
+            std = [0 if t["std"] is None else t["std"] * 100 for t in trials]
+            style, name = view.styles[m], view.label(m)
+            fig.add_trace(go.Scatter(x=x, y=y, mode="lines+markers", name=name, legendgroup=m,
+                                     line=dict(color=style.color, width=2, dash=style.dash),
+                                     marker=dict(size=7, symbol=style.marker, color=style.color),
+                                     error_y=dict(type="data", array=std, thickness=1),
+                                     hovertemplate=f"{name}: %{{x}}: %{{y:.2f}}%<extra></extra>"))
+            best = next(i for i, t in enumerate(trials) if t["trial"] == chosen[m]["chosen"])
+            fig.add_trace(go.Scatter(x=[x[best]], y=[y[best]], mode="markers", legendgroup=m, showlegend=False,
+                                     marker=dict(size=15, symbol="circle-open", color=style.color, line=dict(width=2)),
+                                     hovertemplate=f"{name}: chosen %{{x}}<extra></extra>"))
+        values = [x for c in chosen.values() for t in c["trials"] for x in t["values"].values()] if numeric else []
+        log = numeric and min(values) > 0 and max(values) / min(values) >= 10
+        fig.update_xaxes(title_text=next(iter(keys)) if numeric else "trial", type="log" if log else None)
+        fig.update_yaxes(title_text="validation accuracy % (macro)")
+        fig.update_layout(title=f"{view.scenario_labels[scenario]}: tuning (mean over tuning seeds ± std; "
+                                f"ringed: chosen)")
+        return self.registry.add(fig, f"{scenario}-tuning", 420)
+
     def loss_figure(self, scenario: str) -> Figure | None:
         """Training loss per round; on a log axis when it spans a decade or more (then without
         bands: mean − std is often below 0 there)."""

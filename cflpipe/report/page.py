@@ -10,7 +10,8 @@ shows the error in place; figures inside a collapsed `<details>` are drawn when 
 opened). Figure ids are derived from their content's position, and no timestamp is written, so
 the same inputs give the same bytes (wall-clock figures aside).
 
-Sections (element ids), results first: setup, accuracy (personalized and global accuracy and
+Sections (element ids), results first: setup, tuning (with a `tuning:` section: chosen values,
+tuning curves, every trial), accuracy (personalized and global accuracy and
 training loss per round), comparison (paper tables), ranking (average rank over scenarios,
 Friedman test, Nemenyi critical-difference diagram; report/ranks.py), clients (each client's
 final accuracy per method), clustering, communication (accuracy vs cumulative bytes, bytes per
@@ -43,7 +44,7 @@ from cflpipe.report.tables import ALPHA, TIE_MARK, PaperTable, is_reference, wri
 from cflpipe.report.view import AggregateView
 from cflpipe.spec import Spec
 
-SECTIONS = (("glance", "At a glance"), ("setup", "Setup"), ("accuracy", "Accuracy & loss vs round"), ("comparison", "Final comparison"),
+SECTIONS = (("glance", "At a glance"), ("setup", "Setup"), ("tuning", "Tuning"), ("accuracy", "Accuracy & loss vs round"), ("comparison", "Final comparison"),
             ("ranking", "Average rank"), ("clients", "Per-client accuracy"), ("clustering", "Clustering"),
             ("robustness", "Robustness map"), ("communication", "Communication & time"),
             ("intra-inter", "Intra- vs inter-cluster accuracy"),
@@ -79,11 +80,13 @@ def render_report(spec: Spec, tables: dict[str, pd.DataFrame]) -> tuple[str, lis
     sections = Sections(view)
     glance = sections.glance()  # before any figure: it draws none, and figure ids follow the build order
     setup = sections.setup()
+    tuning = sections.tuning()
     paper, details = sections.comparison()
     context = {
-        "setup": setup, "glance": glance,
+        "setup": setup, "glance": glance, "tuning": tuning,
         "title": "cflpipe report", "description": spec.description or "", "version": __version__,
-        "plotly_version": plotly.__version__, "sections": SECTIONS, "seeds": list(spec.seeds),
+        "plotly_version": plotly.__version__,
+        "sections": [(key, name) for key, name in SECTIONS if key != "tuning" or tuning is not None], "seeds": list(spec.seeds),
         "n_runs": len(view.runs), "accuracy": sections.accuracy(),
         "paper_tables": paper, "details": details, "ranking": sections.ranking(), "clients": sections.clients(),
         "clustering": sections.clustering(), "robustness": (robustness := sections.robustness()),

@@ -111,9 +111,10 @@ class Sections:
             ran = [s for s in view.spec.scenarios if m in view.methods_on(s)]
             if not ran:
                 continue
-            overrides, shared = {}, {}
+            overrides, shared, given = {}, {}, {}
             own = view.spec.methods[m].hyperparams
             for s in ran:
+                given[s] = _kv_text({**own, **view.spec.chosen(s, m).hyperparams})
                 base, resolved = view.scenario_training(s).model_dump(), view.spec.resolved_training(s, m).model_dump()
                 overrides[s] = _kv_text({k: resolved[k] for k in TRAINING_KEYS if resolved[k] != base[k]})
                 shared[s] = _kv_text({k: v for k, v in scenario_hyperparams(view.spec, s, m).items() if k not in own})
@@ -121,10 +122,11 @@ class Sections:
                             "family": FAMILY_TITLES[view.styles[m].family],
                             "scenarios": ", ".join(view.scenario_labels[s] for s in ran)
                             if len(ran) < len(view.spec.scenarios) else "all",
-                            "training": self._per_scenario(overrides), "hyperparams": _kv_text(own),
+                            "training": self._per_scenario(overrides), "hyperparams": self._per_scenario(given),
                             "from_scenario": self._per_scenario(shared)})
         return {"scenario_names": names, "settings": list(settings.items()), "methods": methods,
-                "provenance": self.provenance(), "key": self.figures.style_key()}
+                "provenance": self.provenance(), "key": self.figures.style_key(),
+                "protocol": protocol_sentence(view.spec)}
 
     def _per_scenario(self, texts: dict[str, str]) -> str:
         """One text when every scenario has it, else `text (scenarios); …` grouped by text."""
@@ -208,7 +210,8 @@ class Sections:
         view = self.view
         tables = paper_tables(view.per_seed, list(view.spec.scenarios), view.methods, view.method_types,
                               ari_methods=view.clustering_methods(), tables=table_specs(view.spec.report.tables),
-                              method_labels=view.method_labels, scenario_labels=view.scenario_labels)
+                              method_labels=view.method_labels, scenario_labels=view.scenario_labels,
+                              protocol=protocol_caption(view.spec))
         details = []
         for s in view.spec.scenarios:
             methods = view.methods_on(s)
@@ -344,6 +347,33 @@ class Sections:
                   "coordinates": rmap.coordinates[s]} for s in rmap.scenarios]
         return {"map": rmap, "figures": figures, "cells": cells, "axes": rmap.varying, "notes": rmap.notes}
 
+    def tuning(self) -> dict[str, Any] | None:
+        """The chosen values per tuned method × scenario, every trial's score, and a tuning curve
+        per scenario; None without tuning."""
+        view = self.view
+        if view.spec.tuning is None:
+            return None
+        scenarios = [s for s in view.spec.scenarios if any(key[0] == s for key in view.tuning)]
+        rows, trials = [], []
+        for m in view.spec.tuned_methods():
+            cells = []
+            for s in scenarios:
+                c = view.tuning.get((s, m))
+                if c is None:
+                    cells.append("")
+                    continue
+                best = next(t for t in c["trials"] if t["trial"] == c["chosen"])
+                cells.append(f"{_kv_text(c['values'])} ({best['score'] * 100:.1f} %)")
+                for t in c["trials"]:
+                    trials.append({"method": view.label(m), "scenario": view.scenario_labels[s],
+                                   "values": _kv_text(t["values"]), "chosen": t["trial"] == c["chosen"],
+                                   "score": "failed" if t["score"] is None else
+                                   f"{t['score'] * 100:.2f}" + ("" if t["std"] is None else f" ± {t['std'] * 100:.2f}")})
+            if any(cells):
+                rows.append({"method": view.label(m), "cells": cells})
+        return {"scenarios": [view.scenario_labels[s] for s in scenarios], "rows": rows, "trials": trials,
+                "figures": [f for s in scenarios if (f := self.figures.tuning_figure(s)) is not None]}
+
     def sweeps(self) -> list[dict[str, Any]]:
         found = find_sweeps(self.view.summary, self.view.spec)
         return [{"sweep": sw, "figure": self.figures.sweep_figure(sw)} for sw in found]
@@ -399,6 +429,43 @@ def _evaluation_text(t: Training) -> str:
 
 def _local_text(t: Training) -> str:
     return f"{t.local_steps} steps" if t.local_steps is not None else f"{t.local_epochs:g} epochs"
+
+
+def _tuned_keys(spec) -> str:
+    keys = list(dict.fromkeys(k for m in spec.tuned_methods() for k in spec.tuning.keys_of(m)))
+    return ", ".join(keys)
+
+
+def protocol_caption(spec) -> str:
+    """How the hyper-parameters were set, for a table's caption."""
+    if spec.tuning is not None:
+        return (f"{_tuned_keys(spec)} tuned per method and scenario on validation data "
+                f"(tuning seeds {', '.join(map(str, spec.tuning.seeds))})")
+    return {"shared": "shared hyper-parameters, untuned", "paper": "the papers' hyper-parameters, untuned",
+            None: "hyper-parameters as the spec sets them, untuned"}[spec.protocol]
+
+
+def protocol_sentence(spec) -> str:
+    """The setup section's one sentence on how the hyper-parameters were set."""
+    if spec.tuning is not None:
+        t = spec.tuning
+        trials = sorted({len(spec.trials(m)) for m in spec.tuned_methods()})
+        budget = (f"a grid of {'–'.join(map(str, trials))} trials" if t.sampler == "grid" else
+                  f"{t.trials} trials drawn by Optuna's RandomSampler (seed {t.sampler_seed})")
+        rule = "at the last round" if t.select == "last" else "at each seed's best validation round"
+        untuned = [m for m in spec.methods if m not in spec.tuned_methods()]
+        rest = (f"; {', '.join(spec.method_label(m) for m in untuned)} ran untuned, as the spec sets them"
+                if untuned else "")
+        return (f"Tuned: {_tuned_keys(spec)} searched per method and scenario ({budget}) with tuning seeds "
+                f"{', '.join(map(str, t.seeds))}, none of them a final seed, and chosen by the highest mean "
+                f"validation accuracy {rule}; the final seeds {', '.join(map(str, spec.seeds))} ran with the "
+                f"chosen values{rest}. No choice was made on test data.")
+    return {"shared": "Shared settings: every method trains with the spec's training settings and its "
+                      "hyper-parameters as the spec gives them; nothing was tuned.",
+            "paper": "Paper settings: each method's hyper-parameters are those its paper publishes (the spec's "
+                     "comments say where a value is a reading or a guess); nothing was tuned here.",
+            None: "Not stated by the spec (its protocol: key): every method ran with the settings the spec "
+                  "gives it; nothing was tuned."}[spec.protocol]
 
 
 def _kv_text(values: dict[str, Any]) -> str:

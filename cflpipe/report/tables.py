@@ -161,6 +161,7 @@ class PaperTable:
     method_labels: dict[str, str] = field(default_factory=dict)
     scenario_labels: dict[str, str] = field(default_factory=dict)
     soft: list[str] = field(default_factory=list)  # methods whose clustering is soft (shares)
+    protocol: str = ""  # how the hyper-parameters were set (report/sections.protocol_caption)
 
     @property
     def title(self) -> str:
@@ -192,7 +193,7 @@ class PaperTable:
         n = self.seeds
         over = f"n = {n} seed{'s' if n != 1 else ''}" if n is not None else "n seeds as given per cell"
         std = "mean ± sample std (n − 1)" if n is None or n > 1 else "mean (one seed: no std)"
-        return f"{self.title}; {std} over {over}"
+        return f"{self.title}; {std} over {over}" + (f"; {self.protocol}" if self.protocol else "")
 
     def cell_text(self, cell: Cell, pm: str = "±") -> str:
         text = format_mean_std(cell.mean, cell.std, self.spec.digits, pm)
@@ -316,7 +317,7 @@ def one_cluster_seeds(per_seed: pd.DataFrame, scenario: str, method: str) -> int
 def paper_table(per_seed: pd.DataFrame, scenarios: list[str], methods: list[str], spec: TableSpec,
                 method_types: dict[str, str] | None = None, only_defined: bool = False,
                 method_labels: dict[str, str] | None = None,
-                scenario_labels: dict[str, str] | None = None) -> PaperTable:
+                scenario_labels: dict[str, str] | None = None, protocol: str = "") -> PaperTable:
     """Build one table from per-seed values (`scenario`, `method`, `seed` and figure columns: the
     aggregate's runs.parquet with timing's seconds_per_round). `only_defined` drops scenario
     columns where no method has the figure (e.g. ARI without ground-truth groups)."""
@@ -334,7 +335,7 @@ def paper_table(per_seed: pd.DataFrame, scenarios: list[str], methods: list[str]
     if only_defined:
         scenarios = [s for s in scenarios if any(not cells[(m, s)].missing for m in methods)]
     table = PaperTable(spec, list(scenarios), list(methods), cells, reference, dict(method_labels or {}),
-                       dict(scenario_labels or {}), [m for m in methods if is_soft(method_types.get(m, m))])
+                       dict(scenario_labels or {}), [m for m in methods if is_soft(method_types.get(m, m))], protocol)
     for c in table.cells.values():
         c.text = table.cell_text(c)
     return table
@@ -356,7 +357,7 @@ def paper_tables(per_seed: pd.DataFrame, scenarios: list[str], methods: list[str
                  ari_methods: list[str] | None = None,
                  tables: tuple[TableSpec, ...] = HEADLINE_TABLES,
                  method_labels: dict[str, str] | None = None,
-                 scenario_labels: dict[str, str] | None = None) -> list[PaperTable]:
+                 scenario_labels: dict[str, str] | None = None, protocol: str = "") -> list[PaperTable]:
     """The `tables` (default: the headline figures; a spec's `report.tables`) and, when no table
     shows ARI already, the ARI table. ARI tables list `ari_methods` (default: all), e.g. only the
     methods that cluster clients: a single-cluster method's ARI is 0 by construction. Columns
@@ -371,7 +372,7 @@ def paper_tables(per_seed: pd.DataFrame, scenarios: list[str], methods: list[str
         if not rows:
             continue
         table = paper_table(per_seed, scenarios, rows, spec, method_types, only_defined=True,
-                            method_labels=method_labels, scenario_labels=scenario_labels)
+                            method_labels=method_labels, scenario_labels=scenario_labels, protocol=protocol)
         if table.scenarios:
             out.append(table)
     return out

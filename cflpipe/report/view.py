@@ -43,6 +43,10 @@ class AggregateView:
         self.stats = {s: self._stats(s) for s in spec.scenarios}
         self._clustered: dict[str, list[str]] = {}
         self._summary_rows = {(r["scenario"], r["method"]): r for _, r in self.summary.iterrows()}
+        # {(scenario, tuned method): its selection (cflpipe.tuning's chosen file)}
+        self.tuning = {(s, m): json.loads(spec.chosen_path(s, m).read_text())
+                       for s in spec.scenarios for m in spec.tuned_methods()
+                       if spec.runs_on(m, s) and spec.chosen_path(s, m).is_file()}
 
     def _stats(self, scenario: str) -> pd.DataFrame | None:
         path = self.spec.partition_dir(scenario) / "stats.parquet"

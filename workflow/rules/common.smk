@@ -243,6 +243,10 @@ def selection_params(wildcards):
                        "trials": {t.name: t.values for t in SPEC.trials(wildcards.method)}}, sort_keys=True)
 
 
+def all_chosen_files():
+    return [CHOSEN.format(scenario=s, method=m) for s, m in dict.fromkeys((s, m) for s, m, _, _ in SPEC.tuning_matrix())]
+
+
 def chosen_files(wildcards):
     """The selections a train job's tuned methods need (none without tuning)."""
     return [CHOSEN.format(scenario=wildcards.scenario, method=m) for m in job_methods(wildcards) if m in TUNED]

@@ -39,6 +39,8 @@ rule report:
         aggregate=rules.aggregate.output,
         stats=expand(f"{PARTITION}/stats.parquet", scenario=SPEC.scenarios),
         clusters=trained_markers() if SCENARIO_JOBS else run_files("clusters.parquet"),
+        # the tuning section's chosen values and trials (none without tuning)
+        chosen=all_chosen_files(),
     output:
         html=report(
             f"{REPORT}/index.html",
