@@ -205,7 +205,7 @@ def _run_each(spec, scenario: str, methods: list[str], seeds: list[int], args, f
                 if finished is None or finished(method, seed, exc):
                     failed.append((f"{method}/seed{seed}" if len(methods) > 1 else str(seed), exc))
                 else:
-                    print(f"{spec.run_dir(scenario, method, seed)}: failed, recorded as a failed trial: "
+                    print(f"{spec.run_dir(scenario, method, seed)}: diverged, recorded as a diverged trial: "
                           f"{str(exc).splitlines()[0]}", flush=True)
                 continue
             finally:

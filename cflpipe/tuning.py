@@ -26,14 +26,14 @@ def trial_file(spec: Spec, scenario: str, method: str, trial: str, seed: int) ->
 
 def record_trial(spec: Spec, scenario: str, method: str, trial: str, seed: int,
                  failure: CflpipeError | None = None) -> Path:
-    """Write a finished (or failed: diverged) trial run's record from its rounds.parquet: the
+    """Write a finished (or diverged) trial run's record from its rounds.parquet: the
     validation accuracy and loss of its full evaluations, never a test column."""
     view, entry = spec.tuning_spec(), spec.trial_entry(method, trial)
     values = next(t.values for t in spec.trials(method) if t.name == trial)
     record: dict[str, Any] = {"scenario": scenario, "method": method, "trial": trial, "seed": seed,
                               "values": values}
     if failure is not None:
-        record.update(status="failed", error=str(failure).splitlines()[0])
+        record.update(status="diverged", error=str(failure).splitlines()[0])
     else:
         rounds = store.read_parquet(view.run_dir(scenario, entry, seed) / "rounds.parquet")
         training = view.resolved_training(scenario, entry)
@@ -51,7 +51,7 @@ def record_trial(spec: Spec, scenario: str, method: str, trial: str, seed: int,
 class TrialScore:
     trial: str
     values: dict[str, Any]
-    per_seed: dict[int, float | None]  # None: the seed's run failed (diverged) or scored NaN
+    per_seed: dict[int, float | None]  # None: the seed's run diverged or scored NaN
 
     @property
     def score(self) -> float | None:
@@ -73,8 +73,8 @@ class TrialScore:
 def read_trial(path: Path) -> dict[str, Any]:
     try:
         record = json.loads(path.read_text())
-        if not isinstance(record, dict) or record.get("status") not in ("finished", "failed"):
-            raise ValueError("no status finished/failed")
+        if not isinstance(record, dict) or record.get("status") not in ("finished", "diverged"):
+            raise ValueError("no status finished or diverged")
         return record
     except FileNotFoundError:
         raise DataError(f"{path}: missing; train the trial first (`cflpipe tune`, which snakemake runs)") from None
@@ -121,7 +121,7 @@ def select(spec: Spec, scenario: str, method: str) -> dict[str, Any]:
     scores = trial_scores(spec, scenario, method)
     scored = [s for s in scores if s.score is not None]
     if not scored:
-        raise DataError(f"tuning of methods.{method} on {scenario}: every trial failed or has no validation score "
+        raise DataError(f"tuning of methods.{method} on {scenario}: every trial diverged or has no validation score "
                         f"at its {'last' if spec.tuning.select == 'last' else 'best'} round; see "
                         f"{spec.tuning_dir / 'runs' / scenario / method}/*/seed*/{TRIAL_FILE}")
     best = max(scored, key=lambda s: s.score)  # max keeps the first of equal scores

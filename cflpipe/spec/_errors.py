@@ -66,6 +66,9 @@ def _format_error(error: dict, data: Any, prefix: str = "") -> str:
            for k, v in (error.get("ctx") or {}).items()}
     if kind == "value_error":
         message = str(ctx.get("error", error["msg"]))
+        if message.startswith("@"):  # a rule across a model's fields names the key it blames: "@key.sub: …"
+            key, _, message = message[1:].partition(": ")
+            path = key if path == "spec" else f"{path}.{key}"
         return f"{path}: {message}"
     if kind == "too_short" and ctx.get("min_length") == 1:
         message = "must not be empty"

@@ -122,16 +122,16 @@ class Spec(Strict):
         if self.tuning is not None:
             final = sorted(set(self.tuning.seeds) & set(self.seeds))
             if final:
-                raise ValueError(f"tuning.seeds: {final[0]} is also a final seed (seeds); tuning seeds must differ "
+                raise ValueError(f"@tuning.seeds: {final[0]} is also a final seed (seeds); tuning seeds must differ "
                                  f"from the seeds the results are reported on")
             for entry in self.tuning.space:
                 if entry != ALL_METHODS and entry not in self.methods:
-                    raise ValueError(f"tuning.space.{entry}: not a method entry; allowed: {ALL_METHODS}, "
+                    raise ValueError(f"@tuning.space.{entry}: not a method entry; allowed: {ALL_METHODS}, "
                                      f"{', '.join(self.methods)}")
         if self.protocol == "tuned" and self.tuning is None:
-            raise ValueError("protocol: 'tuned' needs a tuning: section (what was tuned, on which seeds)")
+            raise ValueError("@protocol: 'tuned' needs a tuning: section (what was tuned, on which seeds)")
         if self.tuning is not None and self.protocol not in (None, "tuned"):
-            raise ValueError(f"protocol: {self.protocol!r}, but the spec has a tuning: section; a spec that tunes "
+            raise ValueError(f"@protocol: {self.protocol!r}, but the spec has a tuning: section; a spec that tunes "
                              f"says protocol: tuned")
         return self
 

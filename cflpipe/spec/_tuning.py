@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from cflpipe.spec._errors import _short
 from cflpipe.spec._models import Strict
@@ -75,35 +75,40 @@ class TuningOptions(Strict):
     def _space(cls, space: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         for entry, keys in space.items():
             if not keys:
-                raise ValueError(f"{entry}: give at least one key to tune, e.g. {{lr: [0.01, 0.05, 0.1]}}")
+                raise ValueError(f"@{entry}: give at least one key to tune, e.g. {{lr: [0.01, 0.05, 0.1]}}")
             for key, values in keys.items():
                 if isinstance(values, dict):
-                    TuningRange(**values)
+                    try:
+                        TuningRange(**values)
+                    except ValidationError as exc:
+                        from cflpipe.spec._errors import errors_to_lines
+
+                        raise ValueError("@" + errors_to_lines(exc, values, f"{entry}.{key}")[0]) from None
                 elif not isinstance(values, list) or not values:
-                    raise ValueError(f"{entry}.{key}: must be a non-empty list of values or a range "
+                    raise ValueError(f"@{entry}.{key}: must be a non-empty list of values or a range "
                                      f"{{low: A, high: B, log: true}}, got {_short(values)}")
                 else:
                     for index, value in enumerate(values):
                         if value is None or not isinstance(value, (bool, int, float, str)):
-                            raise ValueError(f"{entry}.{key}[{index}]: a value must be a number, a string or "
+                            raise ValueError(f"@{entry}.{key}[{index}]: a value must be a number, a string or "
                                              f"true/false, got {_short(value)}")
                     tokens = [_sweep_token(v) for v in values]
                     if len(set(tokens)) != len(tokens):
-                        raise ValueError(f"{entry}.{key}: values must be distinct, got {_short(values)}")
+                        raise ValueError(f"@{entry}.{key}: values must be distinct, got {_short(values)}")
         return space
 
     @model_validator(mode="after")
     def _budget(self) -> "TuningOptions":
         if self.sampler == "random" and self.trials is None:
-            raise ValueError("trials: the random sampler needs a number of trials")
+            raise ValueError("@trials: the random sampler needs a number of trials")
         if self.sampler == "grid":
             if self.trials is not None:
-                raise ValueError(f"trials: a grid runs every combination; trials is for sampler: random, "
+                raise ValueError(f"@trials: a grid runs every combination; trials is for sampler: random, "
                                  f"got {self.trials}")
             for entry, keys in self.space.items():
                 ranged = [key for key, values in keys.items() if isinstance(values, dict)]
                 if ranged:
-                    raise ValueError(f"space.{entry}.{ranged[0]}: a range is sampled (sampler: random); a grid "
+                    raise ValueError(f"@space.{entry}.{ranged[0]}: a range is sampled (sampler: random); a grid "
                                      f"lists its values")
         return self
 
