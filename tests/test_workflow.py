@@ -261,3 +261,40 @@ def test_a_failed_job_shows_its_one_line_cause(tmp_path):
     assert any(line.startswith("error: round 1, client ") and "method fedavg: training loss is nan" in line
                for line in lines), out.stdout
     assert "Platform:" not in out.stdout  # quiet: host
+
+
+TUNED_SPEC = {**TINY_SPEC, "protocol": "tuned",
+              "scenarios": {"swap": {**TINY_SPEC["scenarios"]["swap"], "validation_fraction": 0.25}},
+              "tuning": {"seeds": [7], "space": {"all": {"lr": [0.02, 0.1]}}}}
+
+
+@pytest.mark.slow
+def test_a_tuning_spec_runs_end_to_end_and_a_new_trial_reruns_only_what_depends_on_it(tmp_path):
+    """#44 item 2: trials as jobs, their selection, the final seeds with the chosen values, the
+    report with them; nothing to do again; a new grid value runs its trials and the selections."""
+    write_spec(tmp_path / "tiny.yaml", TUNED_SPEC)
+    first = snakemake("--configfile", "tiny.yaml", "--cores", "2", cwd=tmp_path)
+    assert first.returncode == 0, first.stdout
+    assert job_counts(first.stdout) == {"partition": 1, "tune": 2, "tune_select": 2, "train": 1, "aggregate": 1,
+                                        "report": 1, "all": 1, "total": 9}
+    results = tmp_path / "results/tiny"
+    for method in ("fedavg", "fedprox"):
+        chosen = json.loads((results / f"tuning/chosen/swap/{method}.json").read_text())
+        config = yaml.safe_load((results / f"runs/swap/{method}/seed0/config.yaml").read_text())
+        assert config["training"]["lr"] == chosen["values"]["lr"] and config["seed"] == 0
+        assert (results / f"tuning/runs/swap/{method}/lr0p1/seed7/trial.json").is_file()
+    assert 'id="tuning-chosen"' in (results / "report/index.html").read_text()
+    before = run_bytes(results, TINY_RUNS)
+    assert "Nothing to be done" in snakemake("--configfile", "tiny.yaml", "--cores", "2", cwd=tmp_path).stdout
+
+    write_spec(tmp_path / "tiny.yaml", {**TUNED_SPEC, "tuning": {"seeds": [7], "space": {
+        "all": {"lr": [0.02, 0.1]}, "fedprox": {"lr": [0.02, 0.1, 0.05]}}}})
+    second = snakemake("--configfile", "tiny.yaml", "--cores", "2", cwd=tmp_path)
+    assert second.returncode == 0, second.stdout
+    counts = job_counts(second.stdout)
+    assert counts["tune"] == 1 and counts["tune_select"] == 1 and "partition" not in counts, second.stdout
+    log = (results / "logs/tune/swap/fedprox.log").read_text()
+    assert log.count("already finished") == 2 and "lr0p05/seed7: finished" in log
+    chosen = json.loads((results / "tuning/chosen/swap/fedprox.json").read_text())
+    if chosen["chosen"] != "lr0p05":  # the same choice: the final run is the one trained before
+        assert run_bytes(results, TINY_RUNS) == before
