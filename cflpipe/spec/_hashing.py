@@ -11,7 +11,7 @@ from cflpipe.spec._yaml import dump_yaml
 # keeps files (results_dir, data_dir), so the same experiment has one hash wherever it runs; also
 # what it keeps of finished runs (TRAINING_NOT_IN_RUN) and how the workflow cuts it into jobs;
 # `processes` and `distributed` read as the `sequential` trainer whose bytes they give.
-SPEC_HASH_EXCLUDES = ("description", "report", "results_dir", "data_dir", "workflow")
+SPEC_HASH_EXCLUDES = ("description", "protocol", "report", "results_dir", "data_dir", "workflow")
 
 
 def spec_sha256(spec: Spec) -> str:
