@@ -215,7 +215,8 @@ def _run_each(spec, scenario: str, methods: list[str], seeds: list[int], args, f
             elapsed = time.monotonic() - started
             if not result.skipped:
                 trained, trained_seconds = trained + 1, trained_seconds + elapsed
-            print(f"{result.message} ({_run_progress(elapsed, done, total, trained, trained_seconds, len(to_train))})",
+            message = result.message if finished is None else result.says("val_acc_macro", "validation acc")
+            print(f"{message} ({_run_progress(elapsed, done, total, trained, trained_seconds, len(to_train))})",
                   flush=True)
     if failed:
         _, first = failed[0]

@@ -288,3 +288,21 @@ def test_a_spec_without_tuning_resolves_as_before(tmp_path):
     plain = parse_spec(data)
     assert spec.tuned_methods() == [] and spec.tuning_matrix() == []
     assert runs.resolved_config(spec, "s", "fedprox", 0) == runs.resolved_config(plain, "s", "fedprox", 0)
+
+
+@pytest.mark.parametrize("protocol, caption, sentence", [
+    ("shared", "shared hyper-parameters, untuned", "Shared settings: every method trains with the spec's"),
+    ("paper", "the papers' hyper-parameters, untuned", "Paper settings: each method's hyper-parameters are those"),
+    (None, "hyper-parameters as the spec sets them, untuned", "Not stated by the spec (its protocol: key)"),
+])
+def test_the_report_says_how_untuned_hyper_parameters_were_set(protocol, caption, sentence):
+    from cflpipe.report.sections import protocol_caption, protocol_sentence
+
+    data = spec_dict(Path("/tmp/unused"))
+    data.pop("tuning")
+    data["protocol"] = protocol
+    spec = parse_spec(data)
+    assert protocol_caption(spec) == caption and protocol_sentence(spec).startswith(sentence)
+    tuned = parse_spec(spec_dict(Path("/tmp/unused"), sampler="grid"))
+    assert protocol_caption(tuned) == "lr, mu tuned per method and scenario on validation data (tuning seeds 10, 11)"
+    assert "No choice was made on test data." in protocol_sentence(tuned)

@@ -66,10 +66,14 @@ class RunResult:
 
     @property
     def message(self) -> str:
+        return self.says("acc_macro", "personalized acc")
+
+    def says(self, figure: str, name: str) -> str:
+        """What a finished run prints: its folder and its final `figure` (a tuning trial's: its
+        validation accuracy, the figure it is judged by)."""
         verb = "already finished (use --force to re-run)" if self.skipped else "finished"
-        final = self.summary.get("final", {})
-        acc = final.get("acc_macro")
-        figures = f": personalized acc {acc:.4f}" if isinstance(acc, float) and acc == acc else ""
+        value = self.summary.get("final", {}).get(figure)
+        figures = f": {name} {value:.4f}" if isinstance(value, float) and value == value else ""
         return f"{self.run_dir}: {verb}{figures}"
 
 
