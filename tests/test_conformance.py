@@ -109,6 +109,8 @@ EFFECTIVE_VALUE = {
     # round later changes nothing; a run that never keeps one does.
     ("IFCA", "restart_rounds"): ROUNDS + 1,     # the fixture's local steps are 2
     (None, "feature_samples"): 1,            # MCFL: 100 and 101 samples' feature means pick alike
+    ("FLUX", "th_round"): 0.0,               # never by the gains: the latest round instead
+    ("FLUX", "eps_scaling"): 100.0,          # one radius that joins every client
 }
 
 # Settings of the other parameters under which the change can act, applied to both runs; a
@@ -128,6 +130,9 @@ SETTING = {
     # σ replaces a share of 0, which the fixture's clients reach with 3 clusters, not with 2
     ("FedSoft", "smoother"): {"clusters": 3},
     ("PACFL", "linkage"): {"clusters": None, "threshold": 7.0},
+    # FLUX's trigger reads four rounds before it may cluster: eight rounds leave it room
+    ("FLUX", "th_round"): {"cluster_round": None, "training": {"rounds": 8}},
+    ("FLUX", "max_round_fraction"): {"cluster_round": None, "th_round": 0.0, "training": {"rounds": 8}},
     # α weighs the UNKNOWN samples, which exist only with unknown: extra
     ("FCCA", "alpha"): {"unknown": "extra"},
     # the default draws a client's absent labels; the fixture's clients hold every label

@@ -382,6 +382,22 @@ class ICFLParams(HyperParams):
                                                         "ε₂ = ln(1 − α₀)/(1 − ln ε₁) (FedRC's default 0.85)")
 
 
+# --- methods/flux.py
+
+class FLUXParams(HyperParams):
+    th_round: float = Field(0.06, ge=0, description="cluster once the weighted accuracy of the global model on "
+                                                    "the round's clients has risen by less than this in some round "
+                                                    "(the authors' th_round 0.06), checked from the fourth round")
+    max_round_fraction: float = Field(0.8, gt=0, le=1, description="cluster by this share of the rounds at the "
+                                                                   "latest (the authors' 0.8)")
+    cluster_round: int | None = Field(None, ge=0, description="cluster in this round (0-based) instead of by the "
+                                                              "trigger (the authors' simulated path: 4)")
+    eps_scaling: float = Field(1.0, gt=0, description="DBSCAN's eps is the knee of the sorted nearest-neighbour "
+                                                      "distances times this (the authors' 1.0)")
+    projection_points: int = Field(200, ge=2, description="random points the shared PCA projection of the features "
+                                                          "is fitted on (the authors' 200)")
+
+
 # --- the declarations
 
 def cluster_options(name: str, awcfl: str = "{name}_awcfl", mcfl: str = "{name}_mcfl") -> tuple:
@@ -399,6 +415,11 @@ def fcca_options(name: str) -> tuple:
 
 def _cfl_starts(hp: CFLParams) -> tuple[str, int]:
     return "warmup", hp.warmup  # a split is decided from 0-based round `warmup` on
+
+
+def _flux_starts(hp: FLUXParams) -> tuple[str, int]:
+    # The trigger reads three rounds of accuracy first: the clustering is in round 3 (0-based) at the earliest.
+    return ("cluster_round", hp.cluster_round) if hp.cluster_round is not None else ("th_round", 3)
 
 
 def _flhc_starts(hp: FLHCParams) -> tuple[str, int]:
@@ -573,6 +594,11 @@ declare("fedgmm", FedGMMParams, "cflpipe.methods.fedgmm:FedGMM",
 declare("fedsoft", FedSoftParams, "cflpipe.methods.fedsoft:FedSoft",
         "FedSoft: soft clusters; local models pulled to every center by the client's share in it.", _SOFT_K,
         family="clustered")
+declare("flux", FLUXParams, "cflpipe.methods.flux:FLUX",
+        "FLUX (reconstructed from the authors' code): FedAvg until accuracy stalls, then one DBSCAN clustering of "
+        "descriptors of each client's features under the global model (K found), then FedAvg per cluster.",
+        Capabilities(clustered=True), _flux_starts, cluster_options("flux"), family="clustered",
+        variant_family="modifier")
 declare("icfl", ICFLParams, "cflpipe.methods.icfl:ICFL",
         "ICFL (reconstructed from FedRC's implementation): a pool of unclustered clients; clusters bisected when "
         "the cohesion of their updates falls below a rising bar.", Capabilities(clustered=True), family="clustered")

@@ -1,0 +1,204 @@
+"""FLUX (Fenoglio et al. 2025, arXiv 2511.22305), reconstructed from the authors' code
+(github.com/dariofenoglio98/FLUX at 43aadbe): the paper's method section cannot be read here, so
+this follows the code's main (Flower) path; docs/research/flux-srfca.md has the file:line notes.
+
+FedAvg until the accuracy of the global model stops rising fast; then, once, every client sends
+a descriptor of its data as the global model sees it (the mean and spread of its projected
+features, overall and per label), the server scales the descriptors, clusters them by DBSCAN
+with a radius read off the data (the knee of the sorted nearest-neighbour distances), so the
+number of clusters is found, not given, and FedAvg runs inside each cluster from then on.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from cflpipe.metrics import tensor_bytes
+from cflpipe.methods.clustered import ClusterModels
+
+# The authors' fixed seed of the random points the shared projection is fitted on: every
+# client draws the same points, so all project their features alike.
+PROJECTION_SEED = 1
+# The authors' max_latent margin over the largest feature value the clients report.
+LATENT_MARGIN = 1.02
+# A label a client holds at most this many samples of gets the placeholder in its per-label slots.
+FEW_SAMPLES, PLACEHOLDER = 1, -1.0
+
+
+def shared_projection(dim: int, components: int, max_latent: float, points: int):
+    """The PCA every client projects its features with: fitted on `points` random points uniform
+    in [0, max_latent]^dim, drawn from the authors' fixed seed (a fixed random orthonormal map
+    and a centring, the same for every client)."""
+    from sklearn.decomposition import PCA
+
+    random_points = np.random.RandomState(PROJECTION_SEED).uniform(0, max_latent, size=(points, dim))
+    return PCA(n_components=min(components, dim, points)).fit(random_points)
+
+
+def descriptor(z: np.ndarray, y: np.ndarray, classes: int) -> np.ndarray:
+    """A client's descriptor of its projected features z (n × C) and labels y: the mean and the
+    standard deviation of every projected dimension, then per label 0…classes−1 the same of that
+    label's rows (the placeholder −1 where the client holds at most one sample of the label).
+    Length 2C + 2·classes·C."""
+    c = z.shape[1]
+    per_mean = np.full((classes, c), PLACEHOLDER)
+    per_std = np.full((classes, c), PLACEHOLDER)
+    for label in range(classes):
+        rows = z[y == label]
+        if len(rows) > FEW_SAMPLES:
+            per_mean[label], per_std[label] = rows.mean(0), rows.std(0)
+    return np.concatenate([z.mean(0), z.std(0), per_mean.ravel(), per_std.ravel()])
+
+
+def scale_groups(descriptors: np.ndarray, group: int) -> np.ndarray:
+    """Min-max scaling of each run of `group` consecutive columns, with one minimum and one
+    maximum pooled over every client and column of the run (the authors' scaling 1)."""
+    out = np.empty_like(descriptors)
+    for start in range(0, descriptors.shape[1], group):
+        block = descriptors[:, start:start + group]
+        low, high = block.min(), block.max()
+        out[:, start:start + group] = (block - low) / (high - low) if high > low else 0.0
+    return out
+
+
+def knee_radius(points: np.ndarray, scaling: float) -> float:
+    """DBSCAN's eps: the knee (Kneedle, convex and increasing) of the sorted distances of every
+    point to its nearest other point, times `scaling`. Without a knee (the authors' code fails
+    there), the median distance; never 0 (DBSCAN needs eps > 0)."""
+    from kneed import KneeLocator
+    from sklearn.neighbors import NearestNeighbors
+
+    distances = np.sort(NearestNeighbors(n_neighbors=2).fit(points).kneighbors(points)[0][:, 1])
+    with np.errstate(invalid="ignore", divide="ignore"):  # equal distances: no knee, not an error
+        knee = KneeLocator(range(len(distances)), distances, curve="convex", direction="increasing").elbow \
+            if len(distances) > 2 else None
+    radius = distances[knee] if knee is not None else float(np.median(distances))
+    return max(float(radius) * scaling, np.finfo(np.float64).tiny)
+
+
+def dbscan_clusters(points: np.ndarray, eps: float) -> np.ndarray:
+    """DBSCAN (min_samples 2, Euclidean) whose noise points each become a cluster of their own;
+    clusters numbered in the order of their first client."""
+    from sklearn.cluster import DBSCAN
+
+    labels = DBSCAN(eps=eps, min_samples=2).fit_predict(points)
+    found: dict[Any, int] = {}
+    out = np.empty(len(labels), dtype=np.int64)
+    for client, label in enumerate(labels):
+        key = ("noise", client) if label == -1 else label
+        out[client] = found.setdefault(key, len(found))
+    return out
+
+
+class FLUX(ClusterModels):
+    """FLUX (reconstructed from the authors' code): FedAvg until accuracy stalls, one DBSCAN clustering of
+    feature descriptors under the global model, then FedAvg per cluster.
+
+    Warm-up: FedAvg. At the start of every round the sampled clients report the accuracy of the
+    model they receive on their training data (one number each); from the fourth round on, once
+    the sample-weighted accuracy has risen by less than `th_round` from one round to the next
+    (any pair so far), or `max_round_fraction` of the rounds have passed, that round clusters
+    (`cluster_round` fixes the round instead).
+
+    Clustering round, before training: every client reports the largest feature value of the
+    global model on its training data; the server sends back 1.02 × their maximum; every client
+    projects its features (`LayeredModel.features`, the head's input) with the shared PCA
+    (`shared_projection`, C = the number of labels) and sends its descriptor (`descriptor`).
+    The server scales them (`scale_groups`, groups of C), clusters them (`knee_radius`,
+    `dbscan_clusters`) and every cluster starts from the global model; the round's updates are
+    already averaged per cluster. The clustering is never revisited. Off-round traffic: the
+    global model to the clients not sampled, the maxima and descriptors up.
+
+    Departures from the authors' code, each because cflpipe's run differs:
+    - The trigger's accuracy is the global model's on the clients' training data, measured as
+      they receive it; the code uses the clients' local validation split after aggregation (a
+      cflpipe scenario's validation split chooses rounds and hyper-parameters and is never
+      trained on, so a method does not read it). The two measure the same model.
+    - The features are the input of the model's head (cflpipe's `features`); the code takes the
+      flattened output of the last convolution of LeNet-5 and ResNet-9 (an MLP has none).
+    - `max_latent` comes from the training data (the code: the clients' validation data).
+    - Without a knee the radius is the median distance (the code fails).
+    - Test-time assignment of unseen clients (the code's nearest centroid on the label-free
+      half of the descriptor) has no use here: every client of a run is known and clustered."""
+
+    checkpoint = (*ClusterModels.checkpoint, "clustered", "trend")
+
+    @classmethod
+    def check_hyperparams(cls, params):
+        return {"cluster_round": 1}
+
+    def __init__(self, ctx):
+        super().__init__(ctx, 1, np.zeros(ctx.num_clients, dtype=np.int64))
+        self.clustered = False
+        self.trend = np.zeros(0, dtype=np.float64)  # the weighted accuracy measured at each round's start
+        self._metrics: dict[str, float] = {}
+
+    def round_start(self, sampled: np.ndarray) -> None:
+        self._metrics = {}
+        if self.clustered:
+            return
+        if self.hp.cluster_round is None:
+            accuracy = self._received_accuracy(sampled)
+            self.trend = np.append(self.trend, accuracy)
+            self._metrics["flux_accuracy"] = accuracy
+        if self._clusters_now():
+            self._cluster(sampled)
+
+    def _received_accuracy(self, sampled: np.ndarray) -> float:
+        """The sample-weighted accuracy of the global model on the sampled clients' training data
+        (each client sends one number up)."""
+        model, sizes = self.centers[0], self.ctx.train_sizes()
+        correct, total = 0.0, 0
+        for client in sampled:
+            x, y = self.ctx.view(int(client)).data()
+            if len(y):
+                logits = self.ctx.apply(model[None], x, chunk=self.ctx.training.eval_batch_size)[0]
+                correct += float((logits.argmax(1) == y).sum())
+                total += int(sizes[client])
+            self.ctx.count_traffic(0, 4)
+        return correct / total if total else float("nan")
+
+    def _clusters_now(self) -> bool:
+        r = self.ctx.round  # 0-based
+        if self.hp.cluster_round is not None:
+            return r == self.hp.cluster_round
+        if r + 1 >= self.hp.max_round_fraction * self.ctx.training.rounds:
+            return True
+        # trend[i] was measured at the start of round i, after i rounds: the code's check after
+        # its third evaluated round, here at the start of round 3 with four values.
+        gains = np.diff(self.trend[1:])
+        return len(gains) >= 2 and bool(np.any(gains < self.hp.th_round))
+
+    def _cluster(self, sampled: np.ndarray) -> None:
+        ctx = self.ctx
+        chunk = ctx.training.eval_batch_size
+        model = self.centers[0]
+        model_bytes = tensor_bytes(model)
+        data = [ctx.view(client).data() for client in range(ctx.num_clients)]
+        features = [ctx.apply(model[None], x, call="features", chunk=chunk)[0].reshape(len(x), -1).double().cpu().numpy()
+                    for x, _ in data]
+        classes = int(ctx.data.num_classes)
+        largest = max((float(f.max()) for f in features if f.size), default=1.0)
+        projection = shared_projection(features[0].shape[1], classes, LATENT_MARGIN * largest,
+                                       self.hp.projection_points)
+        c = projection.n_components_
+        descriptors = np.stack([descriptor(projection.transform(f) if len(f) else np.zeros((0, c)),
+                                           y.cpu().numpy(), classes) for f, (_, y) in zip(features, data)])
+        descriptors = descriptors.astype(np.float32).astype(np.float64)  # as they travel
+        sampled_now = set(int(client) for client in sampled)
+        for client in range(ctx.num_clients):
+            # the global model to the clients not sampled this round; the maximum down; its own
+            # maximum and descriptor (float32) up
+            ctx.count_traffic((0 if client in sampled_now else model_bytes) + 4, 4 + 4 * descriptors.shape[1])
+        scaled = scale_groups(descriptors, c)
+        eps = knee_radius(scaled, self.hp.eps_scaling)
+        labels = dbscan_clusters(scaled, eps)
+        self.clusters = labels
+        self.centers = model.repeat(int(labels.max()) + 1, 1)
+        self.clustered = True
+        self._metrics.update(flux_eps=eps, flux_singletons=float(np.sum(np.bincount(labels) == 1)))
+
+    def round_metrics(self) -> dict[str, Any]:
+        return {**super().round_metrics(), **self._metrics}
