@@ -28,7 +28,7 @@ def spec_dict(results: Path, data_dir: Path | None = None, **tuning) -> dict:
                      "lr": 0.05, "eval_every": 2, "checkpoint_every": 1, "device": "cpu"},
         "scenarios": {"s": {"dataset": "digits", "clients": 8, "validation_fraction": 0.25,
                             "partition": [{"kind": "iid"}, {"kind": "label_swap", "groups": 2}]}},
-        "methods": {"fedavg": {}, "fedprox": {"mu": 0.01}},
+        "methods": {"fedavg": {}, "fedprox": {}},
         "tuning": {"seeds": [10, 11], "space": {"all": {"lr": [0.02, 0.2]}, "fedprox": {"mu": [0.001, 0.1]}},
                    **tuning},
         "results_dir": str(results), "data_dir": str(data_dir or results.parent / "data"),
@@ -101,6 +101,8 @@ BAD_TUNING = [
     ({"space": {"all": {"lr": [-0.1, 0.1]}}}, "tuning.space.all.lr: must be > 0, got -0.1 (trial lrm0p1 of methods.fedavg)"),
     ({"space": {"fedprox": {"mu": [-1.0]}}}, "tuning.space.fedprox.mu:"),
     ({"select": "first"}, "tuning.select:"),
+    ({"space": {"all": {"local_steps": [2], "local_epochs": [1.0]}}},
+     "tuning.space.all: give exactly one of local_steps and local_epochs (trial local_steps2-local_epochs1p0"),
 ]
 
 
@@ -306,3 +308,42 @@ def test_the_report_says_how_untuned_hyper_parameters_were_set(protocol, caption
     tuned = parse_spec(spec_dict(Path("/tmp/unused"), sampler="grid"))
     assert protocol_caption(tuned) == "lr, mu tuned per method and scenario on validation data (tuning seeds 10, 11)"
     assert "No choice was made on test data." in protocol_sentence(tuned)
+
+
+def test_a_key_the_entry_sets_itself_is_not_tuned_and_a_sweep_entry_names_its_entries():
+    data = spec_dict(Path("/tmp/unused"))
+    data["methods"]["fedprox"] = {"mu": 0.01}
+    with pytest.raises(SpecError, match=r"^tuning.space.fedprox.mu: methods.fedprox sets mu itself; tuning would "
+                                        r"replace it in every run of the entry"):
+        parse_spec(data)
+    data = spec_dict(Path("/tmp/unused"))
+    data["methods"]["fedprox"] = {"sweep": {"mu": [0.01, 0.1]}}
+    data["tuning"]["space"] = {"fedprox": {"lr": [0.02, 0.2]}}
+    spec = parse_spec(data)  # the sweep's name stands for the entries it expands into
+    assert spec.tuned_methods() == ["fedprox-mu0p01", "fedprox-mu0p1"]
+    data["tuning"]["space"] = {"fedprox": {"mu": [0.5]}}
+    with pytest.raises(SpecError, match=r"sets mu itself \(its sweep\)"):
+        parse_spec(data)
+
+
+def test_random_draws_that_round_alike_are_refused_when_too_few_remain():
+    data = spec_dict(Path("/tmp/unused"), sampler="random", trials=50)
+    data["tuning"]["space"] = {"all": {"lr": {"low": 0.1, "high": 0.102}}}
+    with pytest.raises(SpecError, match=r"^tuning.trials: 50 draws give only \d+ distinct trials of methods.fedavg"):
+        parse_spec(data)
+    data["tuning"]["trials"] = 2
+    data["tuning"]["space"] = {"all": {"momentum": {"low": 0.9, "high": 0.9999}, "weight_decay": [0.000123456, 0.0]}}
+    for t in parse_spec(data).trials("fedavg"):
+        assert 0.9 <= t.values["momentum"] <= 0.9999 and t.values["weight_decay"] in (0.000123456, 0.0)
+
+
+def test_a_selection_made_for_another_tuning_section_is_refused(tuned, tmp_path, capsys):
+    root, config = tuned
+    data = yaml.safe_load(Path(config).read_text())
+    data["tuning"]["space"]["all"]["lr"] = [0.02, 0.2, 0.3]
+    other = write_spec(root / "other.yaml", data)
+    assert cli.main(["train", "--config", other, "--scenario", "s", "--method", "fedavg", "--seed", "0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].endswith("tuning/chosen/s/fedavg.json: stale: selected over other trials than "
+                                             "tuning: now gives; run `cflpipe tune` and `cflpipe tune-select` "
+                                             "again (snakemake does)")

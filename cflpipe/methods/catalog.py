@@ -418,7 +418,7 @@ def _cfl_starts(hp: CFLParams) -> tuple[str, int]:
 
 
 def _flux_starts(hp: FLUXParams) -> tuple[str, int]:
-    # The trigger reads three rounds of accuracy first: the clustering is in round 3 (0-based) at the earliest.
+    # The trigger reads three gains first: the clustering is in round 3 (0-based) at the earliest.
     return ("cluster_round", hp.cluster_round) if hp.cluster_round is not None else ("th_round", 3)
 
 

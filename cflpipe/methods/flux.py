@@ -34,7 +34,8 @@ def shared_projection(dim: int, components: int, max_latent: float, points: int)
     from sklearn.decomposition import PCA
 
     random_points = np.random.RandomState(PROJECTION_SEED).uniform(0, max_latent, size=(points, dim))
-    return PCA(n_components=min(components, dim, points)).fit(random_points)
+    # The full SVD: sklearn's automatic choice turns randomized (and unseeded) beyond 500 columns.
+    return PCA(n_components=min(components, dim, points), svd_solver="full").fit(random_points)
 
 
 def descriptor(z: np.ndarray, y: np.ndarray, classes: int) -> np.ndarray:
@@ -96,11 +97,12 @@ class FLUX(ClusterModels):
     """FLUX (reconstructed from the authors' code): FedAvg until accuracy stalls, one DBSCAN clustering of
     feature descriptors under the global model, then FedAvg per cluster.
 
-    Warm-up: FedAvg. At the start of every round the sampled clients report the accuracy of the
-    model they receive on their training data (one number each); from the fourth round on, once
-    the sample-weighted accuracy has risen by less than `th_round` from one round to the next
-    (any pair so far), or `max_round_fraction` of the rounds have passed, that round clusters
-    (`cluster_round` fixes the round instead).
+    Warm-up: FedAvg. At the start of every round but the first the sampled clients report the
+    accuracy of the model they receive on their training data (one number each); from the fourth
+    round (0-based 3) on, once the sample-weighted accuracy has risen by less than `th_round`
+    from one round to the next (any pair so far), or the 0-based round reaches
+    `max_round_fraction` of the rounds, that round clusters (`cluster_round` fixes the round
+    instead).
 
     Clustering round, before training: every client reports the largest feature value of the
     global model on its training data; the server sends back 1.02 × their maximum; every client
@@ -112,10 +114,11 @@ class FLUX(ClusterModels):
     global model to the clients not sampled, the maxima and descriptors up.
 
     Departures from the authors' code, each because cflpipe's run differs:
-    - The trigger's accuracy is the global model's on the clients' training data, measured as
-      they receive it; the code uses the clients' local validation split after aggregation (a
-      cflpipe scenario's validation split chooses rounds and hyper-parameters and is never
-      trained on, so a method does not read it). The two measure the same model.
+    - The trigger's accuracy is the global model's on the sampled clients' training data, measured
+      as they receive it; the code has every client report it on its local validation split after
+      aggregation (a cflpipe scenario's validation split chooses rounds and hyper-parameters and
+      is never trained on, so a method does not read it). The two measure the same model.
+    - With fewer features than labels the projection keeps as many components as features.
     - The features are the input of the model's head (cflpipe's `features`); the code takes the
       flattened output of the last convolution of LeNet-5 and ResNet-9 (an MLP has none).
     - `max_latent` comes from the training data (the code: the clients' validation data).
@@ -140,9 +143,11 @@ class FLUX(ClusterModels):
         if self.clustered:
             return
         if self.hp.cluster_round is None:
-            accuracy = self._received_accuracy(sampled)
+            # round 0's model is the untrained one, which no gain is measured from: nothing asked
+            accuracy = self._received_accuracy(sampled) if self.ctx.round > 0 else float("nan")
             self.trend = np.append(self.trend, accuracy)
-            self._metrics["flux_accuracy"] = accuracy
+            if self.ctx.round > 0:
+                self._metrics["flux_accuracy"] = accuracy
         if self._clusters_now():
             self._cluster(sampled)
 
@@ -164,12 +169,12 @@ class FLUX(ClusterModels):
         r = self.ctx.round  # 0-based
         if self.hp.cluster_round is not None:
             return r == self.hp.cluster_round
-        if r + 1 >= self.hp.max_round_fraction * self.ctx.training.rounds:
-            return True
         # trend[i] was measured at the start of round i, after i rounds: the code's check after
-        # its third evaluated round, here at the start of round 3 with four values.
+        # its third round, here at the start of round 3 with three gains measured.
+        if r < 3:
+            return False
         gains = np.diff(self.trend[1:])
-        return len(gains) >= 2 and bool(np.any(gains < self.hp.th_round))
+        return r >= self.hp.max_round_fraction * self.ctx.training.rounds or bool(np.any(gains < self.hp.th_round))
 
     def _cluster(self, sampled: np.ndarray) -> None:
         ctx = self.ctx

@@ -117,7 +117,9 @@ class Sections:
                 given[s] = _kv_text({**own, **view.spec.chosen(s, m).hyperparams})
                 base, resolved = view.scenario_training(s).model_dump(), view.spec.resolved_training(s, m).model_dump()
                 overrides[s] = _kv_text({k: resolved[k] for k in TRAINING_KEYS if resolved[k] != base[k]})
-                shared[s] = _kv_text({k: v for k, v in scenario_hyperparams(view.spec, s, m).items() if k not in own})
+                tuned = view.spec.chosen(s, m).hyperparams
+                shared[s] = _kv_text({k: v for k, v in scenario_hyperparams(view.spec, s, m).items()
+                                      if k not in own and k not in tuned})
             methods.append({"method": view.label(m), "type": view.method_types[m],
                             "family": FAMILY_TITLES[view.styles[m].family],
                             "scenarios": ", ".join(view.scenario_labels[s] for s in ran)

@@ -188,7 +188,9 @@ def find_sweeps(summary: pd.DataFrame, spec: Spec) -> list[Sweep]:
                     if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
                         continue
                     rest = {k: v for k, v in hp.items() if k != param}
-                    key = json.dumps([rest, spec.methods[method].training], sort_keys=True, default=str)
+                    # resolved: tuned entries whose chosen training differs are no sweep
+                    key = json.dumps([rest, spec.resolved_training(scenario, method).definition()], sort_keys=True,
+                                     default=str)
                     groups.setdefault(key, []).append((float(value), method))
                 for members in groups.values():
                     if len({v for v, _ in members}) >= 2 and len({v for v, _ in members}) == len(members):

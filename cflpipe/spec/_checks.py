@@ -24,6 +24,7 @@ def parse_spec(data: Any, *, check_methods: bool = True, check_datasets: bool = 
     if non_finite:
         raise SpecError("\n".join(f"{where}: must be a finite number, got {value}" for where, value in non_finite))
     data, origins = expand_sweeps(data)
+    data = _tuning_space_of_sweeps(data, origins)
     try:
         spec = Spec(**data)
     except ValidationError as exc:
@@ -381,6 +382,10 @@ def _check_tuning(spec: Spec, data: dict) -> list[str]:
             elif key not in TUNABLE_TRAINING and key not in fields:
                 problems.append(f"{where}: methods.{method} ({spec.method_type(method)}) has no hyper-parameter "
                                 f"{key}; allowed: {', '.join([*TUNABLE_TRAINING, *sorted(fields)])}")
+            elif key in spec.methods[method].hyperparams or key in spec.methods[method].training:
+                entry = spec.method_entry(method)
+                problems.append(f"{where}: methods.{entry} sets {key} itself{' (its sweep)' if entry != method else ''}; "
+                                f"tuning would replace it in every run of the entry: tune it or set it, not both")
         keys = tuning.keys_of(method)
         if tuning.sampler == "grid" and grid_size(tuning, method) > MAX_TRIALS:
             problems.append(f"tuning.space: methods.{method}'s grid has {grid_size(tuning, method)} combinations; "
@@ -389,6 +394,10 @@ def _check_tuning(spec: Spec, data: dict) -> list[str]:
                 and grid_size(tuning, method) < (tuning.trials or 0):
             problems.append(f"tuning.trials: {tuning.trials} draws of the {grid_size(tuning, method)} combinations "
                             f"of methods.{method}'s space; use sampler: grid, or fewer trials")
+        elif tuning.sampler == "random" and len(spec.trials(method)) < (tuning.trials or 0):
+            problems.append(f"tuning.trials: {tuning.trials} draws give only {len(spec.trials(method))} distinct "
+                            f"trials of methods.{method} (sampled values keep 3 significant digits); widen its "
+                            f"ranges or ask fewer trials")
         for scenario, sc in spec.scenarios.items():
             if spec.runs_on(method, scenario) and sc.validation_fraction == 0:
                 problems.append(f"scenarios.{scenario}.validation_fraction: 0, but methods.{method} is tuned on it "
@@ -410,7 +419,28 @@ def _check_tuning(spec: Spec, data: dict) -> list[str]:
                 key = path.rsplit(".", 1)[-1]
                 if path.startswith(f"methods.{name}") and key in trial.values:
                     path = f"tuning.space.{method if key in own else ALL_METHODS}.{key}"
+                elif path == f"methods.{name}.training":  # a rule across the trial's training keys
+                    path = f"tuning.space.{method if set(trial.training) & set(own) else ALL_METHODS}"
                 problems.append(f"{path}: {message} (trial {trial.name} of methods.{method})")
             if problems:
                 return problems
     return []
+
+
+def _tuning_space_of_sweeps(data: dict, origins: dict) -> dict:
+    """`tuning.space` may name a `sweep:` entry: its keys then apply to every entry it expands into."""
+    tuning = data.get("tuning")
+    space = tuning.get("space") if isinstance(tuning, dict) else None
+    swept = {o.entry for o in origins.values()}
+    if not isinstance(space, dict) or not swept & set(space):
+        return data
+    expanded: dict[Any, Any] = {}
+    for name, keys in space.items():
+        if name in swept:
+            for new_name, origin in origins.items():
+                if origin.entry == name:
+                    expanded[new_name] = {**(keys if isinstance(keys, dict) else {}), **space.get(new_name, {})} \
+                        if isinstance(keys, dict) else keys
+        elif name not in expanded:
+            expanded[name] = keys
+    return {**data, "tuning": {**tuning, "space": expanded}}

@@ -21,6 +21,8 @@ def spec_sha256(spec: Spec) -> str:
     import json
 
     data = spec.model_dump(mode="json", exclude=set(SPEC_HASH_EXCLUDES))
+    if data.get("tuning") is None:  # added later: specs without it keep their hash
+        data.pop("tuning", None)
     for key in TRAINING_NOT_IN_RUN:
         data["training"].pop(key, None)
     for key, default in LATER_TRAINING_DEFAULTS.items():  # so specs written before them keep their hash

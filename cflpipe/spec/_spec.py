@@ -243,6 +243,15 @@ class Spec(Strict):
             raise SpecError(f"{self.chosen_path(scenario, method)}: missing; methods.{method} is tuned "
                             f"(tuning.space), so its runs on {scenario} need their trials and selection first: "
                             f"`cflpipe tune` and `cflpipe tune-select` (snakemake runs both)")
+        current = {"rule": self.tuning.select, "tuning_seeds": list(self.tuning.seeds),
+                   "trials": {t.name: t.values for t in self.trials(method)}}
+        if choice.made_over != current:
+            from cflpipe.errors import SpecError
+
+            stale = next(key for key in current if (choice.made_over or {}).get(key) != current[key])
+            raise SpecError(f"{self.chosen_path(scenario, method)}: stale: selected over other {stale.replace('_', ' ')} "
+                            f"than tuning: now gives; run `cflpipe tune` and `cflpipe tune-select` again (snakemake "
+                            f"does)")
         return choice
 
     def matrix(self) -> list[tuple[str, str, int]]:

@@ -165,13 +165,15 @@ def expand_trials(tuning: TuningOptions, method: str) -> list[Trial]:
     space = {key: FloatDistribution(values["low"], values["high"], log=bool(values.get("log", False)))
              if isinstance(values, dict) else CategoricalDistribution(values) for key, values in keys.items()}
     # The sampler's draws do not depend on results (nothing is told to the study), so trials are
-    # independent jobs; a trial's name is its rounded values, so two draws that round alike are one.
+    # independent jobs; a trial's name is its values (a range's rounded, within its bounds), so two
+    # draws that round alike are one.
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=tuning.sampler_seed))
     trials: dict[str, Trial] = {}
     for _ in range(20 * tuning.trials):
         if len(trials) == tuning.trials:
             break
-        values = {key: _rounded(value) for key, value in study.ask(space).params.items()}
+        values = {key: min(max(_rounded(value), keys[key]["low"]), keys[key]["high"])
+                  if isinstance(keys[key], dict) else value for key, value in study.ask(space).params.items()}
         trials.setdefault(trial_name(values), Trial(trial_name(values), values))
     return list(trials.values())
 
@@ -182,10 +184,12 @@ def grid_size(tuning: TuningOptions, method: str) -> int:
 
 @dataclass(frozen=True)
 class MethodChoice:
-    """What tuning chose for one method entry on one scenario (nothing for one not tuned)."""
+    """What tuning chose for one method entry on one scenario (nothing for one not tuned), and
+    what the selection was made over: its rule, tuning seeds and trials."""
 
     trial: str | None = None
     values: dict[str, Any] | None = None
+    made_over: dict[str, Any] | None = None
 
     @property
     def training(self) -> dict[str, Any]:
@@ -205,7 +209,9 @@ def read_choice(path) -> MethodChoice:
 
     try:
         data = json.loads(path.read_text())
-        return MethodChoice(str(data["chosen"]), dict(data["values"]))
+        made_over = {"rule": data["rule"], "tuning_seeds": list(data["tuning_seeds"]),
+                     "trials": {t["trial"]: t["values"] for t in data["trials"]}}
+        return MethodChoice(str(data["chosen"]), dict(data["values"]), made_over)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise SpecError(f"{path}: not a tuning selection ({type(exc).__name__}: {exc}); delete it and run "
                         f"`cflpipe tune-select` again") from None
