@@ -131,13 +131,17 @@ def cmd_partition(args) -> int:
     return 0
 
 
-def cmd_train(args) -> int:
+def _set_threads(args) -> None:
     cpus = os.cpu_count() or 1
     if not 1 <= args.threads <= cpus:
         raise SpecError(f"--threads: must lie in [1, {cpus}] (the CPUs of this machine), got {args.threads}")
     import torch
 
     torch.set_num_threads(args.threads)
+
+
+def cmd_train(args) -> int:
+    _set_threads(args)
     from cflpipe.fl.distributed import launched, serve, start_job, stop_workers
 
     rank, world = launched()
@@ -228,12 +232,7 @@ def _run_each(spec, scenario: str, methods: list[str], seeds: list[int], args, f
 
 def cmd_tune(args) -> int:
     """Train a tuned method entry's trials on a scenario (its tuning seeds), recording each."""
-    cpus = os.cpu_count() or 1
-    if not 1 <= args.threads <= cpus:
-        raise SpecError(f"--threads: must lie in [1, {cpus}] (the CPUs of this machine), got {args.threads}")
-    import torch
-
-    torch.set_num_threads(args.threads)
+    _set_threads(args)
     from cflpipe.errors import DivergenceError
     from cflpipe.tuning import record_trial
 
@@ -549,7 +548,7 @@ def build_parser() -> argparse.ArgumentParser:
              "With a `tuning:` section: trains the trials of one tuned method entry (every point of its search\n"
              "space, or those of --trial) for the tuning seeds, into RESULTS/tuning/runs/SCENARIO/METHOD/TRIAL/\n"
              "seedK/, and records each run's validation curve in its trial.json (a run that diverges is\n"
-             "recorded as failed, never chosen). Finished trials are skipped, killed ones resume. Then\n"
+             "recorded as diverged, never chosen). Finished trials are skipped, killed ones resume. Then\n"
              "`cflpipe tune-select`; snakemake runs both before the final seeds.",
              "  cflpipe tune --config config/experiments/tuning_default.yaml --scenario digits-swap4 --method ifca\n")
     _add_config(p)

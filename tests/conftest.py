@@ -295,3 +295,40 @@ def train_spec(spec) -> None:
             train_run(spec, scenario, method, seed, progress=False)
     finally:
         torch.set_num_threads(threads)
+
+
+class Killed(Exception):
+    """A run stopped by die_after_saving, as a kill right after a checkpoint would stop it."""
+
+
+def die_after_saving(patch, round_number: int) -> None:
+    """Make every run raise Killed right after it saves round `round_number`'s checkpoint
+    (`patch`: pytest's monkeypatch or one of its contexts)."""
+    from cflpipe.fl import engine
+
+    save = engine.Run.save_state
+
+    def save_then_die(self, r):
+        save(self, r)
+        if r == round_number:
+            raise Killed
+
+    patch.setattr(engine.Run, "save_state", save_then_die)
+
+
+def other_test_data(patch) -> None:
+    """Every run's test split with shuffled labels and rescaled inputs: what a selection on
+    validation data must not notice."""
+    import torch
+
+    from cflpipe.fl import runs
+
+    build = runs.build_federated_data
+
+    def shuffled(*args, **kwargs):
+        data = build(*args, **kwargs)
+        data.test.y = data.test.y[torch.randperm(len(data.test.y), generator=torch.Generator().manual_seed(1))]
+        data.test.x = 3.0 * data.test.x + 1.0
+        return data
+
+    patch.setattr(runs, "build_federated_data", shuffled)

@@ -14,6 +14,8 @@ from cflpipe import store
 from cflpipe.fl import checkpoint
 from cflpipe.fl.checkpoint import BLOCK_BYTES, MIN_ROWS_BYTES, read_state, state_bytes, write_state
 
+from conftest import Killed, die_after_saving
+
 
 def table(rows: int, row_bytes: int, seed: int = 0) -> torch.Tensor:
     generator = torch.Generator().manual_seed(seed)
@@ -194,18 +196,8 @@ def test_a_run_with_a_model_per_client_writes_the_sampled_clients_rows_and_resum
         inline = train_run(spec(tmp_path / "b"), "s", "ditto", 0, progress=False).run_dir
     assert not checkpoint.rows_folder(inline / "state/state.pt").exists()
 
-    save = engine.Run.save_state
-
-    class Killed(Exception):
-        pass
-
-    def save_then_die(self, round_number):
-        save(self, round_number)
-        if round_number == 2:
-            raise Killed
-
     with monkeypatch.context() as patch:  # killed after round 2: resumed from its row blocks
-        patch.setattr(engine.Run, "save_state", save_then_die)
+        die_after_saving(patch, 2)
         with pytest.raises(Killed):
             train_run(spec(tmp_path / "c"), "s", "ditto", 0, progress=False)
     started = record_start_rounds()

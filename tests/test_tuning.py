@@ -9,15 +9,16 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
 
 from cflpipe import cli
 from cflpipe.errors import SpecError
-from cflpipe.fl import engine, runs
+from cflpipe.fl import runs
 from cflpipe.spec import parse_spec
 from cflpipe.spec._tuning import expand_trials
 from cflpipe.tuning import TRIAL_FILE
+
+from conftest import die_after_saving, other_test_data
 
 
 def spec_dict(results: Path, data_dir: Path | None = None, **tuning) -> dict:
@@ -179,15 +180,7 @@ def test_selection_never_reads_the_test_data(tuned, tmp_path, monkeypatch):
     """Trials trained on test data with shuffled labels and rescaled inputs record the same
     validation curves and choose the same values."""
     root, config = tuned
-    build = runs.build_federated_data
-
-    def other_test_data(*args, **kwargs):
-        data = build(*args, **kwargs)
-        data.test.y = data.test.y[torch.randperm(len(data.test.y), generator=torch.Generator().manual_seed(1))]
-        data.test.x = 3.0 * data.test.x + 1.0
-        return data
-
-    monkeypatch.setattr(runs, "build_federated_data", other_test_data)
+    other_test_data(monkeypatch)
     shuffled = write_spec(tmp_path / "spec.yaml", spec_dict(tmp_path / "results"))
     tune_all(shuffled)
     clean_spec, shuffled_spec = (parse_spec(yaml.safe_load(Path(c).read_text())) for c in (config, shuffled))
@@ -226,18 +219,8 @@ def test_a_killed_trial_resumes_to_the_bytes_of_an_uninterrupted_one(tuned, tmp_
     root, config = tuned
     data = spec_dict(tmp_path / "results", data_dir=root / "data")  # the same runs as the reference's
     killed = write_spec(tmp_path / "spec.yaml", data)
-    save = engine.Run.save_state
-
-    class Killed(Exception):
-        pass
-
-    def save_then_die(self, round_number):
-        save(self, round_number)
-        if round_number == 2:
-            raise Killed
-
     with monkeypatch.context() as m:
-        m.setattr(engine.Run, "save_state", save_then_die)
+        die_after_saving(m, 2)
         assert cli.main(["tune", "--config", killed, "--scenario", "s", "--method", "fedprox", "--trial",
                          "lr0p2-mu0p1", "--seed", "11", "--quiet"]) == 1
     run_dir = tmp_path / "results/tuning/runs/s/fedprox/lr0p2-mu0p1/seed11"

@@ -9,14 +9,13 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
-import torch
 
 from cflpipe.errors import SpecError
-from cflpipe.fl import runs
 from cflpipe.fl.engine import best_round, train_run
 from cflpipe.partition import build_partition, client_indices
 from cflpipe.spec import Scenario, parse_spec
 
+from conftest import other_test_data
 from test_partition import digits
 
 
@@ -86,15 +85,7 @@ def test_selection_never_reads_the_test_data(tmp_path, monkeypatch, method):
     figures and nothing that validation reads: the selected round, and every validation row."""
     spec = parse_spec(spec_dict(tmp_path / "clean", method=method))
     clean_dir = train_run(spec, "s", method, 0, progress=False).run_dir
-    build = runs.build_federated_data
-
-    def other_test_data(*args, **kwargs):
-        data = build(*args, **kwargs)
-        data.test.y = data.test.y[torch.randperm(len(data.test.y), generator=torch.Generator().manual_seed(1))]
-        data.test.x = 3.0 * data.test.x + 1.0
-        return data
-
-    monkeypatch.setattr(runs, "build_federated_data", other_test_data)
+    other_test_data(monkeypatch)
     spec = parse_spec(spec_dict(tmp_path / "shuffled", method=method))
     shuffled_dir = train_run(spec, "s", method, 0, progress=False).run_dir
     clean, shuffled = (json.loads((d / "summary.json").read_text()) for d in (clean_dir, shuffled_dir))
