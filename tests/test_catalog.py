@@ -82,8 +82,8 @@ def test_a_plugin_registers_its_premises_and_validate_reads_them(registry_copy):
 
 
 def test_every_built_in_is_declared():
-    assert len(BUILT_IN) == 50 and {"fedavg", "fcca_per_prox", "awcfl", "ifca_mcfl", "fedrc", "icfl", "lcfed", "flux",
-                                    "flux_awcfl", "flux_mcfl"} <= set(BUILT_IN)
+    assert len(BUILT_IN) == 53 and {"fedavg", "fcca_per_prox", "awcfl", "ifca_mcfl", "fedrc", "icfl", "lcfed", "flux",
+                                    "flux_awcfl", "flux_mcfl", "srfca", "srfca_awcfl", "srfca_mcfl"} <= set(BUILT_IN)
 
 
 def test_a_method_class_with_a_hook_of_the_old_client_form_is_refused_in_one_line():

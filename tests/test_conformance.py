@@ -111,6 +111,7 @@ EFFECTIVE_VALUE = {
     (None, "feature_samples"): 1,            # MCFL: 100 and 101 samples' feature means pick alike
     ("FLUX", "th_round"): 0.0,               # never by the gains: the latest round instead
     ("FLUX", "eps_scaling"): 100.0,          # one radius that joins every client
+    ("SRFCA", "threshold"): 1e-6,            # no two clients linked: every group dropped, one cluster
 }
 
 # Settings of the other parameters under which the change can act, applied to both runs; a
@@ -133,6 +134,8 @@ SETTING = {
     # FLUX's trigger reads four rounds before it may cluster: eight rounds leave it room
     ("FLUX", "th_round"): {"cluster_round": None, "training": {"rounds": 8}},
     ("FLUX", "max_round_fraction"): {"cluster_round": None, "th_round": 0.0, "training": {"rounds": 8}},
+    # every client linked: one cluster of all the fixture's clients, enough members for a trim
+    ("SRFCA", "beta"): {"dist_fraction": 1.0, "training": {"clients_per_round": 6}},
     # α weighs the UNKNOWN samples, which exist only with unknown: extra
     ("FCCA", "alpha"): {"unknown": "extra"},
     # the default draws a client's absent labels; the fixture's clients hold every label

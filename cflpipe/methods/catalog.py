@@ -398,6 +398,23 @@ class FLUXParams(HyperParams):
                                                           "is fitted on (the authors' 200)")
 
 
+# --- methods/srfca.py
+
+class SRFCAParams(HyperParams):
+    init_steps: int = Field(250, ge=1, description="local steps of each client's own model before the one-shot "
+                                                   "clustering (the authors' MNIST configs: 250–280)")
+    dist_fraction: float = Field(0.25, gt=0, le=1, description="λ: this quantile of the clients' pairwise "
+                                                               "cross-entropy distances (the authors' fallback)")
+    threshold: float | None = Field(None, gt=0, description="λ itself instead (the authors' tuned values depend on "
+                                                            "data and model: 0.02–0.77 on MNIST)")
+    size_threshold: int = Field(2, ge=0, description="t: groups of at most t clients dropped at the start, clusters "
+                                                     "of fewer than t at each re-clustering (the authors' 2)")
+    beta: float = Field(0.15, ge=0, lt=0.5, description="β: the share of each coordinate's smallest and largest "
+                                                        "member values the trimmed mean leaves out (the authors' 0.15)")
+    refine_steps: int = Field(2, ge=1, description="refinement steps: the rounds are cut into this many blocks, "
+                                                   "each cluster trained afresh in each (the authors' 2)")
+
+
 # --- the declarations
 
 def cluster_options(name: str, awcfl: str = "{name}_awcfl", mcfl: str = "{name}_mcfl") -> tuple:
@@ -598,6 +615,11 @@ declare("flux", FLUXParams, "cflpipe.methods.flux:FLUX",
         "FLUX (reconstructed from the authors' code): FedAvg until accuracy stalls, then one DBSCAN clustering of "
         "descriptors of each client's features under the global model (K found), then FedAvg per cluster.",
         Capabilities(clustered=True), _flux_starts, cluster_options("flux"), family="clustered",
+        variant_family="modifier")
+declare("srfca", SRFCAParams, "cflpipe.methods.srfca:SRFCA",
+        "SR-FCA (reconstructed from the authors' code): clients' own models grouped once by a cross-entropy "
+        "threshold graph, then clusters trained with a trimmed mean, re-clustered and merged (K found).",
+        Capabilities(clustered=True), variants=cluster_options("srfca"), family="clustered",
         variant_family="modifier")
 declare("icfl", ICFLParams, "cflpipe.methods.icfl:ICFL",
         "ICFL (reconstructed from FedRC's implementation): a pool of unclustered clients; clusters bisected when "
