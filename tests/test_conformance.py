@@ -112,6 +112,7 @@ EFFECTIVE_VALUE = {
     ("FLUX", "th_round"): 0.0,               # never by the gains: the latest round instead
     ("FLUX", "eps_scaling"): 100.0,          # one radius that joins every client
     ("SRFCA", "threshold"): 1e-6,            # no two clients linked: every group dropped, one cluster
+    ("SRFCA", "size_threshold"): 3,          # the fixture's two groups of 3 dropped: one cluster
 }
 
 # Settings of the other parameters under which the change can act, applied to both runs; a
@@ -135,7 +136,9 @@ SETTING = {
     ("FLUX", "th_round"): {"cluster_round": None, "training": {"rounds": 8}},
     ("FLUX", "max_round_fraction"): {"cluster_round": None, "th_round": 0.0, "training": {"rounds": 8}},
     # every client linked: one cluster of all the fixture's clients, enough members for a trim
-    ("SRFCA", "beta"): {"dist_fraction": 1.0, "training": {"clients_per_round": 6}},
+    ("SRFCA", "trim"): {"dist_fraction": 1.0, "training": {"clients_per_round": 6}},
+    # the fixture's two cluster models merge at the block start: one block keeps both for the mixing
+    ("SRFCA", "beta"): {"refine_steps": 1},
     # α weighs the UNKNOWN samples, which exist only with unknown: extra
     ("FCCA", "alpha"): {"unknown": "extra"},
     # the default draws a client's absent labels; the fixture's clients hold every label

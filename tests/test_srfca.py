@@ -4,6 +4,7 @@ clustering, λ from the pairwise distances, and a run that recovers two label-sw
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -12,20 +13,24 @@ import torch
 from scipy.stats import trim_mean
 
 from cflpipe.fl.engine import train_run
-from cflpipe.methods.srfca import correlation_clusters, pair_threshold, trimmed_mean
+from cflpipe.methods.srfca import SRFCA, correlation_clusters, pair_threshold, trimmed_mean
 from cflpipe.spec import parse_spec
 
 
-@pytest.mark.parametrize("n, beta", [(10, 0.15), (7, 0.3), (4, 0.25)])
-def test_the_trimmed_mean_is_scipys(n, beta):
+@pytest.mark.parametrize("n, trim", [(10, 0.15), (7, 0.3), (6, 0.15), (4, 0.25)])
+def test_the_trimmed_mean_keeps_the_authors_ranks(n, trim):
     x = torch.randn(n, 5, generator=torch.Generator().manual_seed(n), dtype=torch.float64)
-    np.testing.assert_allclose(trimmed_mean(x, beta).numpy(), trim_mean(x.numpy(), beta, axis=0))
+    low, high = int(trim * n), int((1 - trim) * n)  # their rows [int(βn), int((1−β)n))
+    expected = np.sort(x.numpy(), axis=0)[low:high].mean(0)
+    np.testing.assert_allclose(trimmed_mean(x, trim).numpy(), expected)
+    if n == 10:  # one value left out below, two above: not scipy's symmetric cut
+        assert not np.allclose(expected, trim_mean(x.numpy(), trim, axis=0))
 
 
 def test_the_trimmed_mean_is_the_mean_when_nothing_or_too_little_would_be_left():
     x = torch.arange(12.0).reshape(3, 4)
     assert torch.equal(trimmed_mean(x, 0.0), x.mean(0))
-    assert torch.equal(trimmed_mean(x, 0.4), x.mean(0))  # int(1.2) = 1 cut each end leaves 1 < 2
+    assert torch.equal(trimmed_mean(x, 0.4), x.mean(0))  # ranks [1, 1): nothing left
 
 
 def test_correlation_clustering_finds_cliques_whatever_the_pivots():
@@ -41,10 +46,75 @@ def test_correlation_clustering_finds_cliques_whatever_the_pivots():
     assert np.array_equal(a, b)  # seeded
 
 
-def test_lambda_is_the_quantile_of_the_pairwise_distances():
+def test_lambda_is_the_sorted_distance_at_the_authors_index():
     d = np.array([[0, 1, 4, 5], [1, 0, 2, 6], [4, 2, 0, 3], [5, 6, 3, 0]], dtype=float)
-    assert pair_threshold(d, 0.25) == 2.0  # pairs 1 2 3 4 5 6: the ceil(1.5) = 2nd smallest
-    assert pair_threshold(d, 1.0) == 6.0 and pair_threshold(d, 0.01) == 1.0
+    assert pair_threshold(d, 0.25) == 3.0  # pairs 1 2 3 4 5 6: 0-based index ceil(1.5) = 2
+    assert pair_threshold(d, 1.0) == 6.0 and pair_threshold(d, 0.01) == 2.0
+    d[0, 1] = np.nan  # a pair without a distance is left out: 2 3 4 5 6
+    assert pair_threshold(d, 0.25) == 4.0
+
+
+def method(losses: np.ndarray, clusters: list[int], size_threshold: int, lam: float = 1.0) -> SRFCA:
+    """An SR-FCA server with the local losses L given, without a run."""
+    m = SRFCA.__new__(SRFCA)
+    m.ctx = SimpleNamespace(num_clients=len(losses), init=torch.zeros(3), rng=lambda *p: np.random.default_rng(0))
+    m.hp = SimpleNamespace(size_threshold=size_threshold, threshold=lam, dist_fraction=0.25)
+    m.local_losses, m.lam, m._metrics = losses.astype(float), lam, {}
+    m.clusters = np.array(clusters)
+    m.centers = torch.zeros(max(clusters) + 1, 3)
+    return m
+
+
+def canon(labels) -> list[int]:
+    """Cluster labels renumbered by first appearance (the pivots number clusters at random)."""
+    seen: dict[int, int] = {}
+    return [seen.setdefault(int(c), len(seen)) for c in labels]
+
+
+def two_groups_of_three() -> np.ndarray:
+    """L for six clients in two groups {0, 1, 2} and {3, 4, 5}: 0.2 inside, 3.0 across."""
+    group = np.array([0, 0, 0, 1, 1, 1])
+    return np.where(group[:, None] == group[None, :], 0.2, 3.0)
+
+
+def test_init_groups_within_lambda_and_drops_groups_of_at_most_t():
+    m = method(two_groups_of_three(), [0], size_threshold=2)
+    assert canon(m.group_clients()) == [0, 0, 0, 1, 1, 1]
+    m = method(two_groups_of_three(), [0], size_threshold=3)  # groups of exactly t are dropped
+    assert m.group_clients().tolist() == [0] * 6 and m._metrics["srfca_dropped"] == 2
+    losses = two_groups_of_three()
+    losses[5] = np.nan  # client 5's own model diverged: it joins its nearest kept group by its column
+    losses[[3, 4], 5] = 0.2
+    m = method(losses, [0], size_threshold=1)
+    assert canon(m.group_clients()) == [0, 0, 0, 1, 1, 1]
+
+
+def test_recluster_moves_clients_drops_small_clusters_and_merges_close_ones():
+    losses = two_groups_of_three()
+    # cluster 0 holds clients 0-2 and 3, cluster 1 holds 4 and 5; the cluster models fit the groups
+    m = method(losses, [0, 0, 0, 0, 1, 1], size_threshold=2)
+    on_clients = np.array([[0.1, 0.1, 0.1, 3.0, 3.0, 3.0], [3.0, 3.0, 3.0, 0.1, 0.1, 0.1]])
+    m.recluster_and_merge(on_clients)
+    assert canon(m.clusters) == [0, 0, 0, 1, 1, 1]  # client 3 moved
+    assert m.centers.shape[0] == 2 and m._metrics["srfca_merged"] == 0
+    # three clusters, one of a single client (dropped: under t = 2), two whose models are close (merged)
+    m = method(losses, [0, 0, 0, 1, 1, 2], size_threshold=2, lam=1.0)
+    on_clients = np.array([[0.1, 0.1, 0.1, 3.0, 3.0, 3.0], [3.0, 3.0, 3.0, 0.1, 0.2, 0.1],
+                           [2.9, 2.9, 2.9, 0.2, 0.1, 0.5]])
+    m.recluster_and_merge(on_clients)
+    assert canon(m.clusters) == [0, 0, 0, 1, 1, 1]
+    assert m._metrics["srfca_dropped"] + m._metrics["srfca_merged"] == 1
+    m = method(losses, [0, 0, 0, 1, 1, 1], size_threshold=2, lam=5.0)  # a λ above every distance: one cluster
+    m.recluster_and_merge(np.array([[0.1, 0.1, 0.1, 3.0, 3.0, 3.0], [3.0, 3.0, 3.0, 0.1, 0.1, 0.1]]))
+    assert m.clusters.tolist() == [0] * 6 and m.centers.shape[0] == 1
+
+
+def test_the_blocks_cut_the_rounds_evenly():
+    m = method(two_groups_of_three(), [0], size_threshold=2)
+    for rounds, steps, starts in ((12, 2, {6}), (10, 3, {3, 7}), (2, 5, {1}), (5, 1, set())):
+        m.ctx.training = SimpleNamespace(rounds=rounds)
+        m.hp.refine_steps = steps
+        assert m.block_starts() == starts
 
 
 def test_a_run_groups_the_clients_once_and_recovers_two_label_swap_groups(tmp_path):

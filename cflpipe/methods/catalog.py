@@ -405,12 +405,13 @@ class SRFCAParams(HyperParams):
                                                    "clustering (the authors' MNIST configs: 250–280)")
     dist_fraction: float = Field(0.25, gt=0, le=1, description="λ: this quantile of the clients' pairwise "
                                                                "cross-entropy distances (the authors' fallback)")
-    threshold: float | None = Field(None, gt=0, description="λ itself instead (the authors' tuned values depend on "
-                                                            "data and model: 0.02–0.77 on MNIST)")
+    threshold: float | None = Field(None, gt=0, description="λ itself instead, a mean cross-entropy (the authors' "
+                                                            "tuned values are on another scale and do not carry over)")
     size_threshold: int = Field(2, ge=0, description="t: groups of at most t clients dropped at the start, clusters "
                                                      "of fewer than t at each re-clustering (the authors' 2)")
-    beta: float = Field(0.15, ge=0, lt=0.5, description="β: the share of each coordinate's smallest and largest "
-                                                        "member values the trimmed mean leaves out (the authors' 0.15)")
+    trim: float = Field(0.15, ge=0, lt=0.5, description="β of the trimmed mean: each coordinate's members' values "
+                                                        "sorted, those of ranks [int(β·n), int((1 − β)·n)) averaged (the "
+                                                        "authors' 0.15; named trim, as beta is AWCFL's in srfca_awcfl)")
     refine_steps: int = Field(2, ge=1, description="refinement steps: the rounds are cut into this many blocks, "
                                                    "each cluster trained afresh in each (the authors' 2)")
 

@@ -14,6 +14,7 @@ clusters are dropped and clusters whose models are within λ of each other merge
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import numpy as np
@@ -29,15 +30,16 @@ from cflpipe.methods.clustered import ClusterModels
 _PIVOTS_INIT, _PIVOTS_MERGE = 0x5A, 0x5B
 
 
-def trimmed_mean(vectors: torch.Tensor, beta: float) -> torch.Tensor:
-    """The coordinate-wise β-trimmed mean of the rows: each coordinate's int(β·n) smallest and
-    largest values left out (scipy.stats.trim_mean's cut); the plain mean when β is 0 or fewer
-    than 2 values would remain (the authors' rule)."""
+def trimmed_mean(vectors: torch.Tensor, trim: float) -> torch.Tensor:
+    """The authors' coordinate-wise trimmed mean: each coordinate's values sorted, the rows
+    [int(trim·n), int((1 − trim)·n)) averaged (so with int(trim·n) = 0 the largest value may still
+    be left out: n = 6, trim = 0.15 keeps 5); the plain mean when trim is 0 or fewer than 2 values
+    would remain."""
     n = vectors.shape[0]
-    cut = int(beta * n)
-    if cut == 0 or n - 2 * cut < 2:
+    low, high = int(trim * n), int((1 - trim) * n)
+    if trim == 0 or high - low < 2:
         return vectors.mean(0)
-    return vectors.sort(dim=0).values[cut:n - cut].mean(0)
+    return vectors.sort(dim=0).values[low:high].mean(0)
 
 
 def correlation_clusters(edges: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -58,11 +60,24 @@ def correlation_clusters(edges: np.ndarray, rng: np.random.Generator) -> np.ndar
 
 
 def pair_threshold(distances: np.ndarray, fraction: float) -> float:
-    """λ from the data: the ceil(fraction · pairs)-th smallest distance between two clients."""
+    """λ from the data, as the authors index it: the sorted pairwise distances at 0-based
+    position ceil(fraction · pairs) (the (ceil(f·P) + 1)-th smallest; clamped to the largest,
+    where their code fails at fraction 1). Pairs without a distance (NaN) are left out."""
     pairs = distances[np.triu_indices(len(distances), k=1)]
+    pairs = np.sort(pairs[~np.isnan(pairs)])
     if not len(pairs):
         return math.inf
-    return float(np.sort(pairs)[max(math.ceil(fraction * len(pairs)), 1) - 1])
+    return float(pairs[min(math.ceil(fraction * len(pairs)), len(pairs) - 1)])
+
+
+def nearest(distance: np.ndarray, allowed: np.ndarray) -> np.ndarray:
+    """Each row's column of smallest distance among the allowed columns (NaN: unknown, never
+    chosen while a known one exists); the first allowed column for a row with none known."""
+    masked = np.where(allowed[None, :] & ~np.isnan(distance), distance, np.inf)
+    best = masked.argmin(axis=1)
+    unknown = ~np.isfinite(masked.min(axis=1))
+    best[unknown] = int(np.flatnonzero(allowed)[0])
+    return best
 
 
 class SRFCA(ClusterModels):
@@ -73,27 +88,33 @@ class SRFCA(ClusterModels):
     `init_steps` local steps (off-round traffic: one model down, one up); each client then
     receives every local model and reports its mean training cross-entropy under each (N losses
     up), so L[i, j] = loss of client i's model on client j's data and the distance is
-    d(i, j) = (L[i, j] + L[j, i]) / 2. λ is `threshold`, or the `dist_fraction` quantile of the
-    pairwise distances. Clients within λ are linked and grouped by pivot correlation clustering
-    (seeded); groups of at most `size_threshold` clients are dropped.
+    d(i, j) = (L[i, j] + L[j, i]) / 2. λ is `threshold`, or the distance at position
+    ceil(`dist_fraction` · pairs) of the sorted pairwise distances. Clients within λ are linked
+    and grouped by pivot correlation clustering (seeded); groups of at most `size_threshold`
+    clients are dropped.
 
     The rounds are cut into `refine_steps` equal blocks. In each block every cluster trains a
-    model from the initial one (a fresh start, as the authors' REFINE), its sampled members'
-    models combined by the coordinate-wise `beta`-trimmed mean (unweighted). Between blocks:
-    RECLUSTER (every client to the cluster k minimising ½(mean over k's members j of L[i, j] +
-    the loss of k's model on client i's data); clusters with fewer than `size_threshold` members
-    dropped) and MERGE (clusters whose models are within λ, ½(loss of k's model on l's members'
-    data + l's on k's), linked and grouped by correlation clustering). Each step's evaluations
-    travel as the start's: the cluster models down, one loss per model up.
+    model from the run's initial one, its sampled members' models combined by the authors'
+    coordinate-wise `trim`-trimmed mean (`trimmed_mean`, unweighted). Between blocks: RECLUSTER
+    (every client to the cluster k minimising ½(mean over k's members j of L[i, j] + the loss of
+    k's model on client i's data); clusters with fewer than `size_threshold` members dropped,
+    their clients to the nearest surviving one) and MERGE (clusters whose models are within λ,
+    ½(loss of k's model on l's members' data + l's on k's), linked and grouped by correlation
+    clustering). Each step's evaluations travel as the start's: the cluster models down, one loss
+    per model up.
 
     Departures from the authors' code, each because cflpipe's run differs:
     - The clients of a round are the run's sample (training.clients_per_round over all
-      clients), not ten per cluster; the local models start from the run's initial model.
-    - A client left without a cluster (its group dropped at INIT or at RECLUSTER) joins the
-      nearest kept cluster (the code leaves it unassigned); when no group is kept, all clients
-      form one cluster (the code fails).
-    - Distances use the clients' training data as the code does, through the run's evaluation
-      of models (float32 logits, cross-entropy averaged per client)."""
+      clients), not ten per cluster; a cluster none of whose members is sampled in a block keeps
+      the initial model for that block.
+    - Every model (the clients' own, each block's cluster models) starts from the run's
+      initial model, not from a new random one.
+    - A client left without a cluster (its group dropped at INIT, its own model diverged) joins
+      the nearest kept group (the code leaves it out until the first RECLUSTER) and counts as a
+      member there; when no group is kept, all clients form one cluster (the code fails).
+    - A loss is the mean cross-entropy over a client's training samples (the code divides its
+      summed batch means by the sample count, a scale about a batch size smaller: its λ values
+      do not carry over); a client without training data has no loss (NaN), not 0."""
 
     checkpoint = (*ClusterModels.checkpoint, "local_losses", "lam")
 
@@ -104,30 +125,33 @@ class SRFCA(ClusterModels):
     def __init__(self, ctx):
         super().__init__(ctx, 1, np.zeros(ctx.num_clients, dtype=np.int64))
         n = ctx.num_clients
-        self.local_losses = torch.full((n, n), float("nan"), dtype=torch.float64)
+        self.local_losses = np.full((n, n), np.nan)  # L[i, j]; NaN where client i has no model
         self.lam = float("nan")
         self._metrics: dict[str, float] = {}
 
     # ------------------------------------------------------------------ schedule
 
-    def _block_starts(self) -> set[int]:
-        rounds, steps = self.ctx.training.rounds, min(self.hp.refine_steps, self.ctx.training.rounds)
+    def block_starts(self) -> set[int]:
+        """The 0-based rounds that start a refinement block after the first."""
+        rounds = self.ctx.training.rounds
+        steps = min(self.hp.refine_steps, rounds)
         return {round(b * rounds / steps) for b in range(1, steps)}
 
     def round_start(self, sampled: np.ndarray) -> None:
         self._metrics = {}
         if self.ctx.round == 0:
             self._init()
-        elif self.ctx.round in self._block_starts():
-            self._recluster_and_merge()
+        elif self.ctx.round in self.block_starts():
+            self.recluster_and_merge(self.losses_on_clients(self.centers))
 
     # ------------------------------------------------------------------ losses
 
-    def _losses_on_clients(self, models: torch.Tensor) -> torch.Tensor:
-        """(models × clients) mean training cross-entropy of each model on each client's data;
-        each client receives the models and sends one loss per model."""
+    def losses_on_clients(self, models: torch.Tensor) -> np.ndarray:
+        """(models × clients) mean training cross-entropy of each model on each client's data
+        (NaN for a client without training data); each client receives the models and sends one
+        loss per model."""
         ctx = self.ctx
-        out = torch.zeros(len(models), ctx.num_clients, dtype=torch.float64)
+        out = np.full((len(models), ctx.num_clients), np.nan)
         for client in range(ctx.num_clients):
             x, y = ctx.view(client).data()
             ctx.count_traffic(tensor_bytes(models), 4 * len(models))
@@ -138,87 +162,83 @@ class SRFCA(ClusterModels):
                 out[m, client] = float(F.cross_entropy(logits[m].float(), y))
         return out
 
+    def pair_distances(self) -> np.ndarray:
+        """d(i, j) = (L[i, j] + L[j, i]) / 2 (NaN where a model or a loss is missing)."""
+        return (self.local_losses + self.local_losses.T) / 2
+
     def _init(self) -> None:
         ctx = self.ctx
         plans = {c: ClientPlan(ctx.init.clone(), steps=self.hp.init_steps) for c in range(ctx.num_clients)}
         trained = ctx.train_unsampled(plans)
         clients = np.array(sorted(trained), dtype=np.int64)
-        models = torch.stack([trained[int(c)].vector for c in clients])
-        losses = self._losses_on_clients(models)  # (trained clients × all clients)
-        self.local_losses[torch.from_numpy(clients)] = losses
-        d = self._pair_distances(clients)
+        if len(clients):
+            models = torch.stack([trained[int(c)].vector for c in clients])
+            self.local_losses[clients] = self.losses_on_clients(models)
+        self.clusters = self.group_clients()
+        self.centers = ctx.init.repeat(int(self.clusters.max()) + 1, 1)
+
+    def group_clients(self) -> np.ndarray:
+        """INIT's clustering from the local losses: λ, the threshold graph, correlation
+        clustering, groups of at most size_threshold dropped, the rest to the nearest kept group."""
+        d = self.pair_distances()
         self.lam = self.hp.threshold if self.hp.threshold is not None else pair_threshold(d, self.hp.dist_fraction)
-        edges = d <= self.lam
-        labels = correlation_clusters(edges, ctx.rng(_PIVOTS_INIT))
+        with np.errstate(invalid="ignore"):
+            labels = correlation_clusters(d <= self.lam, self.ctx.rng(_PIVOTS_INIT))
         sizes = np.bincount(labels)
         kept = np.flatnonzero(sizes > self.hp.size_threshold)
-        assignment = np.full(ctx.num_clients, -1, dtype=np.int64)
-        if len(kept):
-            renumber = {int(k): i for i, k in enumerate(kept)}
-            for row, client in enumerate(clients):
-                if int(labels[row]) in renumber:
-                    assignment[client] = renumber[int(labels[row])]
-            # the rest (dropped groups; clients whose local model diverged): the nearest kept group
-            full = self._pair_distances(np.arange(ctx.num_clients))
-            for client in np.flatnonzero(assignment < 0):
-                means = [np.nanmean(full[client, assignment == k]) for k in range(len(kept))]
-                assignment[client] = int(np.nanargmin(means)) if not np.all(np.isnan(means)) else 0
-        else:
-            assignment[:] = 0
-        self.clusters = assignment
-        self.centers = ctx.init.repeat(int(assignment.max()) + 1, 1)
         self._metrics.update(srfca_lambda=self.lam, srfca_init_groups=float(len(sizes)),
                              srfca_dropped=float(len(sizes) - len(kept)))
+        if not len(kept):
+            return np.zeros(self.ctx.num_clients, dtype=np.int64)
+        assignment = np.searchsorted(kept, labels)
+        inside = np.isin(labels, kept)
+        # the rest: the kept group of the smallest mean distance to its members
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # a client without any distance
+            to_groups = np.stack([np.nanmean(np.where(inside & (assignment == g), d, np.nan), axis=1)
+                                  for g in range(len(kept))], axis=1)
+        rest = nearest(to_groups, np.ones(len(kept), dtype=bool))
+        return np.where(inside, assignment, rest).astype(np.int64)
 
-    def _pair_distances(self, clients: np.ndarray) -> np.ndarray:
-        """d(i, j) = (L[i, j] + L[j, i]) / 2 among `clients` (NaN where a model is missing)."""
-        index = torch.from_numpy(clients)
-        losses = self.local_losses[index][:, index]
-        return ((losses + losses.T) / 2).numpy()
-
-    def _recluster_and_merge(self) -> None:
-        ctx = self.ctx
+    def recluster_and_merge(self, on_clients: np.ndarray) -> None:
+        """RECLUSTER and MERGE from `on_clients`, the (clusters × clients) losses of the cluster
+        models (losses_on_clients of the centers)."""
         k = self.num_clusters
-        on_clients = self._losses_on_clients(self.centers).numpy()  # (clusters × clients)
-        local = self.local_losses.numpy()  # L[i, j]: client i's model on client j's data
-        # RECLUSTER: ½(mean over k's members j of L[i, j] + loss of k's model on client i's data)
-        distance = np.full((ctx.num_clients, k), np.inf)
-        for cluster in range(k):
-            members = self.clusters == cluster
-            if members.any():
-                distance[:, cluster] = (np.nanmean(local[:, members], axis=1) + on_clients[cluster]) / 2
-        distance = np.where(np.isnan(distance), np.inf, distance)
-        assignment = distance.argmin(axis=1)
-        sizes = np.bincount(assignment, minlength=k)
-        kept = sizes >= self.hp.size_threshold
-        if not kept.any():
-            kept[int(sizes.argmax())] = True
-        assignment = np.where(kept[assignment], assignment, np.where(kept, distance, np.inf).argmin(axis=1))
-        survivors = np.flatnonzero(np.bincount(assignment, minlength=k) > 0)
-        # MERGE: ½(loss of k's model on l's members' data + l's on k's members' data) within λ
-        merged_distance = np.zeros((len(survivors), len(survivors)))
-        for a, ka in enumerate(survivors):
-            for b, kb in enumerate(survivors):
-                merged_distance[a, b] = (on_clients[ka, assignment == kb].mean() +
-                                         on_clients[kb, assignment == ka].mean()) / 2
-        groups = correlation_clusters(merged_distance <= self.lam, ctx.rng(_PIVOTS_MERGE))
-        to_group = {int(cluster): int(groups[a]) for a, cluster in enumerate(survivors)}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # clients or clusters without a loss
+            # ½(mean over k's members j of L[i, j] + loss of k's model on client i's data); a client
+            # without a model of its own: the second term alone
+            own = np.stack([np.nanmean(self.local_losses[:, self.clusters == c], axis=1) for c in range(k)], axis=1)
+            distance = np.where(np.isnan(own), on_clients.T, (own + on_clients.T) / 2)
+            first = nearest(distance, np.ones(k, dtype=bool))
+            sizes = np.bincount(first, minlength=k)
+            kept = sizes >= self.hp.size_threshold
+            if not kept.any():
+                kept[int(sizes.argmax())] = True
+            assignment = np.where(kept[first], first, nearest(distance, kept))
+            survivors = np.flatnonzero(np.bincount(assignment, minlength=k) > 0)
+            # MERGE: ½(loss of a's model on b's members' data + b's on a's) within λ
+            between = np.array([[(np.nanmean(on_clients[a, assignment == b]) + np.nanmean(on_clients[b, assignment == a])) / 2
+                                 for b in survivors] for a in survivors])
+        with np.errstate(invalid="ignore"):
+            groups = correlation_clusters(between <= self.lam, self.ctx.rng(_PIVOTS_MERGE))
+        to_group = dict(zip(survivors.tolist(), groups.tolist()))
         self.clusters = np.array([to_group[int(c)] for c in assignment], dtype=np.int64)
         # the next REFINE trains every cluster from the start again (the authors' fresh models)
-        self.centers = ctx.init.repeat(int(groups.max()) + 1, 1)
-        self._metrics.update(srfca_dropped=float(k - int(kept.sum())), srfca_merged=float(len(survivors) - groups.max() - 1))
+        self.centers = self.ctx.init.repeat(int(groups.max()) + 1, 1)
+        self._metrics.update(srfca_dropped=float(k - len(survivors)), srfca_merged=float(len(survivors) - groups.max() - 1))
 
     # ------------------------------------------------------------------ aggregation
 
     def cluster_aggregate(self, updates: dict[int, Update]) -> None:
-        """Each cluster's model: the β-trimmed mean of its sampled members' models."""
+        """Each cluster's model: the trimmed mean of its sampled members' models."""
         if not updates:
             return
         clients, vectors, _ = stack_updates(updates)
         labels = self.clusters[clients]
         for cluster in np.unique(labels):
             rows = torch.from_numpy(np.flatnonzero(labels == cluster)).to(vectors.device)
-            self.centers[int(cluster)] = trimmed_mean(vectors[rows], self.hp.beta)
+            self.centers[int(cluster)] = trimmed_mean(vectors[rows], self.hp.trim)
 
     def round_metrics(self) -> dict[str, Any]:
         return {**super().round_metrics(), **self._metrics}
