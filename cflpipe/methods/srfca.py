@@ -157,9 +157,9 @@ class SRFCA(ClusterModels):
             ctx.count_traffic(tensor_bytes(models), 4 * len(models))
             if not len(y):
                 continue
-            logits = ctx.apply(models, x, chunk=ctx.training.eval_batch_size)
-            for m in range(len(models)):
-                out[m, client] = float(F.cross_entropy(logits[m].float(), y))
+            logits = ctx.apply(models, x, chunk=ctx.training.eval_batch_size).float()  # (models × n × classes)
+            per_sample = F.cross_entropy(logits.flatten(0, 1), y.repeat(len(models)), reduction="none")
+            out[:, client] = per_sample.view(len(models), -1).mean(1).double().cpu().numpy()
         return out
 
     def pair_distances(self) -> np.ndarray:

@@ -439,8 +439,8 @@ def _tuning_space_of_sweeps(data: dict, origins: dict) -> dict:
         if name in swept:
             for new_name, origin in origins.items():
                 if origin.entry == name:
-                    expanded[new_name] = {**(keys if isinstance(keys, dict) else {}), **space.get(new_name, {})} \
-                        if isinstance(keys, dict) else keys
+                    # an entry of its own, if given too, wins key by key; a malformed value is Spec's to report
+                    expanded[new_name] = {**keys, **space.get(new_name, {})} if isinstance(keys, dict) else keys
         elif name not in expanded:
             expanded[name] = keys
     return {**data, "tuning": {**tuning, "space": expanded}}

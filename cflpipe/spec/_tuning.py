@@ -117,6 +117,16 @@ class TuningOptions(Strict):
         return {**self.space.get(ALL_METHODS, {}), **self.space.get(method, {})}
 
 
+def training_part(values: dict[str, Any]) -> dict[str, Any]:
+    """The training keys of a trial's values."""
+    return {k: v for k, v in values.items() if k in TUNABLE_TRAINING}
+
+
+def hyperparams_part(values: dict[str, Any]) -> dict[str, Any]:
+    """The method's hyper-parameters among a trial's values."""
+    return {k: v for k, v in values.items() if k not in TUNABLE_TRAINING}
+
+
 @dataclass(frozen=True)
 class Trial:
     """One point of a method entry's search space: its name (a path part, from its values), the
@@ -127,11 +137,11 @@ class Trial:
 
     @property
     def training(self) -> dict[str, Any]:
-        return {k: v for k, v in self.values.items() if k in TUNABLE_TRAINING}
+        return training_part(self.values)
 
     @property
     def hyperparams(self) -> dict[str, Any]:
-        return {k: v for k, v in self.values.items() if k not in TUNABLE_TRAINING}
+        return hyperparams_part(self.values)
 
     @property
     def text(self) -> str:
@@ -193,11 +203,11 @@ class MethodChoice:
 
     @property
     def training(self) -> dict[str, Any]:
-        return Trial("", self.values).training if self.values else {}
+        return training_part(self.values or {})
 
     @property
     def hyperparams(self) -> dict[str, Any]:
-        return Trial("", self.values).hyperparams if self.values else {}
+        return hyperparams_part(self.values or {})
 
 
 def read_choice(path) -> MethodChoice:
