@@ -7,10 +7,12 @@ training rounds' wall time is compared with a tight loop that performs exactly t
 the engine's overhead; anything much above 1 is a bug. Per-round time is also measured at two
 population sizes with the same number of sampled clients: it should not grow with the population.
 
-Trainers: FedAvg on digits (100 clients, 5 local steps of batch 8) with the mlp and the cnn,
-10, 25 and 100 sampled clients per round, `trainer: sequential` against `trainer: batched`:
-median training ms per round (evaluation only at the last round, left out) and their ratio.
-Steps: the same where clients' step counts differ (`local_epochs` over Dirichlet(0.3) clients).
+Trainers: FedAvg over 100 clients (5 local steps of batch 8) with the mlp and the cnn on digits,
+the cnn, a PFLlib-sized plug-in CNN and resnet18 on random images of MNIST's and CIFAR's shapes,
+10 to 100 sampled clients per round, `trainer: sequential`, `batched` and `auto`: median
+training ms per round (evaluation only at the last round, left out), their ratio, what auto
+chose and its time over the better of the two.
+Steps: the same where clients' step counts differ (`local_epochs` over Dirichlet clients).
 
 Evaluation: `eval_batch_size` 8192 (one forward pass per split, as before chunking) against the
 default 256, in the engine on the digits cnn workload and for `predict` at MNIST/CIFAR shapes.
@@ -42,7 +44,7 @@ from cflpipe.fl.data import build_federated_data
 from cflpipe.fl.engine import train_run
 from cflpipe.fl.local import batch_indices, steps_for
 from cflpipe.seeds import mix_seed as _mix
-from cflpipe.models import build_model
+from cflpipe.models import LayeredModel, build_model
 from cflpipe.spec import parse_spec
 
 WORKLOADS = {
@@ -150,13 +152,38 @@ def _median_timing(spec, column: str, drop_last: bool) -> float:
 
 # The trainers' workloads: each built-in image model at the input shapes it meets (digits' 8×8;
 # MNIST's 28×28 and CIFAR's 32×32 as random images of those shapes: timing needs no real data),
-# with the sampled-client counts measured.
+# and a plug-in model the size of PFLlib's MNIST CNN (by reference), with the sampled-client
+# counts measured and training settings beyond the defaults (5 local steps of batch 8).
 TRAINER_WORKLOADS = (
-    ("mlp", None, (10, 25, 100)),
-    ("cnn", None, (10, 25, 100)),
-    ("cnn", (1, 28, 28), (10, 25)),
-    ("resnet18", (3, 32, 32), (10,)),
+    ("mlp", None, (10, 25, 100), {}),
+    ("cnn", None, (10, 25, 100), {}),
+    ("cnn", (1, 28, 28), (10, 25), {}),
+    ("cflpipe.bench:PFLlibCNN", (1, 28, 28), (10, 20), {"batch_size": 10}),
+    ("resnet18", (3, 32, 32), (10,), {}),
 )
+
+
+class PFLlibCNN(LayeredModel):
+    """PFLlib's FedAvgCNN at MNIST's shape (two unpadded 5×5 convs of 32 and 64 channels, each
+    followed by a 2×2 max-pool, a 512-unit hidden layer; 582,026 parameters): the bench's stand-in
+    for a plug-in model that no name tells apart from a small one."""
+
+    name = "pfllib_cnn"
+
+    def __init__(self, input_shape: tuple[int, ...], num_classes: int):
+        super().__init__(input_shape, num_classes)
+        channels, height, width = input_shape
+        self.conv1 = torch.nn.Conv2d(channels, 32, 5)
+        self.conv2 = torch.nn.Conv2d(32, 64, 5)
+        h, w = ((height - 4) // 2 - 4) // 2, ((width - 4) // 2 - 4) // 2
+        self.fc1 = torch.nn.Linear(64 * h * w, 512)
+        self.fc = torch.nn.Linear(512, num_classes)
+        self.layers = ["conv1", "conv2", "fc1", "fc"]
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.max_pool2d(torch.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(torch.relu(self.conv2(x)), 2)
+        return torch.relu(self.fc1(torch.flatten(x, 1)))
 
 
 def _images_fedavg(results: Path, model: str, shape: tuple[int, ...], sampled: int, rounds: int, **training):
@@ -169,59 +196,105 @@ def _images_fedavg(results: Path, model: str, shape: tuple[int, ...], sampled: i
                  y_test=rng.integers(0, 10, 200))
     spec = _fedavg_spec(results, model, sampled, rounds, **training)
     spec["scenarios"]["bench"]["dataset"] = {"name": "files", "path": str(path), "classes": 10}
-    return parse_spec(spec)
+    return spec
+
+
+BENCH_TRAINERS = ("sequential", "batched", "auto")
+
+
+def _trainer_times(make_spec, repeats: int) -> dict[str, float]:
+    """Median training seconds per round (the last, evaluated round left out) of each of
+    BENCH_TRAINERS on the spec `make_spec(folder, trainer)` makes, fastest of `repeats`
+    alternating runs; auto starts from an empty cache of choices (its first run measures, later
+    ones read the choice), and the trainer it chose is returned as well ("auto_choice")."""
+    import os
+
+    from cflpipe.fl.trainer_choice import CACHE_ENV
+
+    seconds: dict[str, list[float]] = {trainer: [] for trainer in BENCH_TRAINERS}
+    choice = ""
+    with tempfile.TemporaryDirectory() as tmp:
+        before = os.environ.get(CACHE_ENV)
+        os.environ[CACHE_ENV] = str(Path(tmp) / "cache")
+        try:
+            for _ in range(repeats):
+                for trainer in seconds:
+                    spec = parse_spec(make_spec(Path(tmp) / trainer, trainer))
+                    seconds[trainer].append(_median_timing(spec, "train_seconds", drop_last=True))
+                    if trainer == "auto":
+                        choices = json.loads((spec.run_dir("bench", "fedavg", 0) / "timing.json").read_text())
+                        choice = "+".join(sorted({c["trainer"] for c in choices.get("auto_choices", {}).values()}))
+        finally:
+            if before is None:
+                os.environ.pop(CACHE_ENV, None)
+            else:
+                os.environ[CACHE_ENV] = before
+    best = {trainer: min(times) for trainer, times in seconds.items()}
+    return {**best, "auto_choice": choice or "sequential"}  # no shape to choose for: one by one
+
+
+def _trainer_row(times: dict, **row) -> dict:
+    seq, bat, auto = times["sequential"], times["batched"], times["auto"]
+    return {**row, "sequential_ms_per_round": seq * 1000, "batched_ms_per_round": bat * 1000,
+            "speedup": seq / bat, "auto_ms_per_round": auto * 1000, "auto": times["auto_choice"],
+            "auto_over_best": auto / min(seq, bat)}
+
+
+def _say_trainers(label: str, row: dict) -> None:
+    print(f"{label}  sequential {row['sequential_ms_per_round']:8.1f} ms/round  batched "
+          f"{row['batched_ms_per_round']:8.1f} ms/round  speed-up ×{row['speedup']:.2f}  auto "
+          f"{row['auto_ms_per_round']:8.1f} ms/round ({row['auto']}, ×{row['auto_over_best']:.2f} the better)",
+          flush=True)
 
 
 def bench_trainers(workloads=TRAINER_WORKLOADS, rounds: int = 6, repeats: int = 3, device: str = "cpu") -> list[dict]:
-    """Median training seconds per round, sequential vs batched trainer, and what `trainer: auto`
-    picks on `device`; fastest of `repeats` alternating runs on each side."""
-    from cflpipe.fl.trainer_choice import build_trainer
-
+    """Median training seconds per round of the sequential, the batched and the auto trainer, what
+    auto picks on `device`, and auto's time over the better of the two."""
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for model, shape, sampled in workloads:
-            where = "digits 8x8" if shape is None else "x".join(map(str, shape))
-            for k in sampled:
-                seconds = {"sequential": [], "batched": []}
-                for _ in range(repeats):
-                    for trainer in seconds:
-                        results = Path(tmp) / trainer
-                        spec = (_digits_fedavg(results, model, k, rounds, trainer=trainer, device=device)
-                                if shape is None else
-                                _images_fedavg(results, model, shape, k, rounds, trainer=trainer, device=device))
-                        seconds[trainer].append(_median_timing(spec, "train_seconds", drop_last=True))
-                seq, bat = min(seconds["sequential"]), min(seconds["batched"])
-                auto = type(build_trainer("auto", torch.device(device), model)).__name__.removesuffix("Trainer").lower()
-                rows.append({"model": model, "input": where, "clients_per_round": k, "device": device,
-                             "sequential_ms_per_round": seq * 1000, "batched_ms_per_round": bat * 1000,
-                             "speedup": seq / bat, "auto": auto})
-                print(f"trainer   {model:8s} {where:10s} sampled={k:4d}  sequential {seq * 1000:8.1f} ms/round  "
-                      f"batched {bat * 1000:8.1f} ms/round  speed-up ×{seq / bat:.2f}  auto: {auto}", flush=True)
+    for model, shape, sampled, training in workloads:
+        where = "digits 8x8" if shape is None else "x".join(map(str, shape))
+        for k in sampled:
+            def make_spec(results, trainer, model=model, shape=shape, k=k, training=training):
+                settings = {**training, "trainer": trainer, "device": device}
+                return (_fedavg_spec(results, model, k, rounds, **settings) if shape is None else
+                        _images_fedavg(results, model, shape, k, rounds, **settings))
+
+            row = _trainer_row(_trainer_times(make_spec, repeats), model=model.rsplit(":", 1)[-1], input=where,
+                               clients_per_round=k, device=device, **training)
+            rows.append(row)
+            _say_trainers(f"trainer   {row['model']:10s} {where:10s} sampled={k:4d}", row)
     return rows
 
 
+# Where clients' step counts differ: one local epoch over Dirichlet clients, all sampled.
+STEPS_WORKLOADS = (
+    ("mlp", None, 0.3, 16),
+    ("cnn", None, 0.3, 16),
+    ("cnn", (1, 28, 28), 0.5, 16),
+)
+
+
 def bench_steps(rounds: int = 8, repeats: int = 3, device: str = "cpu") -> list[dict]:
-    """Batched vs sequential trainer where clients' step counts differ: digits in 20 Dirichlet(0.3)
-    clients (18 to 170 training rows), all sampled, one local epoch of batch 16 (2 to 11 steps),
-    so the batched trainer groups clients by step count within 2x and undoes the extra steps of
-    the shorter ones. Median training seconds per round, fastest of `repeats` alternating runs."""
+    """The trainers where clients' step counts differ: 20 Dirichlet clients (digits at α 0.3: 18
+    to 170 training rows; random 28×28 images at α 0.5), all sampled, one local epoch of batch
+    16, so the batched trainer groups clients by step count within 2× and undoes the extra steps
+    of the shorter ones. Median training seconds per round, fastest of `repeats` alternating
+    runs, and auto's pick and time."""
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for model in ("mlp", "cnn"):
-            seconds = {"sequential": [], "batched": []}
-            for _ in range(repeats):
-                for trainer in seconds:
-                    data = _fedavg_spec(Path(tmp) / trainer, model, 20, rounds, trainer=trainer, device=device,
-                                        local_epochs=1, batch_size=16)
-                    data["training"].pop("local_steps")
-                    data["scenarios"]["bench"].update(clients=20, partition=[{"kind": "dirichlet", "alpha": 0.3}])
-                    seconds[trainer].append(_median_timing(parse_spec(data), "train_seconds", drop_last=True))
-            seq, bat = min(seconds["sequential"]), min(seconds["batched"])
-            rows.append({"model": model, "device": device, "clients_per_round": 20,
-                         "sequential_ms_per_round": seq * 1000, "batched_ms_per_round": bat * 1000,
-                         "speedup": seq / bat})
-            print(f"steps     {model:8s} dirichlet(0.3) 20 clients, 1 epoch  sequential {seq * 1000:8.1f} ms/round  "
-                  f"batched {bat * 1000:8.1f} ms/round  speed-up ×{seq / bat:.2f}", flush=True)
+    for model, shape, alpha, batch in STEPS_WORKLOADS:
+        def make_spec(results, trainer, model=model, shape=shape, alpha=alpha, batch=batch):
+            settings = {"trainer": trainer, "device": device, "local_epochs": 1, "batch_size": batch}
+            data = (_fedavg_spec(results, model, 20, rounds, **settings) if shape is None else
+                    _images_fedavg(results, model, shape, 20, rounds, **settings))
+            data["training"].pop("local_steps")
+            data["scenarios"]["bench"].update(clients=20, partition=[{"kind": "dirichlet", "alpha": alpha}])
+            return data
+
+        where = "digits 8x8" if shape is None else "x".join(map(str, shape))
+        row = _trainer_row(_trainer_times(make_spec, repeats), model=model, input=where, alpha=alpha,
+                           device=device, clients_per_round=20)
+        rows.append(row)
+        _say_trainers(f"steps     {model:8s} {where:10s} dirichlet({alpha}) 20 clients, 1 epoch", row)
     return rows
 
 

@@ -26,7 +26,7 @@ from cflpipe.fl.method import (Context, Method, Payload, Update, WeightedSum, di
                                client_work, receive, streams_means)
 from cflpipe.fl.plan import Results
 from cflpipe.fl.params import ParamSpace
-from cflpipe.fl.trainer_choice import build_trainer
+from cflpipe.fl.trainer_choice import AutoTrainer, build_trainer
 from cflpipe.fl.runs import (LOCK_FILE, OUTPUT_FILES, ResolvedRun, checkpoint_of, config_differences, read_json, remove_empty,
                              resolve_device, resolve_run, run_provenance, same_run, state_folders,
                              volatile_provenance)
@@ -285,7 +285,9 @@ class Run:
             global _process_warm
             # A trainer with workers of its own starts them, or sends them the networks, in each
             # run's first round: that round is a warm-up whatever ran before in the process.
-            warmup = not _process_warm or (r == self.start_round and self.trainer.name in PER_RUN_WARMUP_TRAINERS)
+            # A round in which auto timed both trainers trained twice: a warm-up as well.
+            measured = self.trainer.took_measurement()
+            warmup = measured or not _process_warm or (r == self.start_round and self.trainer.name in PER_RUN_WARMUP_TRAINERS)
             self.append("timing", {"round": r + 1, "seconds": t3 - t0, "train_seconds": t1 - t0,
                                    "server_seconds": t2 - t1, "eval_seconds": t3 - t2, "warmup": warmup})
             _process_warm = True
@@ -430,6 +432,7 @@ class Run:
             "method": None if final else self.method.state_dict(),
             "clients": None if final else self.ctx.clients.state_dict(),
             "tables": {name: dict(cols) for name, cols in self.tables.items()},
+            "trainer": self.trainer.state_dict(),
         }
         write_state(self.state_path, state)
 
@@ -479,6 +482,7 @@ class Run:
             self.method.load_state_dict(state["method"])
             self.ctx.clients.load_state_dict(state["clients"])
         self.tables = {name: defaultdict(list, cols) for name, cols in state["tables"].items()}
+        self.trainer.load_state_dict(state.get("trainer") or {})  # absent from checkpoints before auto measured
         self.start_round = int(state["round"])
 
     # ------------------------------------------------------------------ outputs
@@ -537,6 +541,8 @@ class Run:
                           "device": str(self.device), "trainer": self.trainer.name,
                           # plans each path trained in this process (a resumed run counts its part)
                           "plans_trained": dict(self.trainer.counts),
+                          # auto on a CPU: which trainer each shape of plans went to, and why
+                          **({"auto_choices": self.trainer.choices} if isinstance(self.trainer, AutoTrainer) else {}),
                           **volatile_provenance(self.run_dir),
                           "spec_sha256": self.resolved.spec_sha256}
         store.write_parquet(d / "metrics.parquet", metrics)

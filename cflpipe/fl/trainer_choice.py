@@ -1,34 +1,56 @@
-"""Which trainer a run gets: `training.trainer` (auto picks sequential or batched by device and
-model), an installed plugin's or a `module:Class` reference. Above the trainers it builds, so
-none of them imports another."""
+"""Which trainer a run gets: `training.trainer` (auto: batched on a GPU or for a compiled step,
+on a CPU the faster of sequential and batched as measured on the run's own plans), an installed
+plugin's or a `module:Class` reference. Above the trainers it builds, so none of them imports
+another."""
 
 from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import Iterator
 
 import torch
 
 from cflpipe.errors import SpecError
 from cflpipe.fl.distributed import DistributedTrainer
+from cflpipe.fl.params import ParamSpace
+from cflpipe.fl.plan import Trained, trained_into
 from cflpipe.fl.trainers import BatchedTrainer, ProcessesTrainer, SequentialTrainer, Trainer
+from cflpipe.fl.work import WorkItem
 
-
-# Models the batched trainer is measured faster for on a CPU (cflpipe bench --part trainers,
-# docs/performance.md, per-tensor gradients): the cnn 2.0–3.4× on digits and 1.1–1.3× at 28×28,
-# the mlp 1.0–1.5×, at 10–100 sampled clients; resnet18 0.6× at 32×32, so it stays sequential, as
-# do the models not measured.
-CPU_BATCHED_MODELS = ("cnn", "mlp")
+CACHE_ENV = "CFLPIPE_CACHE_DIR"
+CHOICES_FILE = "trainer-choices.json"
+# The batched trainer is taken only when it is this much faster: on a tie the sequential one
+# streams FedAvg's uploads (less memory) and is the reference.
+BATCHED_MARGIN = 1.02
+# A measurement is repeated (in the other order) when the first pair took less than this many
+# seconds, or when it was close (within CLOSE) and took less than LONG: one pair of a cheap round
+# is at the mercy of a busy machine and of the process's first calls.
+CHEAP, CLOSE, LONG = 2.0, 1.2, 20.0
 
 
 def build_trainer(name: str, device: torch.device, model: str | None = None, where: str = "training.trainer",
                   workers: int | None = None, compiled: bool = False) -> Trainer:
-    """The trainer `name` names: built in (auto picks sequential or batched; batched wherever
-    the step is `compiled`), an installed plugin's (entry point group cflpipe.trainers) or a
-    `module:Class` reference."""
+    """The trainer `name` names: built in (auto: batched on a GPU and wherever the step is
+    `compiled`, on a CPU an AutoTrainer), an installed plugin's (entry point group
+    cflpipe.trainers) or a `module:Class` reference. `model` is the run's model name (unused by
+    the built-in trainers; kept for callers that pass it)."""
     from cflpipe.plugins import (TRAINERS_GROUP, describe_object, entry_point_names, is_reference,
                                  load_entry_point, load_reference)
 
     if name == "auto":
-        # On a GPU one vmapped loop replaces many small kernels; on a CPU only where measured.
-        name = "batched" if compiled or device.type == "cuda" or model in CPU_BATCHED_MODELS else "sequential"
+        # On a GPU one vmapped loop replaces many small kernels (2.8–37× on every built-in model,
+        # docs/performance.md); on a CPU it depends on the shapes, so it is measured.
+        if compiled or device.type == "cuda":
+            name = "batched"
+        else:
+            return AutoTrainer()
     if name == "processes":
         if device.type == "cuda":
             raise SpecError(f"{where}: processes spreads training over CPU processes; on a GPU use auto or batched")
@@ -54,7 +76,229 @@ def build_trainer(name: str, device: torch.device, model: str | None = None, whe
     return factory()
 
 
-def _usable_cpus() -> int:
-    import os
+class AutoTrainer(Trainer):
+    """`trainer: auto` on a CPU: each call's work items go to the sequential or the batched
+    trainer, whichever trains them faster on this machine.
 
+    What decides is the call's shape (`plan_shape`: for each group the batched trainer would
+    vmap, the network's parameter shapes, the input shape, batch size, clients and steps). The
+    first time a shape is met on a machine (CPU model, core count, torch version and threads)
+    both trainers train the items, timed, and the faster one's results are the call's: a run
+    that measures gives the bytes of a run that named the winner. The choice is kept in
+    `choices_file()` (per user; CFLPIPE_CACHE_DIR moves it), so later runs of that shape on the
+    machine train with it without measuring and reruns give the same bytes; a run's checkpoint
+    holds the choices it made, so a resumed run keeps them whatever the file says since."""
+
+    name = "auto"
+
+    def __init__(self) -> None:  # counts are the two trainers' (a property), not a dict of its own
+        self.sequential, self.batched = SequentialTrainer(), BatchedTrainer()
+        self.choices: dict[str, dict] = {}  # shape -> {"trainer", "by", seconds…} met by this run
+        self.measured_since_asked = False
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return {k: self.sequential.counts[k] + self.batched.counts[k] for k in self.sequential.counts}
+
+    def train(self, spaces, items):
+        trainer, measured = self.decide(spaces, items)
+        return measured if measured is not None else trainer.train(spaces, items)
+
+    def train_each(self, spaces, items) -> Iterator[Trained]:
+        trainer, measured = self.decide(spaces, items)
+        yield from (measured if measured is not None else trainer.train_each(spaces, items))
+
+    def apply(self, network, vectors, inputs, call="forward", chunk=None):
+        return self.batched.apply(network, vectors, inputs, call, chunk)  # one by one on a CPU
+
+    def took_measurement(self) -> bool:
+        """Whether a call measured both trainers since the last time this was asked (the engine
+        counts that round as a warm-up: it trained twice)."""
+        measured, self.measured_since_asked = self.measured_since_asked, False
+        return measured
+
+    def state_dict(self) -> dict[str, str]:
+        return {shape: choice["trainer"] for shape, choice in self.choices.items()}
+
+    def load_state_dict(self, state: dict[str, str]) -> None:
+        self.choices.update({shape: {"trainer": trainer, "by": "checkpoint"} for shape, trainer in state.items()})
+
+    def decide(self, spaces: dict[str, ParamSpace], items: list[WorkItem]) -> tuple[Trainer, list[Trained] | None]:
+        """The trainer for these items, and their results when deciding trained them."""
+        shape = plan_shape(spaces, items)
+        if shape is None:  # nothing the batched trainer would vmap: both train one by one
+            return self.sequential, None
+        if shape not in self.choices:
+            key = machine_key() + " | " + shape
+            recorded = read_choices().get(key)
+            if recorded is not None and recorded.get("trainer") in ("sequential", "batched"):
+                self.choices[shape] = {**recorded, "by": "cached"}
+            else:
+                return self.measure(spaces, items, shape, key)
+        trainer = self.choices[shape]["trainer"]
+        return (self.batched if trainer == "batched" else self.sequential), None
+
+    def measure(self, spaces, items, shape: str, key: str) -> tuple[Trainer, list[Trained]]:
+        """Both trainers on the items from the same state (parameter spaces, torch's RNG), timed;
+        the state and counts left as the chosen trainer leaves them, its results returned."""
+        loose = [replace(item, into=None) for item in items]  # `into` may be an item's own start
+        before = _snapshot(spaces)
+        counts = {name: dict(t.counts) for name, t in (("sequential", self.sequential), ("batched", self.batched))}
+        runs: dict[str, dict] = {}
+        order = ["sequential", "batched"]
+        while True:
+            for name in order:
+                _restore(spaces, before)
+                trainer = self.sequential if name == "sequential" else self.batched
+                start = _clock()
+                trained = trainer.train(spaces, loose)
+                seconds = _clock() - start
+                if name in runs:
+                    runs[name]["seconds"] = min(runs[name]["seconds"], seconds)
+                else:
+                    runs[name] = {"trained": trained, "seconds": seconds, "after": _snapshot(spaces),
+                                  "counts": dict(trainer.counts)}
+                trainer.counts = dict(counts[name])
+            first_pair = runs["sequential"]["seconds"] + runs["batched"]["seconds"]
+            ratio = max(runs["sequential"]["seconds"], runs["batched"]["seconds"]) / \
+                max(min(runs["sequential"]["seconds"], runs["batched"]["seconds"]), 1e-9)
+            if order[0] == "batched" or not (first_pair < CHEAP or (ratio < CLOSE and first_pair < LONG)):
+                break
+            order = ["batched", "sequential"]
+        chosen = "batched" if runs["batched"]["seconds"] * BATCHED_MARGIN < runs["sequential"]["seconds"] else "sequential"
+        choice = {"trainer": chosen, "sequential_seconds": round(runs["sequential"]["seconds"], 6),
+                  "batched_seconds": round(runs["batched"]["seconds"], 6)}
+        choice = record_choice(key, choice)  # another process may have recorded this shape meanwhile
+        chosen = choice["trainer"]
+        self.choices[shape] = {**choice, "by": "measured"}
+        self.measured_since_asked = True
+        winner = runs[chosen]
+        _restore(spaces, winner["after"])
+        trainer = self.sequential if chosen == "sequential" else self.batched
+        trainer.counts = winner["counts"]
+        return trainer, [Trained(trained_into(item, t.vector, t.result), t.result, t.companions)
+                         for item, t in zip(items, winner["trained"])]
+
+
+def plan_shape(spaces: dict[str, ParamSpace], items: list[WorkItem]) -> str | None:
+    """What the cost of training `items` depends on: for each group of two or more items the
+    batched trainer would vmap (its grouping), the network (parameter shapes), input shape,
+    batch size, group size and steps (exact when equal, else powers of two around them); None
+    when no group has two items."""
+    groups: dict[tuple, list[int]] = {}
+    for i, item in enumerate(items):
+        key = BatchedTrainer.group_key(item)
+        if key is not None:
+            groups.setdefault(key, []).append(i)
+    described = []
+    for members in groups.values():
+        for bucket in BatchedTrainer.step_buckets(items, members):
+            for chunk in BatchedTrainer.memory_chunks(spaces, items, bucket):
+                if len(chunk) < 2:
+                    continue
+                first = items[chunk[0]]
+                steps = sorted(items[i].steps for i in chunk)
+                space = spaces[first.network]
+                network = "+".join("x".join(map(str, s.shape)) for s in space.slots)
+                described.append(f"{type(space.model).__name__}[{network}] in {'x'.join(map(str, first.x.shape[1:]))} "
+                                 f"{str(first.x.dtype).removeprefix('torch.')} batch {min(first.batch_size, len(first.y))} "
+                                 f"{first.precision} clients {len(chunk)} steps {_steps(steps)}")
+    return "; ".join(sorted(described)) or None
+
+
+def _steps(steps: list[int]) -> str:
+    if steps[0] == steps[-1]:
+        return str(steps[0])
+    low, high = 1 << (steps[0].bit_length() - 1), 1 << (steps[-1] - 1).bit_length()
+    return f"{low}-{high}"
+
+
+def machine_key() -> str:
+    """The machine as far as the trainers' speed goes: CPU model and cores, torch and its threads."""
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{model} ({os.cpu_count()} cpus) torch {torch.__version__} threads {torch.get_num_threads()}"
+
+
+def choices_file() -> Path:
+    """Where measured choices are kept: $CFLPIPE_CACHE_DIR, else $XDG_CACHE_HOME/cflpipe, else
+    ~/.cache/cflpipe."""
+    folder = os.environ.get(CACHE_ENV) or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "cflpipe")
+    return Path(folder) / CHOICES_FILE
+
+
+def read_choices() -> dict[str, dict]:
+    try:
+        data = json.loads(choices_file().read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+_said_unwritable = False
+
+
+def record_choice(key: str, choice: dict) -> dict:
+    """Keep `choice` for `key` unless one is kept already (a process that measured the same shape
+    at the same time), under a lock; the choice kept is returned. A cache that cannot be written
+    is said once and the choice used for this process alone."""
+    global _said_unwritable
+    path = choices_file()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with _locked(path.with_name(path.name + ".lock")):
+            kept = read_choices()
+            if isinstance(kept.get(key), dict) and kept[key].get("trainer") in ("sequential", "batched"):
+                return kept[key]
+            kept[key] = {**choice, "measured": time.strftime("%Y-%m-%d")}
+            scratch = path.with_name(f".{path.name}.{os.getpid()}")
+            scratch.write_text(json.dumps(kept, indent=1, sort_keys=True))
+            os.replace(scratch, path)
+    except OSError as exc:
+        if not _said_unwritable:
+            _said_unwritable = True
+            print(f"cflpipe: {path}: cannot keep the measured trainer choice ({exc.strerror or exc}); "
+                  f"trainer: auto measures again in the next process", file=sys.stderr)
+    return choice
+
+
+@contextmanager
+def _locked(path: Path):
+    import fcntl
+
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _clock() -> float:
+    # One torch thread: the process's CPU time, which another job on the machine does not inflate.
+    return time.process_time() if torch.get_num_threads() == 1 else time.perf_counter()
+
+
+def _snapshot(spaces: dict[str, ParamSpace]) -> tuple:
+    return ({name: (space.flat.detach().clone(), space.grad.detach().clone()) for name, space in spaces.items()},
+            torch.get_rng_state())
+
+
+def _restore(spaces: dict[str, ParamSpace], snapshot: tuple) -> None:
+    tensors, rng = snapshot
+    with torch.no_grad():
+        for name, (flat, grad) in tensors.items():
+            spaces[name].flat.copy_(flat)
+            spaces[name].grad.copy_(grad)
+    torch.set_rng_state(rng)
+
+
+def _usable_cpus() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

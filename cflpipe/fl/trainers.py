@@ -81,6 +81,18 @@ class Trainer:
     def close(self) -> None:
         """Let go of what the trainer holds for the run (worker processes); called when it ends."""
 
+    def state_dict(self) -> dict:
+        """What a resumed run's trainer must know to train as before (auto's choices)."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Take back state_dict's contents from a checkpoint."""
+
+    def took_measurement(self) -> bool:
+        """Whether the trainer timed work of its own since it was last asked, so that the round
+        cost more than its training (auto's first meeting with a shape)."""
+        return False
+
     def one(self, spaces: dict[str, ParamSpace], item: WorkItem) -> Trained:
         """Train one item on its network's flat parameter space."""
         self.counts["sequential"] += 1
