@@ -159,7 +159,7 @@ TRAINER_WORKLOADS = (
     ("cnn", None, (10, 25, 100), {}),
     ("cnn", (1, 28, 28), (10, 25), {}),
     ("cflpipe.bench:PFLlibCNN", (1, 28, 28), (10, 20), {"batch_size": 10}),
-    ("resnet18", (3, 32, 32), (10,), {}),
+    ("resnet18", (3, 32, 32), (10,), {"rounds": 4}),  # seconds a round: fewer of them
 )
 
 
@@ -247,14 +247,16 @@ def _say_trainers(label: str, row: dict) -> None:
           flush=True)
 
 
-def bench_trainers(workloads=TRAINER_WORKLOADS, rounds: int = 6, repeats: int = 3, device: str = "cpu") -> list[dict]:
+def bench_trainers(workloads=TRAINER_WORKLOADS, rounds: int = 10, repeats: int = 3, device: str = "cpu") -> list[dict]:
     """Median training seconds per round of the sequential, the batched and the auto trainer, what
     auto picks on `device`, and auto's time over the better of the two."""
     rows = []
-    for model, shape, sampled, training in workloads:
+    for model, shape, sampled, settings in workloads:
         where = "digits 8x8" if shape is None else "x".join(map(str, shape))
+        training = {k: v for k, v in settings.items() if k != "rounds"}
         for k in sampled:
-            def make_spec(results, trainer, model=model, shape=shape, k=k, training=training):
+            def make_spec(results, trainer, model=model, shape=shape, k=k, training=training,
+                          rounds=settings.get("rounds", rounds)):
                 settings = {**training, "trainer": trainer, "device": device}
                 return (_fedavg_spec(results, model, k, rounds, **settings) if shape is None else
                         _images_fedavg(results, model, shape, k, rounds, **settings))

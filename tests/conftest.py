@@ -14,6 +14,13 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# trainer: auto keeps what it measures per machine: the tests' choices live and die with the
+# session (the runs and subprocesses it starts inherit the variable), never in the user's cache.
+if "CFLPIPE_CACHE_DIR" not in os.environ:
+    import tempfile
+
+    os.environ["CFLPIPE_CACHE_DIR"] = tempfile.mkdtemp(prefix="cflpipe-test-cache-")
+
 # Seconds, not minutes: 1 scenario of 4 digits clients, 2 methods, 1 seed, 2 rounds of an MLP.
 TINY_SPEC = {
     "description": "tiny end-to-end spec of the workflow tests",

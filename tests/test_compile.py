@@ -12,8 +12,8 @@ import yaml
 
 from cflpipe.errors import SpecError
 from cflpipe.fl.plan import ClientPlan
-from cflpipe.fl.trainer_choice import build_trainer
-from cflpipe.fl.trainers import BatchedTrainer, SequentialTrainer
+from cflpipe.fl.trainer_choice import AutoTrainer, build_trainer
+from cflpipe.fl.trainers import BatchedTrainer
 from cflpipe.spec import parse_spec
 from tests.test_trainers import tiny_run
 
@@ -30,9 +30,9 @@ def test_compile_with_a_trainer_that_has_no_batched_step_is_one_line(tmp_path, t
                                f"'{trainer}', allowed with compile: batched or auto")
 
 
-def test_compile_makes_auto_batched_even_where_auto_would_pick_sequential():
+def test_compile_makes_auto_batched_rather_than_measured():
     cpu = torch.device("cpu")
-    assert type(build_trainer("auto", cpu, "resnet18")) is SequentialTrainer
+    assert type(build_trainer("auto", cpu, "resnet18")) is AutoTrainer
     compiled = build_trainer("auto", cpu, "resnet18", compiled=True)
     assert type(compiled) is BatchedTrainer and compiled.compiled
     assert not build_trainer("batched", cpu, "mlp").compiled

@@ -40,7 +40,7 @@ def tiny_spec(results: Path, **training) -> dict:
         "seeds": [0, 1],
         "training": {"model": "mlp", "rounds": 6, "clients_per_round": 4, "local_steps": 3,
                      "batch_size": 16, "lr": 0.05, "momentum": 0.9, "eval_every": 2,
-                     "checkpoint_every": 2, "device": "cpu", **training},
+                     "checkpoint_every": 2, "device": "cpu", "eval_train": True, **training},
         "scenarios": {"swap": {"dataset": "digits", "clients": 8,
                                "partition": [{"kind": "iid"}, {"kind": "label_swap", "groups": 2}]}},
         "methods": {"fedavg": {}, "fedprox": {"mu": 0.1}, "local": {}, "oracle": {}},
@@ -1017,7 +1017,8 @@ def test_the_summary_names_the_run(tmp_path):
     timing = json.loads((run_dir / "timing.json").read_text())
     seconds = pd.read_parquet(run_dir / "timing.parquet")
     assert {"seconds_total", "seconds_per_round", "server_seconds_per_round", "warmup_round_seconds", "device",
-            "trainer", "plans_trained", "finished_utc", "git_commit", "git_dirty", "spec_sha256"} == set(timing)
+            "trainer", "plans_trained", "auto_choices", "finished_utc", "git_commit", "git_dirty",
+            "spec_sha256"} == set(timing)
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", timing["finished_utc"])
     assert timing["seconds_total"] == pytest.approx(seconds["seconds"].sum())
     # per-round figures leave out the process's first round (its warm-up), reported apart
@@ -1025,8 +1026,9 @@ def test_the_summary_names_the_run(tmp_path):
     assert timing["warmup_round_seconds"] == pytest.approx(seconds.loc[seconds["warmup"], "seconds"].sum())
     assert timing["seconds_per_round"] == pytest.approx(steady["seconds"].mean())
     assert timing["server_seconds_per_round"] == pytest.approx(steady["server_seconds"].mean())
-    assert (timing["device"], timing["trainer"], timing["plans_trained"]) == ("cpu", "batched",
-                                                                             {"sequential": 0, "batched": 24})
+    (choice,) = timing["auto_choices"].values()  # auto on a CPU: the trainer measured faster for the plans
+    assert (timing["device"], timing["trainer"]) == ("cpu", "auto") and choice["by"] in ("measured", "cached")
+    assert timing["plans_trained"][choice["trainer"]] == 24 and sum(timing["plans_trained"].values()) == 24
     plots = pd.read_csv(run_dir / "plots.csv")
     assert list(plots.columns[:3]) == ["round", "acc_macro", "acc_micro"] and plots["round"].tolist() == [2, 4, 6]
     assert plots["acc_macro"].tolist() == [float(f"{v:.6g}") for v in rounds.dropna(subset=["acc_macro"])["acc_macro"]]

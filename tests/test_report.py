@@ -942,3 +942,22 @@ def test_the_report_opens_with_who_won_per_scenario(built):
     assert glance.count("separated") + glance.count("too few seeds") >= len(SCENARIOS)
     # no method but the Oracle (told the groups) clusters here: no ARI columns
     assert "best ARI" not in glance and 'id="glance-rank"' in glance
+
+
+def test_the_setup_says_how_many_training_splits_evaluations_read():
+    import pandas as pd
+
+    from cflpipe.report.sections import _evaluation_text, _final_counts
+    from cflpipe.spec._models import Training
+
+    runs = pd.DataFrame({"scenario": ["a", "a", "b", "c"], "train_evaluated_clients": [6, 7, 0, 12]})
+    auto = Training(eval_every=1)
+    assert _evaluation_text(auto, 12, _final_counts(runs, "a")) == (
+        "round (training splits of a seeded sample of 6–7 of 12 clients, so that an evaluation costs no more than "
+        "a training round)")
+    assert _evaluation_text(auto, 12, _final_counts(runs, "b")) == (
+        "round (test splits only: every client's already costs a training round)")
+    assert _evaluation_text(auto, 12, _final_counts(runs, "c")) == "round"  # every client's
+    assert _evaluation_text(Training(eval_every=2, eval_train=False), 12, []) == "2 rounds (test splits only)"
+    assert _evaluation_text(Training(eval_train=True), 12, _final_counts(runs.drop(columns="train_evaluated_clients"),
+                                                                         "a")) == "5 rounds"

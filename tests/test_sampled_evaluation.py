@@ -9,6 +9,7 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 import yaml
 
 from cflpipe.errors import SpecError
@@ -42,7 +43,8 @@ def run(tmp_path, method: str = "ifca", **training):
 # did not choose again, so its sampled figures are not the full ones).
 @pytest.mark.parametrize("method", ["ifca", "ditto", "perfedavg", "fedem", "oracle_mcfl"])
 def test_sampled_rounds_read_the_sample_and_full_rounds_every_client(tmp_path, method):
-    result, rounds, metrics, clusters = run(tmp_path / "sampled", method, eval_clients=5, full_eval_every=2)
+    result, rounds, metrics, clusters = run(tmp_path / "sampled", method, eval_clients=5, full_eval_every=2,
+                                            eval_train=True)
     assert rounds["evaluated_clients"].tolist() == [5, CLIENTS, 5, CLIENTS]
     for r, expected in zip(range(1, 5), [5, CLIENTS, 5, CLIENTS]):
         for split in ("test", "train"):
@@ -53,7 +55,7 @@ def test_sampled_rounds_read_the_sample_and_full_rounds_every_client(tmp_path, m
 
     # Training does not see evaluation: the full run's figures for the sampled clients are the
     # sampled round's (two evaluation paths: rows applied in other chunks, so to rounding).
-    _, full_rounds, full_metrics, full_clusters = run(tmp_path / "full", method)
+    _, full_rounds, full_metrics, full_clusters = run(tmp_path / "full", method, eval_train=True)
     assert "evaluated_clients" not in full_rounds.columns
     full_rounds_only = lambda t: t[t["round"] % 2 == 0].reset_index(drop=True)  # noqa: E731
     pd.testing.assert_frame_equal(full_rounds_only(clusters), full_rounds_only(full_clusters))
@@ -98,10 +100,13 @@ def test_full_evaluations_off_the_eval_every_grid_are_still_held(tmp_path):
 
 
 def test_runs_without_a_sample_keep_their_config(tmp_path):
-    result, *_ = run(tmp_path)
+    result, *_ = run(tmp_path, eval_train=True)  # what every run before eval_train: auto did
     config = yaml.safe_load((result.run_dir / "config.yaml").read_text())
     later = {"eval_clients", "full_eval_every", "eval_train", "precision", "compile"}  # added after runs existed
     assert not later & set(config["training"])
+    # auto reads other training splits than those runs did: it is recorded, so they are redone
+    result, *_ = run(tmp_path / "auto")
+    assert yaml.safe_load((result.run_dir / "config.yaml").read_text())["training"]["eval_train"] == "auto"
 
 
 def test_full_eval_every_without_a_sample_is_one_line(tmp_path):
@@ -162,3 +167,59 @@ def test_the_evaluation_hooks_of_before_the_one_evaluation_shape_are_refused(hoo
     bases = (type("Mixin", (), own), IFCA) if in_mixin else (IFCA,)
     with pytest.raises(TypeError, match=f"defines {hook}, an evaluation hook cflpipe no longer calls"):
         type("Old", bases, {} if in_mixin else own)
+
+
+def test_eval_train_auto_reads_every_training_split_only_where_that_costs_no_more_than_a_round(tmp_path):
+    """auto: an evaluation reads at most EVAL_ROWS_PER_TRAINED_ROW rows per row a round trains.
+    12 clients of ~120 training and 30 test rows, 6 a round, batch 16: at 10 local steps (1,920
+    rows to read) every client's training split fits, at 6 steps (1,152) the test split leaves
+    room for 6 clients', at 1 step (192) for none."""
+    from cflpipe.fl.data import build_federated_data
+    from cflpipe.fl.evaluation import EVAL_ROWS_PER_TRAINED_ROW, train_split_clients
+
+    def chosen(steps: int, seed: int = 0, **training):
+        spec = parse_spec(spec_dict(tmp_path, local_steps=steps, **training))
+        data = build_federated_data(spec, "s", torch.device("cpu"))
+        return data, spec.resolved_training("s", "ifca"), train_split_clients(
+            data, spec.resolved_training("s", "ifca"), seed)
+
+    data, training, every = chosen(10)
+    assert every is None
+    data, training, some = chosen(6)
+    budget = EVAL_ROWS_PER_TRAINED_ROW * 6 * 6 * 16 - data.test.sizes().sum()
+    sizes = data.train.sizes()
+    assert 0 < len(some) < CLIENTS and sizes[some].sum() <= budget
+    assert list(some) == sorted(some) and np.array_equal(some, chosen(6)[2])  # seeded: the same each time
+    assert not np.array_equal(some, chosen(6, seed=1)[2])  # by the run's seed
+    assert len(chosen(1)[2]) == 0
+    assert chosen(1, eval_train=True)[2] is None and len(chosen(10, eval_train=False)[2]) == 0
+
+
+def test_eval_train_auto_reads_its_sample_s_training_splits_in_every_evaluation(tmp_path):
+    """The sampled clients' training rows are those of a run that reads every client's, the
+    others have none; every evaluation (sampled evaluations too) reads the same clients'; the
+    rounds say how many."""
+    from cflpipe.fl.data import build_federated_data
+    from cflpipe.fl.evaluation import train_split_clients
+
+    result, rounds, metrics, _ = run(tmp_path / "auto", "ifca", local_steps=6, eval_clients=5, full_eval_every=2)
+    spec = parse_spec(spec_dict(tmp_path / "auto", local_steps=6))
+    sample = train_split_clients(build_federated_data(spec, "s", torch.device("cpu")),
+                                 spec.resolved_training("s", "ifca"), 0)
+    train = metrics[metrics["split"] == "train"]
+    for r in (2, 4):  # full evaluations: the sample's clients
+        assert train.loc[train["round"] == r, "client"].tolist() == sample.tolist()
+    for r in (1, 3):  # sampled evaluations: the sample's clients among the evaluated
+        evaluated = set(metrics.loc[(metrics["round"] == r) & (metrics["split"] == "test"), "client"])
+        assert set(train.loc[train["round"] == r, "client"]) == evaluated & set(sample.tolist())
+    assert rounds["train_evaluated_clients"].tolist() == [len(set(metrics.loc[(metrics["round"] == r) & (
+        metrics["split"] == "train"), "client"])) for r in range(1, 5)]
+    _, full_rounds, full_metrics, _ = run(tmp_path / "every", "ifca", local_steps=6, eval_train=True)
+    mine = train[train["round"] == 4].reset_index(drop=True)
+    theirs = full_metrics[(full_metrics["round"] == 4) & (full_metrics["split"] == "train")
+                          & full_metrics["client"].isin(sample)].reset_index(drop=True)
+    pd.testing.assert_frame_equal(mine, theirs, check_exact=False, rtol=1e-5)
+    assert np.isclose(rounds["train_acc_macro"].iloc[-1], mine["acc"].mean())
+    test_rows = lambda m: m[m["split"] == "test"].reset_index(drop=True)  # noqa: E731
+    pd.testing.assert_frame_equal(test_rows(metrics[metrics["round"] == 4]), test_rows(full_metrics[
+        full_metrics["round"] == 4]), check_exact=False, rtol=1e-5)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import time
 
 import numpy as np
 import pytest
@@ -21,10 +22,11 @@ from cflpipe.fl.local import (SGD, Anchor, FOMAMLStep, LocalResult, LoopState, M
                               batch_indices, run_loop, sgd, step_config)
 from cflpipe.fl.params import ParamSpace, cluster_average
 from cflpipe.fl.plan import ClientPlan
-from cflpipe.fl.trainer_choice import build_trainer
-from cflpipe.fl.trainers import BatchedTrainer
+from cflpipe.fl.trainer_choice import AutoTrainer, build_trainer, choices_file, plan_shape, read_choices, record_choice
+from cflpipe.fl.trainers import BatchedTrainer, SequentialTrainer
 from cflpipe.models import MLP
 from cflpipe.spec import parse_spec
+from conftest import Killed, die_after_saving
 
 torch.set_num_threads(1)
 
@@ -264,12 +266,123 @@ def test_dropout_masks_follow_seed_round_client_and_stream(tmp_path):
     assert torch.initial_seed() != batch_seed
 
 
-def test_the_auto_trainer_batches_on_a_gpu_and_for_the_measured_models_on_a_cpu():
+def test_the_auto_trainer_batches_on_a_gpu_and_for_a_compiled_step_and_measures_on_a_cpu():
     cpu, gpu = torch.device("cpu"), torch.device("cuda")  # a device name: no GPU needed
-    assert build_trainer("auto", cpu, "resnet18").name == "sequential"  # measured slower batched on a CPU
-    assert build_trainer("auto", cpu, "cnn").name == "batched" and build_trainer("auto", cpu, "mlp").name == "batched"
+    assert type(build_trainer("auto", cpu, "resnet18")) is AutoTrainer  # whatever the model's name
     assert build_trainer("auto", gpu, "mlp").name == "batched"
+    assert build_trainer("auto", cpu, "mlp", compiled=True).name == "batched"
     assert build_trainer("sequential", gpu, "cnn").name == "sequential"  # a named trainer is kept
+
+
+def slowed(monkeypatch, trainer_class, seconds: float = 0.05) -> None:
+    """Make `trainer_class.train` burn `seconds` of CPU time more per call (auto times the process's CPU)."""
+    train = trainer_class.train
+
+    def slow_train(self, spaces, items):
+        end = time.process_time() + seconds
+        while time.process_time() < end:
+            pass
+        return train(self, spaces, items)
+
+    monkeypatch.setattr(trainer_class, "train", slow_train)
+
+
+def run_files(run_dir) -> dict[str, bytes]:
+    return {name: (run_dir / name).read_bytes() for name in ("metrics.parquet", "rounds.parquet", "clusters.parquet")}
+
+
+def auto_spec(tmp_path, name: str, trainer: str = "auto", rounds: int = 4):
+    return parse_spec({
+        "seeds": [0],
+        "training": {"model": "mlp", "rounds": rounds, "clients_per_round": 4, "local_steps": 3, "batch_size": 8,
+                     "lr": 0.1, "device": "cpu", "trainer": trainer, "eval_every": 1, "checkpoint_every": 1},
+        "scenarios": {"s": {"dataset": "digits", "clients": 6, "partition": [{"kind": "iid"}]}},
+        "methods": {"fedavg": {}, "local": {}},
+        "results_dir": str(tmp_path / name),
+    })
+
+
+@pytest.mark.parametrize("slower", ["sequential", "batched"])
+def test_auto_takes_the_trainer_it_measured_faster_and_keeps_its_bytes(tmp_path, monkeypatch, slower):
+    """The first run of a shape measures both trainers and keeps the faster one's results: its
+    outputs are those of a run that named the faster trainer. The choice is cached, so the next run
+    reads it without measuring and gives the same bytes; the run says what it chose and why."""
+    from cflpipe.fl.engine import train_run
+
+    monkeypatch.setenv("CFLPIPE_CACHE_DIR", str(tmp_path / "cache"))
+    slowed(monkeypatch, SequentialTrainer if slower == "sequential" else BatchedTrainer)
+    faster = "batched" if slower == "sequential" else "sequential"
+    for method in ("fedavg", "local"):  # FedAvg streams its uploads; Local writes into a table (`into`)
+        named = train_run(auto_spec(tmp_path, faster, faster), "s", method, 0, force=True, progress=False)
+        measured = train_run(auto_spec(tmp_path, "auto"), "s", method, 0, force=True, progress=False)
+        assert run_files(measured.run_dir) == run_files(named.run_dir)
+        timing = json.loads((measured.run_dir / "timing.json").read_text())
+        (shape, choice), = timing["auto_choices"].items()
+        assert choice["trainer"] == faster and "MLP[" in shape and "clients 4 steps 3" in shape
+        assert choice["by"] == ("measured" if method == "fedavg" else "cached")  # Local's plans: the same shape
+        assert timing["plans_trained"][faster] == 4 * 4 and timing["plans_trained"][slower] == 0
+        again = train_run(auto_spec(tmp_path, "auto"), "s", method, 0, force=True, progress=False)
+        assert run_files(again.run_dir) == run_files(named.run_dir)
+    kept = read_choices()
+    assert len(kept) == 1 and next(iter(kept.values()))["trainer"] == faster
+
+
+def test_a_resumed_auto_run_keeps_the_choices_of_its_checkpoint(tmp_path, monkeypatch):
+    """Killed after round 2 and resumed after the cache was changed (or lost) in between, a run
+    trains on with the trainer its checkpoint names, to the bytes of an uninterrupted run."""
+    from cflpipe.fl.engine import train_run
+
+    monkeypatch.setenv("CFLPIPE_CACHE_DIR", str(tmp_path / "cache"))
+    with monkeypatch.context() as patch:
+        slowed(patch, SequentialTrainer)
+        whole = train_run(auto_spec(tmp_path, "whole"), "s", "fedavg", 0, force=True, progress=False)
+        assert next(iter(read_choices().values()))["trainer"] == "batched"
+        with monkeypatch.context() as dying:
+            die_after_saving(dying, 2)
+            with pytest.raises(Killed):
+                train_run(auto_spec(tmp_path, "killed"), "s", "fedavg", 0, force=True, progress=False)
+    kept = read_choices()
+    for key in kept:  # the cache now says the other trainer
+        kept[key]["trainer"] = "sequential"
+    choices_file().write_text(json.dumps(kept))
+    resumed = train_run(auto_spec(tmp_path, "killed"), "s", "fedavg", 0, progress=False)
+    assert run_files(resumed.run_dir) == run_files(whole.run_dir)
+    timing = json.loads((resumed.run_dir / "timing.json").read_text())
+    assert [c["by"] for c in timing["auto_choices"].values()] == ["checkpoint"]
+    assert timing["plans_trained"] == {"batched": 2 * 4, "sequential": 0}
+
+
+def test_a_choice_recorded_meanwhile_by_another_process_wins(tmp_path, monkeypatch):
+    monkeypatch.setenv("CFLPIPE_CACHE_DIR", str(tmp_path / "cache"))
+    assert record_choice("machine | shape", {"trainer": "batched"})["trainer"] == "batched"
+    assert record_choice("machine | shape", {"trainer": "sequential"})["trainer"] == "batched"
+    assert read_choices()["machine | shape"]["trainer"] == "batched"
+    assert record_choice("machine | other", {"trainer": "sequential"})["trainer"] == "sequential"
+
+
+def test_an_unwritable_cache_is_said_once_and_the_choice_kept_for_the_process(tmp_path, monkeypatch, capsys):
+    import cflpipe.fl.trainer_choice as choice
+
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("CFLPIPE_CACHE_DIR", str(blocker / "cache"))  # under a file: cannot be made
+    monkeypatch.setattr(choice, "_said_unwritable", False)
+    assert record_choice("k", {"trainer": "batched"}) == {"trainer": "batched"}
+    record_choice("k2", {"trainer": "batched"})
+    assert capsys.readouterr().err.count("cannot keep the measured trainer choice") == 1
+
+
+def test_plan_shapes_tell_apart_what_changes_the_cost_and_nothing_else(tmp_path):
+    run = tiny_run(tmp_path, "auto", clients=6)
+    items = lambda plans: [run.ctx.work_item(c, plan) for c, plan in plans.items()]  # noqa: E731
+    start = run.ctx.init
+    shape = plan_shape(run.ctx.spaces, items({c: ClientPlan(start) for c in range(4)}))
+    assert shape == plan_shape(run.ctx.spaces, items({c: ClientPlan(start.clone()) for c in range(2, 6)}))
+    assert shape != plan_shape(run.ctx.spaces, items({c: ClientPlan(start) for c in range(5)}))
+    assert shape != plan_shape(run.ctx.spaces, items({c: ClientPlan(start, steps=4) for c in range(4)}))
+    assert plan_shape(run.ctx.spaces, items({0: ClientPlan(start)})) is None  # nothing to vmap
+    unequal = plan_shape(run.ctx.spaces, items({0: ClientPlan(start, steps=3), 1: ClientPlan(start, steps=5)}))
+    assert unequal.endswith("clients 2 steps 2-8")
 
 
 def test_the_fallback_message_names_the_exception_and_its_first_line_once(capsys):

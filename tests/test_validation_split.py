@@ -58,7 +58,7 @@ def spec_dict(tmp_path, validation_fraction: float = 0.2, method: str = "ifca") 
         sc["validation_fraction"] = validation_fraction
     return {"seeds": [0],
             "training": {"model": "mlp", "rounds": 6, "clients_per_round": 4, "local_steps": 3, "batch_size": 16,
-                         "lr": 0.05, "eval_every": 1, "device": "cpu"},
+                         "lr": 0.05, "eval_every": 1, "device": "cpu", "eval_train": True},
             "scenarios": {"s": sc}, "methods": {method: {"clusters": 2} if method == "ifca" else {}},
             "results_dir": str(tmp_path / "results"), "data_dir": str(tmp_path / "data")}
 

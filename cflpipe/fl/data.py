@@ -39,6 +39,14 @@ class SplitData:
         within = np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths)
         return torch.from_numpy(np.repeat(starts, lengths) + within).to(self.y.device)
 
+    def only(self, clients: np.ndarray) -> "SplitData":
+        """The given (sorted) clients' rows (a copy) under their own numbers; every other client
+        holds none."""
+        rows = self.rows_of(clients)
+        sizes = np.zeros(len(self.offsets) - 1, dtype=np.int64)
+        sizes[clients] = np.diff(self.offsets)[clients]
+        return SplitData(self.x[rows], self.y[rows], np.concatenate([[0], np.cumsum(sizes)]), self.owner[rows])
+
     def subset(self, clients: np.ndarray) -> "SplitData":
         """The given clients' rows (a copy), client by client, as clients 0..len(clients)-1."""
         rows = self.rows_of(clients)

@@ -21,7 +21,7 @@ from cflpipe.errors import DivergenceError, SpecError
 from cflpipe.fl.checkpoint import STATE_HASH_FILE, adopt_previous, read_state, rows_folder, write_state
 from cflpipe.fl.data import FederatedData
 from cflpipe.fl.diagnosis import Degeneration, diagnose_clustering
-from cflpipe.fl.evaluation import evaluate
+from cflpipe.fl.evaluation import evaluate, train_split_clients
 from cflpipe.fl.method import (Context, Method, Payload, Update, WeightedSum, divergence_error, client_update,
                                client_work, receive, streams_means)
 from cflpipe.fl.plan import Results
@@ -55,7 +55,7 @@ MAX_SKIPPED_SHARE = 0.5
 # A round's mean training loss this many times the first round's prints a warning.
 EXPLODING_FACTOR = 10.0
 ROUNDS_INTEGERS = ("round", "sampled", "skipped", "bytes_down", "bytes_up", "n_clusters", "models",
-                   "global_models", "evaluated_clients")
+                   "global_models", "evaluated_clients", "train_evaluated_clients")
 
 
 @dataclass(frozen=True)
@@ -179,6 +179,7 @@ class Run:
         self.ctx = Context(self.data, self.space, self.training, hp, self.seed, self.space.read(),
                            self.scenario, self.method_name, self.trainer)
         self.training_clients = self.held_out_check(info)
+        self.train_split_clients = train_split_clients(self.data, self.training, self.seed, self.training_clients)
         self.method: Method = info.cls(self.ctx)
         self.tables: dict[str, dict[str, list]] = {n: defaultdict(list) for n in STANDARD_TABLES}
         self._warned_exploding = False
@@ -407,9 +408,13 @@ class Run:
     def evaluate(self, round_number: int) -> dict[str, Any]:
         clients = self.evaluation_sample(round_number)
         result = evaluate(self.ctx, self.method, self.data, self.training.eval_batch_size, self.seed, round_number,
-                          clients, self.training.eval_train)
+                          clients, self.training.eval_train is not False, self.train_split_clients)
         if self.training.eval_clients is not None:  # so every figure of the round says what it read
             result.figures["evaluated_clients"] = self.data.num_clients if clients is None else len(clients)
+        if self.training.eval_train == "auto":  # how many training splits it read
+            evaluated = np.arange(self.data.num_clients) if clients is None else clients
+            read = evaluated if self.train_split_clients is None else np.intersect1d(evaluated, self.train_split_clients)
+            result.figures["train_evaluated_clients"] = len(read)
         for name, columns in result.tables.items():
             self.extend(name, columns)
         for name, columns in result.method_tables.items():

@@ -28,6 +28,10 @@ from cflpipe.metrics import (clustering_scores, mixture_error, device_f1, f1_mac
 # test data; with per-client models that is clients × pooled test, so a seeded sample of at most
 # this many models is scored (recorded in rounds.parquet as `global_models`).
 MAX_GLOBAL_MODELS = 100
+# Rows an evaluation may read per row a training round trains, for `eval_train: auto`: a forward
+# pass in chunks costs under half of a training step's forward and backward per row (the
+# yardstick on a CPU: 1.0 ms against 2.4 ms a row), so this keeps an evaluation within a round.
+EVAL_ROWS_PER_TRAINED_ROW = 2
 # Logits held at once when models are applied to a whole split (bytes): models are applied in
 # groups small enough for this, so a CIFAR-100 test set times 100 models stays bounded.
 LOGITS_BUDGET = 64 << 20
@@ -44,18 +48,23 @@ class Evaluation:
 
 
 def evaluate(ctx: Context, method: Method, data: FederatedData, eval_batch_size: int, seed: int,
-             round_number: int, clients: np.ndarray | None = None, train_split: bool = True) -> Evaluation:
+             round_number: int, clients: np.ndarray | None = None, train_split: bool = True,
+             train_clients: np.ndarray | None = None) -> Evaluation:
     """The round's figures from every client, or from the clients in `clients` (sorted ids: a
     sampled evaluation): then the metrics rows, personalized figures, global and intra/inter
     accuracy are those clients' and their pooled data's, while the clustering is still every
     client's assignment as the method holds it (IFCA: the sampled clients choose again by loss,
-    the others keep their last choice). Without `train_split` only the test split is read."""
+    the others keep their last choice). Without `train_split` only the test split is read; with
+    `train_clients` (sorted ids) only those clients' training splits."""
     everyone, predictor = data, method.predictor(clients)
     client_ids = np.arange(data.num_clients) if clients is None else np.asarray(clients)
+    # the evaluated clients whose training split is read, by their place among the evaluated
+    train_only = None if train_clients is None else np.flatnonzero(np.isin(client_ids, train_clients))
+    train_split = train_split and (train_only is None or len(train_only) > 0)
     if clients is not None:
         data = data.subset(clients, train=train_split)
     scoring = _Scoring(ctx, data, everyone.num_groups, eval_batch_size, seed, round_number, clients is not None,
-                       train_split)
+                       train_split, train_only)
     if isinstance(predictor, Mixture):
         scored = _mixture(scoring, predictor, client_ids)
     elif isinstance(predictor, Selected):
@@ -66,7 +75,7 @@ def evaluate(ctx: Context, method: Method, data: FederatedData, eval_batch_size:
     tables: dict[str, dict[str, np.ndarray]] = {"metrics": {}}
     for split_name, (split, preds, losses, client_model) in scored.splits.items():
         figures.update(_split_figures(tables, split_name, split, data, preds, losses, client_model,
-                                      round_number, client_ids))
+                                      round_number, client_ids, train_only if split_name == "train" else None))
     figures.update(scored.model_figures(data.groups, everyone.num_groups))
     assignment = method.assignment()
     m_all = everyone.num_clients
@@ -94,11 +103,13 @@ class _Scoring:
     round_number: int
     sampled: bool
     train_split: bool
+    train_only: np.ndarray | None = None  # the clients whose training split is read; None: all
 
     @property
     def splits(self) -> tuple[tuple[str, Split], ...]:
         """test, then train (unless left out), then val where the scenario has a validation split."""
-        splits = (("test", self.data.test), ("train", self.data.train))[:2 if self.train_split else 1]
+        train = self.data.train if self.train_only is None else self.data.train.only(self.train_only)
+        splits = (("test", self.data.test), ("train", train))[:2 if self.train_split else 1]
         return splits + ((("val", self.data.val),) if self.data.val is not None else ())
 
     def scored_models(self, n_models: int, used: np.ndarray) -> np.ndarray:
@@ -231,17 +242,19 @@ def _mixture_error(true_weights: np.ndarray, table: dict[str, np.ndarray] | None
 
 def _split_figures(tables: dict, split_name: str, split: Split, data: FederatedData, preds: torch.Tensor,
                    losses: torch.Tensor, client_model: np.ndarray, round_number: int,
-                   client_ids: np.ndarray) -> dict[str, Any]:
-    """Each client's figures on one split (metrics rows, under the clients' own ids) and the
-    round's summary of them."""
+                   client_ids: np.ndarray, only: np.ndarray | None = None) -> dict[str, Any]:
+    """Each client's figures on one split (metrics rows, under the clients' own ids; of the
+    clients in `only` where given) and the round's summary of them."""
     m, owner = data.num_clients, split.owner.cpu().numpy()
     y_true, y_pred = split.y.cpu().numpy(), preds.cpu().numpy()
     acc, n = per_client_accuracy(owner, y_true == y_pred, m)
     loss_c = per_client_mean(owner, losses.cpu().numpy(), m)
     f1 = per_client_f1(owner, y_true, y_pred, m, data.num_classes)
-    _extend(tables, "metrics", {"round": np.full(m, round_number), "client": client_ids,
-                                "split": np.full(m, split_name), "model": client_model, "group": data.groups,
-                                "acc": acc, "loss": loss_c, "f1": f1, "n": n})
+    keep = slice(None) if only is None else only
+    acc, n, loss_c, f1 = acc[keep], n[keep], loss_c[keep], f1[keep]
+    _extend(tables, "metrics", {"round": np.full(len(acc), round_number), "client": client_ids[keep],
+                                "split": np.full(len(acc), split_name), "model": client_model[keep],
+                                "group": data.groups[keep], "acc": acc, "loss": loss_c, "f1": f1, "n": n})
     figures: dict[str, Any] = {}
     if split_name == "test":
         figures.update(personalized_summary(acc, n))
@@ -255,6 +268,35 @@ def _split_figures(tables: dict, split_name: str, split: Split, data: FederatedD
     else:
         figures["train_acc_macro"] = float(np.nanmean(acc))
     return figures
+
+
+def train_split_clients(data: FederatedData, training, seed: int, trainers: np.ndarray | None = None
+                        ) -> np.ndarray | None:
+    """The clients whose training split evaluations read (sorted ids; None: every client's):
+    `training.eval_train` true: all, false: none; auto: all where an evaluation of every client's
+    test, validation and training split reads at most EVAL_ROWS_PER_TRAINED_ROW rows per row a
+    training round of FedAvg trains (clients_per_round of the clients that train, `trainers`,
+    at their mean local steps × batch), else the clients of a seeded order (by the run's seed
+    alone, so every evaluation of the run and every method reads the same ones) as long as their
+    rows fit what the test and validation splits leave of that budget."""
+    from cflpipe.fl.local import steps_for
+
+    if training.eval_train is True:
+        return None
+    if training.eval_train is False:
+        return np.zeros(0, dtype=np.int64)
+    sizes = data.train.sizes()
+    training_sizes = sizes[trainers] if trainers is not None else sizes[sizes > 0]
+    per_client = [steps_for(int(n), training.batch_size, training.local_steps, training.local_epochs)
+                  * min(training.batch_size, int(n)) for n in training_sizes]
+    trained = training.clients_per_round * (float(np.mean(per_client)) if per_client else 0.0)
+    budget = EVAL_ROWS_PER_TRAINED_ROW * trained - int(data.test.sizes().sum()) \
+        - (0 if data.val is None else int(data.val.sizes().sum()))
+    if sizes.sum() <= budget:
+        return None
+    order = rng(seed, 0x63).permutation(len(sizes))
+    fits = np.cumsum(sizes[order]) <= budget
+    return np.sort(order[:int(np.argmin(fits)) if not fits.all() else len(order)])
 
 
 def _whole(ctx: Context, model: torch.Tensor, split: Split, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:

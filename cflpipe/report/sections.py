@@ -101,7 +101,8 @@ class Sections:
                     ("local work per round", _local_text(t)), ("batch size", t.batch_size),
                     ("lr", f"{t.lr:g}" + (f" (× {t.lr_decay:g} per round)" if t.lr_decay != 1 else "")),
                     ("momentum", f"{t.momentum:g}"), ("weight decay", f"{t.weight_decay:g}"),
-                    ("clients per round", t.clients_per_round), ("evaluated every", _evaluation_text(t)),
+                    ("clients per round", t.clients_per_round),
+                    ("evaluated every", _evaluation_text(t, sc.clients, _final_counts(view.runs, s))),
                     ("device", t.device), ("trainer", t.trainer),
                     ("seeds", ", ".join(str(k) for k in view.spec.seeds)),
                     ("scenario hyperparams", _kv_text(sc.hyperparams))):
@@ -421,8 +422,26 @@ def _step_text(step) -> str:
     return f"{step.kind}(" + ", ".join(f"{k}={v}" for k, v in fields.items()) + ")"
 
 
-def _evaluation_text(t: Training) -> str:
-    text = ("round" if t.eval_every == 1 else f"{t.eval_every} rounds") + ("" if t.eval_train else " (test splits only)")
+def _final_counts(runs: pd.DataFrame, scenario: str, column: str = "train_evaluated_clients") -> list[int]:
+    """The scenario's runs' final values of an integer figure (none where no run recorded it)."""
+    if column not in runs.columns:
+        return []
+    values = runs.loc[runs["scenario"] == scenario, column].dropna()
+    return [int(v) for v in values]
+
+
+def _evaluation_text(t: Training, clients: int | None, train_read: list[int]) -> str:
+    """How often and what evaluations read; `train_read`: how many clients' training splits the
+    scenario's runs read in their final evaluation (eval_train auto decides by the data)."""
+    text = "round" if t.eval_every == 1 else f"{t.eval_every} rounds"
+    read = sorted(set(train_read))
+    if t.eval_train is False or (t.eval_train == "auto" and read == [0]):
+        text += " (test splits only" + (": every client's already costs a training round)" if t.eval_train else ")")
+    elif t.eval_train == "auto" and read and (clients is None or read[-1] < clients):
+        counts = f"{read[0]}" if len(read) == 1 else f"{read[0]}–{read[-1]}"
+        text += (f" (training splits of a seeded sample of {counts}{'' if clients is None else f' of {clients}'} "
+                 f"clients, so that an evaluation "
+                 f"costs no more than a training round)")
     if t.eval_clients is None:
         return text
     full = f"every {t.full_eval_every} rounds and the last" if t.full_eval_every else "the last round"

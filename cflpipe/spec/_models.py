@@ -59,9 +59,11 @@ class Training(Strict):
         None, ge=1, description="evaluate a seeded sample of this many clients (and their pooled test data) at "
                                 "evaluation rounds that are not full ones; the clustering is always every "
                                 "client's (null: every evaluation is full)")
-    eval_train: bool = Field(
-        True, description="also evaluate each client's model on its training split (metrics rows with split "
-                          "train, train_acc_macro); false: the test split only, about half the evaluation's cost")
+    eval_train: bool | Literal["auto"] = Field(
+        "auto", description="also evaluate clients' models on their training split (metrics rows with split "
+                            "train, train_acc_macro): true every client's, false none (the test split only), "
+                            "auto every client's where an evaluation then costs no more than a training round, "
+                            "else a seeded sample of clients that keeps it within one")
     full_eval_every: int | None = Field(
         None, ge=1, description="with eval_clients: evaluate every client every N rounds (and in the last "
                                 "round, always); null: only in the last round")
