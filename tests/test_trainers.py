@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import time
 
@@ -312,13 +313,13 @@ def test_auto_takes_the_trainer_it_measured_faster_and_keeps_its_bytes(tmp_path,
     monkeypatch.setenv("CFLPIPE_CACHE_DIR", str(tmp_path / "cache"))
     slowed(monkeypatch, SequentialTrainer if slower == "sequential" else BatchedTrainer)
     faster = "batched" if slower == "sequential" else "sequential"
-    for method in ("fedavg", "local"):  # FedAvg streams its uploads; Local writes into a table (`into`)
+    for method in ("fedavg", "local"):  # FedAvg streams its uploads (train_each); Local's plans meet the cache
         named = train_run(auto_spec(tmp_path, faster, faster), "s", method, 0, force=True, progress=False)
         measured = train_run(auto_spec(tmp_path, "auto"), "s", method, 0, force=True, progress=False)
         assert run_files(measured.run_dir) == run_files(named.run_dir)
         timing = json.loads((measured.run_dir / "timing.json").read_text())
         (shape, choice), = timing["auto_choices"].items()
-        assert choice["trainer"] == faster and "MLP[" in shape and "clients 4 steps 3" in shape
+        assert choice["trainer"] == faster and "MLP[" in shape and "clients 4 steps 2-4" in shape
         assert choice["by"] == ("measured" if method == "fedavg" else "cached")  # Local's plans: the same shape
         assert timing["plans_trained"][faster] == 4 * 4 and timing["plans_trained"][slower] == 0
         again = train_run(auto_spec(tmp_path, "auto"), "s", method, 0, force=True, progress=False)
@@ -352,12 +353,56 @@ def test_a_resumed_auto_run_keeps_the_choices_of_its_checkpoint(tmp_path, monkey
     assert timing["plans_trained"] == {"batched": 2 * 4, "sequential": 0}
 
 
+@pytest.mark.parametrize("slower", ["sequential", "batched"])
+def test_measuring_leaves_what_the_faster_trainer_alone_leaves(tmp_path, monkeypatch, slower):
+    """Items of a dropout network whose `into` is their own start row: after auto measured both
+    trainers, the results, the rows written into, the parameter space and torch's RNG are those
+    the faster trainer alone leaves, bit for bit."""
+    monkeypatch.setenv("CFLPIPE_CACHE_DIR", str(tmp_path / "cache"))
+    slowed(monkeypatch, SequentialTrainer if slower == "sequential" else BatchedTrainer)
+    faster = "batched" if slower == "sequential" else "sequential"
+    outcomes = {}
+    for trainer in ("auto", faster):
+        run = tiny_run(tmp_path / trainer, trainer, model="cnn_tsdp")
+        assert run.ctx.has_dropout("model")
+        table = torch.stack([run.ctx.init + 0.01 * c for c in range(4)])
+        items = [run.ctx.work_item(c, ClientPlan(table[c], into=table[c])) for c in range(4)]
+        torch.manual_seed(5)
+        run.space.load(run.ctx.init)
+        trained = list(run.trainer.train_each(run.ctx.spaces, items))
+        outcomes[trainer] = (torch.stack([t.vector for t in trained]), table.clone(), run.space.flat.clone(),
+                             run.space.grad.clone(), torch.get_rng_state(), [t.result.loss for t in trained])
+        if trainer == "auto":
+            assert [c["by"] for c in run.trainer.choices.values()] == ["measured"]
+            assert run.trainer.counts[faster] == 4 and run.trainer.counts[slower] == 0
+    for mine, theirs in zip(outcomes["auto"], outcomes[faster]):
+        assert torch.equal(mine, theirs) if isinstance(mine, torch.Tensor) else mine == theirs
+
+
 def test_a_choice_recorded_meanwhile_by_another_process_wins(tmp_path, monkeypatch):
     monkeypatch.setenv("CFLPIPE_CACHE_DIR", str(tmp_path / "cache"))
     assert record_choice("machine | shape", {"trainer": "batched"})["trainer"] == "batched"
     assert record_choice("machine | shape", {"trainer": "sequential"})["trainer"] == "batched"
     assert read_choices()["machine | shape"]["trainer"] == "batched"
     assert record_choice("machine | other", {"trainer": "sequential"})["trainer"] == "sequential"
+
+
+def test_processes_measuring_one_shape_at_once_agree_on_its_trainer(tmp_path):
+    """Eight processes record a choice for one shape at the same moment, half of them each
+    trainer: all of them train with the one the file keeps, and the file stays whole."""
+    import subprocess
+    import sys
+
+    code = ("import sys, time; from cflpipe.fl.trainer_choice import record_choice; "
+            "time.sleep(max(0.0, float(sys.argv[2]) - time.time())); "
+            "print(record_choice('machine | shape', {'trainer': sys.argv[1]})['trainer'])")
+    start = str(time.time() + 3.0)
+    env = {**os.environ, "CFLPIPE_CACHE_DIR": str(tmp_path / "cache")}
+    procs = [subprocess.Popen([sys.executable, "-c", code, trainer, start], env=env, stdout=subprocess.PIPE, text=True)
+             for trainer in ("sequential", "batched") * 4]
+    said = {p.communicate(timeout=120)[0].strip() for p in procs}
+    assert len(said) == 1 and said <= {"sequential", "batched"}
+    assert json.loads((tmp_path / "cache" / "trainer-choices.json").read_text())["machine | shape"]["trainer"] in said
 
 
 def test_an_unwritable_cache_is_said_once_and_the_choice_kept_for_the_process(tmp_path, monkeypatch, capsys):
@@ -383,6 +428,7 @@ def test_plan_shapes_tell_apart_what_changes_the_cost_and_nothing_else(tmp_path)
     assert plan_shape(run.ctx.spaces, items({0: ClientPlan(start)})) is None  # nothing to vmap
     unequal = plan_shape(run.ctx.spaces, items({0: ClientPlan(start, steps=3), 1: ClientPlan(start, steps=5)}))
     assert unequal.endswith("clients 2 steps 2-8")
+    assert shape.endswith("SGDStep clients 4 steps 2-4")
 
 
 def test_the_fallback_message_names_the_exception_and_its_first_line_once(capsys):

@@ -181,6 +181,7 @@ class Run:
         self.training_clients = self.held_out_check(info)
         self.train_split_clients = train_split_clients(self.data, self.training, self.seed, self.training_clients)
         self.method: Method = info.cls(self.ctx)
+        self.trainer.took_measurement()  # what a method's setup trained is no round's warm-up
         self.tables: dict[str, dict[str, list]] = {n: defaultdict(list) for n in STANDARD_TABLES}
         self._warned_exploding = False
         self.start_round = 0
@@ -414,7 +415,7 @@ class Run:
         if self.training.eval_train == "auto":  # how many training splits it read
             evaluated = np.arange(self.data.num_clients) if clients is None else clients
             read = evaluated if self.train_split_clients is None else np.intersect1d(evaluated, self.train_split_clients)
-            result.figures["train_evaluated_clients"] = len(read)
+            result.figures["train_evaluated_clients"] = int((self.data.train.sizes()[read] > 0).sum())
         for name, columns in result.tables.items():
             self.extend(name, columns)
         for name, columns in result.method_tables.items():

@@ -175,7 +175,8 @@ def _one_model_each(scoring: _Scoring, models: list[torch.Tensor], client_model:
         members = [np.nonzero(split_model == j)[0] for j in range(n_models)]
         group_of_row = data.groups[split.owner.cpu().numpy()]
         whole = [j for j in range(n_models) if (split_name == "test" and j in scored_set) or len(members[j]) == m]
-        partial = [j for j in range(n_models) if len(members[j]) and j not in set(whole)]
+        # (a sample of training splits leaves some clients without rows: their models need no pass)
+        partial = [j for j in range(n_models) if split.sizes()[members[j]].sum() and j not in set(whole)]
         preds = torch.empty_like(split.y)
         losses = torch.empty(split.y.shape[0], dtype=torch.float32, device=split.y.device)
         for j, pred, loss in _whole_split(scoring.ctx, models, whole, split, scoring.chunk):
@@ -277,7 +278,7 @@ def train_split_clients(data: FederatedData, training, seed: int, trainers: np.n
     test, validation and training split reads at most EVAL_ROWS_PER_TRAINED_ROW rows per row a
     training round of FedAvg trains (clients_per_round of the clients that train, `trainers`,
     at their mean local steps × batch), else the clients of a seeded order (by the run's seed
-    alone, so every evaluation of the run and every method reads the same ones) as long as their
+    alone: every evaluation of the run reads the same ones, as do methods with the same budget) as long as their
     rows fit what the test and validation splits leave of that budget."""
     from cflpipe.fl.local import steps_for
 

@@ -168,9 +168,9 @@ class AutoTrainer(Trainer):
         chosen = "batched" if runs["batched"]["seconds"] * BATCHED_MARGIN < runs["sequential"]["seconds"] else "sequential"
         choice = {"trainer": chosen, "sequential_seconds": round(runs["sequential"]["seconds"], 6),
                   "batched_seconds": round(runs["batched"]["seconds"], 6)}
-        choice = record_choice(key, choice)  # another process may have recorded this shape meanwhile
-        chosen = choice["trainer"]
-        self.choices[shape] = {**choice, "by": "measured"}
+        kept = record_choice(key, choice)  # another process may have recorded this shape meanwhile
+        chosen = kept["trainer"]
+        self.choices[shape] = {**kept, "by": "measured" if kept is choice else "cached"}
         self.measured_since_asked = True
         winner = runs[chosen]
         _restore(spaces, winner["after"])
@@ -183,7 +183,8 @@ class AutoTrainer(Trainer):
 def plan_shape(spaces: dict[str, ParamSpace], items: list[WorkItem]) -> str | None:
     """What the cost of training `items` depends on: for each group of two or more items the
     batched trainer would vmap (its grouping), the network (parameter shapes), input shape,
-    batch size, group size and steps (exact when equal, else powers of two around them); None
+    batch size, step rule, anchors and companions, group size and steps (as the powers of two around
+    them); None
     when no group has two items."""
     groups: dict[tuple, list[int]] = {}
     for i, item in enumerate(items):
@@ -200,17 +201,20 @@ def plan_shape(spaces: dict[str, ParamSpace], items: list[WorkItem]) -> str | No
                 steps = sorted(items[i].steps for i in chunk)
                 space = spaces[first.network]
                 network = "+".join("x".join(map(str, s.shape)) for s in space.slots)
+                extras = [type(first.rule).__name__, *(["anchors %d" % len(first.anchors)] if first.anchors else []),
+                          *(["companions " + "+".join(sorted(first.companions))] if first.companions else [])]
                 described.append(f"{type(space.model).__name__}[{network}] in {'x'.join(map(str, first.x.shape[1:]))} "
                                  f"{str(first.x.dtype).removeprefix('torch.')} batch {min(first.batch_size, len(first.y))} "
-                                 f"{first.precision} clients {len(chunk)} steps {_steps(steps)}")
+                                 f"{first.precision} {' '.join(extras)} clients {_span([len(chunk)])} "
+                                 f"steps {_span(steps)}")
     return "; ".join(sorted(described)) or None
 
 
-def _steps(steps: list[int]) -> str:
-    if steps[0] == steps[-1]:
-        return str(steps[0])
-    low, high = 1 << (steps[0].bit_length() - 1), 1 << (steps[-1] - 1).bit_length()
-    return f"{low}-{high}"
+def _span(counts: list[int]) -> str:
+    """Sorted counts as the powers of two around them (`8-16`): nearby counts cost alike, and a
+    round of partial participation or unequal clients should not be a new shape every time."""
+    low, high = 1 << (counts[0].bit_length() - 1), 1 << (counts[-1] - 1).bit_length()
+    return str(low) if low == high else f"{low}-{high}"
 
 
 def machine_key() -> str:
@@ -258,7 +262,7 @@ def record_choice(key: str, choice: dict) -> dict:
             if isinstance(kept.get(key), dict) and kept[key].get("trainer") in ("sequential", "batched"):
                 return kept[key]
             kept[key] = {**choice, "measured": time.strftime("%Y-%m-%d")}
-            scratch = path.with_name(f".{path.name}.{os.getpid()}")
+            scratch = path.with_name(f".{path.name}.{platform.node()}.{os.getpid()}")  # a home shared by hosts
             scratch.write_text(json.dumps(kept, indent=1, sort_keys=True))
             os.replace(scratch, path)
     except OSError as exc:

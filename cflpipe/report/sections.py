@@ -437,7 +437,7 @@ def _evaluation_text(t: Training, clients: int | None, train_read: list[int]) ->
     read = sorted(set(train_read))
     if t.eval_train is False or (t.eval_train == "auto" and read == [0]):
         text += " (test splits only" + (": every client's already costs a training round)" if t.eval_train else ")")
-    elif t.eval_train == "auto" and read and (clients is None or read[-1] < clients):
+    elif t.eval_train == "auto" and read and (clients is None or read[0] < clients):
         counts = f"{read[0]}" if len(read) == 1 else f"{read[0]}–{read[-1]}"
         text += (f" (training splits of a seeded sample of {counts}{'' if clients is None else f' of {clients}'} "
                  f"clients, so that an evaluation "
