@@ -971,7 +971,8 @@ def test_only_the_first_round_of_the_process_counts_as_warm_up(tmp_path, monkeyp
     """The first round a process trains is marked `warmup` and left out of the per-round means
     (reported apart); the next run of the same process, the job's second, has none."""
     monkeypatch.setattr(engine, "_process_warm", False)
-    spec = parse_spec(tiny_spec(tmp_path, rounds=3))
+    # a named trainer: auto's first meeting with FedProx's plans (another shape) would be a warm-up too
+    spec = parse_spec(tiny_spec(tmp_path, rounds=3, trainer="sequential"))
     first = train_run(spec, "swap", "fedavg", 0, progress=False).run_dir
     second = train_run(spec, "swap", "fedprox", 0, progress=False).run_dir
     timing = pd.read_parquet(first / "timing.parquet")
