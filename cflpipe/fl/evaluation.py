@@ -176,7 +176,8 @@ def _one_model_each(scoring: _Scoring, models: list[torch.Tensor], client_model:
         group_of_row = data.groups[split.owner.cpu().numpy()]
         whole = [j for j in range(n_models) if (split_name == "test" and j in scored_set) or len(members[j]) == m]
         # (a sample of training splits leaves some clients without rows: their models need no pass)
-        partial = [j for j in range(n_models) if split.sizes()[members[j]].sum() and j not in set(whole)]
+        sizes, applied_whole = split.sizes(), set(whole)
+        partial = [j for j in range(n_models) if sizes[members[j]].sum() and j not in applied_whole]
         preds = torch.empty_like(split.y)
         losses = torch.empty(split.y.shape[0], dtype=torch.float32, device=split.y.device)
         for j, pred, loss in _whole_split(scoring.ctx, models, whole, split, scoring.chunk):
