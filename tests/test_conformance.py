@@ -105,6 +105,7 @@ EFFECTIVE_VALUE = {
     ("FedTSDP", "hopkins_fraction"): 1.0,    # 0.1 and 0.2 of 3 clients both round to 1 sample
     ("FedTSDP", "hopkins_min_samples"): 3,
     ("FCCA", "flow_steps"): 3,
+    ("FCCA", "flow_epochs"): 2.0,
     # IFCA's restarts train independently: keeping the same winner (the fixture's is set 0) a
     # round later changes nothing; a run that never keeps one does.
     ("IFCA", "restart_rounds"): ROUNDS + 1,     # the fixture's local steps are 2

@@ -498,3 +498,47 @@ def test_the_server_clusters_by_the_cinns_with_noise_drawn_from_the_run_seed_and
     fcca.ctx.round = 1
     fcca.recluster()
     assert not torch.equal(fcca.similarity, first)
+
+
+@pytest.mark.slow
+def test_the_readings_of_k_pass_the_conformance_checks_and_train_what_they_say(registry_copy, tmp_path):
+    """flow_epochs (K as passes over the client's data) and flow_moments: keep (the cINN's Adam
+    moments kept by the client across rounds) pass every conformance check (resume, determinism,
+    state round trip, batched = sequential, …) as a plugin subclass that turns them on. A client's
+    plan trains ceil(epochs · n / batch) steps, and its kept step count grows by them each round."""
+    from cflpipe.methods.catalog import FCCAParams
+    from cflpipe.methods.fcca import FCCA
+    from cflpipe.registry import register
+    from cflpipe.testing import check_method
+
+    def settings(cls, params):
+        return {**FCCA.check_hyperparams(params), "flow_epochs": 1.5, "flow_moments": "keep"}
+
+    Kept = type("Kept", (FCCA,), {"__module__": __name__, "__qualname__": "Kept", "__doc__": "FCCA, kept moments.",
+                                  "check_hyperparams": classmethod(settings)})
+    register("fcca_kept", FCCAParams)(Kept)
+    check_method("fcca_kept", tmp_path)
+
+    from cflpipe.fl.engine import prepare_run
+    from cflpipe.testing import ROUNDS, play, spec_dict
+
+    raw = spec_dict(tmp_path / "steps", "fcca_kept")
+    run = prepare_run(parse_spec(raw), "s", "fcca_kept", 0)
+    view = run.method.ctx.view(0)
+    n, batch = len(view.data("train")[1]), raw["training"]["batch_size"]
+    plan = Kept.flow_plan(view, trained(run.method.ctx.init))
+    assert plan.steps == int(np.ceil(1.5 * n / batch)) and plan.rule.kept
+    play(run, ROUNDS)
+    counts = run.ctx.clients["flow_adam_steps"].flatten()
+    assert counts.min() > 0 and counts.max() > plan.steps  # every client trained, some of them in several rounds
+
+
+def test_flow_epochs_replaces_flow_steps_default_and_both_are_refused():
+    from pydantic import ValidationError
+
+    from cflpipe.methods.catalog import FCCAParams
+
+    assert FCCAParams().flow_steps == 20 and FCCAParams().flow_epochs is None
+    assert FCCAParams(flow_epochs=20.0).flow_steps is None
+    with pytest.raises(ValidationError, match="give one of them"):
+        FCCAParams(flow_steps=5, flow_epochs=2.0)

@@ -719,6 +719,67 @@ def test_adam_step_is_torch_adam_on_a_vector_and_on_each_row_of_a_matrix():
     assert not torch.allclose(both[1], starts[1])
 
 
+def test_adam_step_with_kept_moments_continues_one_torch_adam_across_loops_and_rows():
+    """AdamStep(kept=True) (FCCA's flow_moments: keep): two loops of 15 steps that hand their
+    moments and step count on through the companions are one torch.optim.Adam of 30 steps; on a
+    (clients × P) matrix with per-client counts each row is that client alone, a client further
+    on in its own steps included. Without the hand-over (moments afresh) the second loop differs."""
+    from cflpipe.fl.local import KEPT_MOMENTS, AdamStep, LoopState, StepConfig
+
+    generator = torch.Generator().manual_seed(1)
+    x, y = torch.randn(2, 20, 5, generator=generator), torch.randn(2, 20, generator=generator)
+    starts = torch.randn(2, 5, generator=generator)
+
+    def gradient(weights, xb, yb):
+        w = weights.detach().clone().requires_grad_(True)
+        loss = ((xb @ w.unsqueeze(-1)).squeeze(-1) - yb).square().mean(-1).sum()
+        loss.backward()
+        return loss.detach(), w.grad
+
+    def moments(rows: int | None, steps: list[float]) -> dict[str, torch.Tensor]:
+        shape = (5,) if rows is None else (rows, 5)
+        count = torch.tensor(steps).view(-1) if rows is None else torch.tensor(steps).view(rows, 1)
+        return dict(zip(KEPT_MOMENTS, (torch.zeros(shape), torch.zeros(shape), count)))
+
+    rule, config = AdamStep(clip=1.0, kept=True), StepConfig(lr=0.01)
+    reference = starts[0].clone().requires_grad_(True)
+    optimizer = torch.optim.Adam([reference], lr=0.01)
+    alone, kept = starts[0].clone(), moments(None, [0.0])
+    fresh = starts[0].clone()
+    for loop in range(2):
+        fresh_state = LoopState(None, {})  # AdamStep() starts its moments again each loop
+        state = LoopState(None, kept)  # a new loop, the companions handed on
+        for _ in range(15):
+            rule.step(alone, [(x[0], y[0])], gradient, state, config)
+            AdamStep(clip=1.0).step(fresh, [(x[0], y[0])], gradient, fresh_state, config)
+            optimizer.zero_grad()
+            ((x[0] @ reference) - y[0]).square().mean().backward()
+            torch.nn.utils.clip_grad_norm_([reference], 1.0)
+            optimizer.step()
+    torch.testing.assert_close(alone, reference.detach(), rtol=1e-5, atol=1e-6)
+    assert kept["adam_steps"].tolist() == [30.0]
+    assert not torch.allclose(fresh, alone, rtol=1e-4, atol=1e-5)
+    # rows: client 0 from the start, client 1 already 7 steps into its optimizer
+    ahead = starts[1].clone()
+    ahead_kept = moments(None, [0.0])
+    warm = LoopState(None, ahead_kept)
+    for _ in range(7):
+        rule.step(ahead, [(x[1], y[1])], gradient, warm, config)
+    both = torch.stack([starts[0], ahead])
+    both_kept = moments(2, [0.0, 7.0])
+    both_kept["adam_first"][1], both_kept["adam_second"][1] = ahead_kept["adam_first"], ahead_kept["adam_second"]
+    one = starts[0].clone()
+    one_state, both_state = LoopState(None, moments(None, [0.0])), LoopState(None, both_kept)
+    ahead_state = LoopState(None, ahead_kept)
+    for _ in range(10):
+        rule.step(both, [(x, y)], gradient, both_state, config)
+        rule.step(one, [(x[0], y[0])], gradient, one_state, config)
+        rule.step(ahead, [(x[1], y[1])], gradient, ahead_state, config)
+    torch.testing.assert_close(both[0], one, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(both[1], ahead, rtol=1e-5, atol=1e-6)
+    assert both_kept["adam_steps"].flatten().tolist() == [10.0, 17.0]
+
+
 def test_apply_batched_equals_one_by_one_for_shared_and_own_inputs_and_any_call():
     """Trainer.apply: the batched trainer's vmap over the stacked vectors (its path on a GPU)
     gives what loading them one by one gives, to float rounding: the same inputs for every vector

@@ -163,12 +163,16 @@ def clip_rows(grad: torch.Tensor, clip: float) -> None:
 class AdamStep(StepRule):
     """Adam (Kingma & Ba; torch.optim.Adam's update without weight decay or amsgrad) on the loss,
     with the gradient norm first clipped to `clip` (per client) when given. The moments start
-    at zero in every local loop, as a client's optimizer made afresh each round does. The run's
-    momentum and weight decay do not apply; a plan with this rule has no anchors or mask."""
+    at zero in every local loop, as a client's optimizer made afresh each round does; with
+    `kept` they are the plan's companions (`KEPT_MOMENTS`: first and second moments, and the
+    steps taken, one entry per client), updated in place, so a client that keeps them continues
+    one optimizer across rounds as torch.optim.Adam would. The run's momentum and weight decay
+    do not apply; a plan with this rule has no anchors or mask."""
 
     clip: float | None = None
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
+    kept: bool = False
 
     def step(self, weights, batches, gradient, state, config):
         (x, y), = batches
@@ -176,6 +180,9 @@ class AdamStep(StepRule):
         with torch.no_grad():
             if self.clip is not None:
                 clip_rows(grad, self.clip)
+            if self.kept:
+                self._kept_step(weights, grad, state.companions, config.lr)
+                return loss
             scratch = state.scratch
             if not scratch:
                 scratch.update(first=torch.zeros_like(weights), second=torch.zeros_like(weights), t=0)
@@ -186,6 +193,22 @@ class AdamStep(StepRule):
             denominator = (scratch["second"].sqrt() / math.sqrt(1 - b2 ** t)).add_(self.eps)
             weights.addcdiv_(scratch["first"], denominator, value=-config.lr / (1 - b1 ** t))
         return loss
+
+    def _kept_step(self, weights, grad, kept, lr):
+        """The same update with the moments and step count of the companions: the count is a
+        tensor (one entry per client of a batched group), so the bias corrections are too."""
+        first, second, t = (kept[name] for name in KEPT_MOMENTS)
+        b1, b2 = self.betas
+        t.add_(1)
+        first.mul_(b1).add_(grad, alpha=1 - b1)
+        second.mul_(b2).addcmul_(grad, grad, value=1 - b2)
+        denominator = (second.sqrt() / (1 - b2 ** t).sqrt()).add_(self.eps)
+        weights.sub_(first / denominator * (lr / (1 - b1 ** t)))
+
+
+# The companions of AdamStep(kept=True): first and second moments (like the weights) and the
+# steps taken (one entry per client).
+KEPT_MOMENTS = ("adam_first", "adam_second", "adam_steps")
 
 
 @dataclass(frozen=True)

@@ -238,6 +238,12 @@ class FCCAParams(HyperParams):
     flow_steps: int | None = Field(20, ge=1, description="the cINN's iterations per round: the paper's K = 20 "
                                                          "whatever the run's local budget (fewer leave D without the "
                                                          "groups); null: the run's local steps or epochs")
+    flow_epochs: float | None = Field(None, gt=0, description="the cINN's iterations as passes over the client's "
+                                                             "data instead of flow_steps (the other reading of K; "
+                                                             "setting it drops flow_steps' default)")
+    flow_moments: Literal["reset", "keep"] = Field(
+        "reset", description="Adam's moments of the cINN: afresh each round (a client's optimizer made each round) "
+                             "or kept by the client across rounds, as one optimizer over the whole run")
     flow_restart: bool = Field(False, description="start each round's cINN from its initialization instead "
                                                   "of the client's last one")
     cosine: Literal["mean", "sample", "batch"] = Field(
@@ -248,6 +254,18 @@ class FCCAParams(HyperParams):
     rows: Literal["centered", "raw"] = Field(
         "centered", description="what the k-means clusters: each client's row of D less its own mean (its "
                                 "similarity profile; P scales whole rows by the client's confidence) or the raw rows")
+
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_budget(cls, values):
+        """flow_epochs replaces flow_steps' default; both given is a contradiction."""
+        if isinstance(values, dict) and values.get("flow_epochs") is not None:
+            if values.get("flow_steps") is not None:
+                raise ValueError("flow_steps and flow_epochs: give one of them (the cINN's iterations as mini-batch "
+                                 "steps or as passes over the client's data)")
+            values = {**values, "flow_steps": None}
+        return values
 
 
 class FCCAPerParams(FCCAParams):
@@ -458,8 +476,8 @@ FCCA_MIN_SWAP_ALPHA = 1.0
 
 def _fcca_premises(hp: FCCAParams, training: Any, scenario: Any) -> list[tuple[str, str]]:
     found = []
-    steps = hp.flow_steps if hp.flow_steps is not None else training.local_steps
-    if steps is not None and steps < FCCA_MIN_FLOW_STEPS:  # with local_epochs the count is the data's
+    steps = hp.flow_steps if hp.flow_steps is not None else None if hp.flow_epochs is not None else training.local_steps
+    if steps is not None and steps < FCCA_MIN_FLOW_STEPS:  # with epochs the count is the data's
         value = steps if hp.flow_steps is not None else f"null (the run's {steps} local steps)"
         found.append(("flow_steps", f"{value}: FCCA clusters by what the cINN learns in these iterations a round; "
                                     f"with fewer than {FCCA_MIN_FLOW_STEPS} (the paper's K is 20) its similarity D "

@@ -131,7 +131,7 @@ import torch
 from torch import nn
 
 from cflpipe.clustering import canonical_labels, fcca_similarity, kmeans
-from cflpipe.fl.local import AdamStep, Anchor, SGDStep
+from cflpipe.fl.local import KEPT_MOMENTS, AdamStep, Anchor, SGDStep, steps_for
 from cflpipe.fl.method import ClientView, Context, Method, Payload, Update, stack_updates
 from cflpipe.fl.params import cluster_average, weighted_average
 from cflpipe.fl.plan import ClientPlan, Trained
@@ -257,6 +257,10 @@ class FCCA(_FCCAVariants, Method):
         self.flow_space = ctx.add_space("flow", module)
         flow_init = ctx.initial["flow"]  # recorded by add_space: what every client's cINN starts from
         ctx.clients.add("flow", flow_init)
+        if hp.flow_optimizer == "adam" and hp.flow_moments == "keep":
+            for name in KEPT_MOMENTS[:2]:
+                ctx.clients.add(f"flow_{name}", torch.zeros_like(flow_init))
+            ctx.clients.add(f"flow_{KEPT_MOMENTS[2]}", torch.zeros(1, dtype=flow_init.dtype, device=flow_init.device))
         init_head = ctx.init[self.head_mask]
         if hp.personal:
             ctx.clients.add("head", init_head)
@@ -307,12 +311,17 @@ class FCCA(_FCCAVariants, Method):
                 unknown = onehot(torch.full((n,), classes, device=z.device), classes, dtype)
         rows = torch.cat([z, onehot(y, classes, dtype), noise, unknown], dim=1)
         clip = float(hp.flow_clip)
-        rule = AdamStep(clip=clip) if hp.flow_optimizer == "adam" else SGDStep(clip=clip)
+        kept = hp.flow_optimizer == "adam" and hp.flow_moments == "keep"
+        rule = AdamStep(clip=clip, kept=kept) if hp.flow_optimizer == "adam" else SGDStep(clip=clip)
+        moments = {name: view.kept(f"flow_{name}") for name in KEPT_MOMENTS} if kept else {}
+        steps = hp.flow_steps
+        if hp.flow_epochs is not None:
+            steps = steps_for(n, view.training.batch_size, None, hp.flow_epochs)
         # The run's momentum and weight decay are the classifier's, not the cINN's.
         start = view.initial["flow"].clone() if hp.flow_restart else view.kept("flow")
         return ClientPlan(start, space="flow", loss=flow_likelihood(d, classes + 1, float(hp.alpha)), inputs=rows,
-                          rule=rule, steps=hp.flow_steps, lr=hp.flow_lr, momentum=0.0, weight_decay=0.0,
-                          stream=(_FLOW_STREAM,))
+                          rule=rule, steps=steps, lr=hp.flow_lr, momentum=0.0, weight_decay=0.0,
+                          stream=(_FLOW_STREAM,), companions=moments)
 
     @classmethod
     def client_finish(cls, view: ClientView, payload: Payload, trained: Trained, scratch: None) -> Update:
@@ -322,6 +331,8 @@ class FCCA(_FCCAVariants, Method):
         # The cINN's loss goes up beside the models, for the round's flow_nll (a diverged one is dropped).
         loss = {"flow_loss": trained.then.result.loss} if trained.then is not None and not trained.then.diverged else {}
         keep = {"flow": flow, **({"head": head} if view.hp.personal else {})}
+        if trained.then is not None:  # the cINN's Adam moments, where the client keeps them
+            keep.update({f"flow_{name}": value for name, value in trained.then.companions.items()})
         return view.update({"body": vector[view.space.body], "head": head, "flow": flow}, trained, keep=keep, **loss)
 
     # ------------------------------------------------------------------ server
