@@ -150,6 +150,22 @@ def test_about_one_cluster_per_client_at_the_end_is_local_in_disguise():
     assert diagnose_clustering(rounds_of([5, 5]), clients=5, true_groups=4).kind == "singletons"
 
 
+def test_most_clients_alone_at_the_end_is_marked_though_some_share_a_cluster():
+    """19 clusters for 24 clients (17 alone, two pairs and a triple) is under the 0.8 share of
+    'one cluster per client' and still Local for most clients; 13 alone of 24 is most, 12 is not."""
+    found = diagnose_clustering(rounds_of([1, 19], singleton_clients=[None] * 9 + [17]), clients=24)
+    assert found.kind == "singletons"
+    assert found.line.startswith("ended with most clients in clusters of one (17 of 24 clients alone, 19 clusters)")
+    assert diagnose_clustering(rounds_of([1, 12], singleton_clients=[None] * 9 + [13]), clients=24).kind == "singletons"
+    assert diagnose_clustering(rounds_of([1, 12], singleton_clients=[None] * 9 + [12]), clients=24) is None
+    assert diagnose_clustering(rounds_of([1, 12]), clients=24) is None  # a table from before the column
+    # the final evaluation counts, not an earlier one
+    assert diagnose_clustering(rounds_of([19, 4], singleton_clients=[None] * 4 + [17] + [None] * 4 + [0]),
+                               clients=24) is None
+    assert diagnose_clustering(rounds_of([19, 19], singleton_clients=[None] * 9 + [17]), clients=24,
+                               true_groups=19) is None
+
+
 def test_a_soft_methods_lines_say_it_still_predicts_with_every_component():
     collapsed = diagnose_clustering(rounds_of([3, 1]), clients=18, soft=True)
     assert collapsed.kind == "collapsed" and "largest share is in one component" in collapsed.line

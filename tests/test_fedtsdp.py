@@ -89,6 +89,32 @@ def test_two_stage_clustering_splits_by_outputs_then_by_weights():
     assert labels.tolist() == [0, 0, 1, 1, 2, 3, 3, 4, 4, 5, 6, 5, 7, 8]
 
 
+def test_noise_points_become_singletons_one_cluster_or_are_left_to_keep_their_cluster():
+    """The three readings of DBSCAN's noise: in the 14-client case above, stage 1 has no noise
+    and stage 2 leaves clients 4 and 10 (group a) and 12 and 13 (group b) as noise."""
+    a, b = torch.tensor([0.9, 0.05, 0.05]), torch.tensor([0.05, 0.05, 0.9])
+    outputs = torch.stack([a] * 5 + [b] * 5 + [a, b, b, b])[:, None, :].repeat(1, 4, 1)
+    weights = torch.tensor([[0.0, 0.0], [0.1, 0.0], [5.0, 0.0], [5.1, 0.0], [20.0, 20.0],
+                            [0.0, 0.0], [0.1, 0.0], [5.0, 0.0], [5.1, 0.0], [0.0, 5.0],
+                            [-20.0, -20.0], [0.1, 5.0], [30.0, 0.0], [0.0, 30.0]])
+    cluster = two_stage_clusters(outputs, weights, 0.05, 1.0, 2, noise="cluster")
+    assert cluster.tolist() == [0, 0, 1, 1, 2, 3, 3, 4, 4, 5, 2, 5, 6, 6]  # each group's noise together
+    previous = two_stage_clusters(outputs, weights, 0.05, 1.0, 2, noise="previous")
+    assert previous.tolist() == [0, 0, 1, 1, -1, 2, 2, 3, 3, 4, -1, 4, -1, -1]
+    # stage-1 noise: clients 4-7 answer unlike anyone (and each other); as one group they are
+    # split by stage 2 like any group (4 and 5 near, 6 and 7 near), under `previous` they never
+    # reach stage 2
+    c, d = torch.tensor([0.05, 0.9, 0.05]), torch.tensor([0.45, 0.1, 0.45])
+    e, f = torch.tensor([0.45, 0.45, 0.1]), torch.tensor([0.1, 0.45, 0.45])
+    outputs = torch.stack([a, a, b, b, c, d, e, f])[:, None, :].repeat(1, 4, 1)
+    weights = torch.tensor([[0.0, 0.0], [0.1, 0.0], [0.0, 0.1], [0.1, 0.1], [0.0, 0.0], [0.1, 0.0], [9.0, 9.0],
+                            [9.1, 9.0]])
+    assert two_stage_clusters(outputs, weights, 0.05, 1.0, 2).tolist() == [0, 0, 1, 1, 2, 3, 4, 5]
+    assert two_stage_clusters(outputs, weights, 0.05, 1.0, 2, noise="cluster").tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert two_stage_clusters(outputs, weights, 0.05, 1.0, 2, noise="previous").tolist() == [0, 0, 1, 1, -1, -1, -1,
+                                                                                              -1]
+
+
 # ---------------------------------------------------------------------- weights and layers
 
 
@@ -238,6 +264,32 @@ def test_reclustering_with_partial_participation_keeps_the_absent_clients_models
     assert clusters.tolist() == canonical_labels(clusters).tolist()  # numbered by first appearance
     # the round's aggregation then averages the new clusters from their members only
     assert torch.equal(centers[clusters[0]], method.ctx.init)
+
+
+def test_under_noise_previous_a_noise_client_keeps_its_cluster_and_its_model(tmp_path, monkeypatch):
+    """noise: previous treats a DBSCAN noise point as a client the clustering did not reach: it
+    stays in the cluster it was in, with that cluster's model, shared with whoever else of that
+    cluster stays; the clustered clients take the new clusters."""
+    import cflpipe.methods.fedtsdp as fedtsdp_module
+
+    spec = spec_of(tmp_path, {"fedtsdp": {"hopkins_threshold": 0.01, "noise": "previous"}})
+    method = prepare_run(spec, "s", "fedtsdp", 0).method
+    p = method.centers.shape[1]
+    method.centers = torch.stack([torch.full((p,), 10.0), torch.full((p,), 20.0)])
+    method.clusters = np.array([0, 0, 0, 1, 1, 1])
+    # clients 0 and 3 are noise; 1, 2 and 4, 5 form the two new clusters
+    monkeypatch.setattr(fedtsdp_module, "two_stage_clusters", lambda *a, **k: np.array([-1, 0, 0, -1, 1, 1]))
+    uploads = round_of_uploads(method)
+    method.ctx.round = 2
+    method.aggregate(uploads)
+    clusters = method.clusters
+    assert len(set(clusters.tolist())) == 4 and clusters[1] == clusters[2] and clusters[4] == clusters[5]
+    assert len({clusters[0], clusters[1], clusters[3], clusters[4]}) == 4
+    # the kept clusters' centers are their old model averaged with the noise client's upload alone
+    for client in (0, 3):
+        torch.testing.assert_close(method.centers[clusters[client]], uploads[client].tensors["model"])
+    torch.testing.assert_close(method.centers[clusters[1]],
+                               (uploads[1].tensors["model"] + uploads[2].tensors["model"]) / 2)
 
 
 def round_of_uploads(method, seed: int = 0) -> dict:

@@ -13,6 +13,9 @@ import pandas as pd
 # "About one cluster per client": the final clusters are at least this share of the clients
 # (mean cluster size below 1.25). CFL's 10 clusters for 18 clients are a clustering; 15 are not.
 SINGLETON_SHARE = 0.8
+# "Most clients alone": more than this share of the clients in clusters of one at the end
+# (FedTSDP's 19 clusters for 24 clients: most alone, a few pairs; the share above missed it).
+ALONE_SHARE = 0.5
 # Below this many clients "one cluster each" and "a few clusters" are the same thing.
 SINGLETON_MIN_CLIENTS = 4
 
@@ -33,8 +36,8 @@ def diagnose_clustering(rounds: pd.DataFrame, clients: int, gate_note: str | Non
                         soft: bool = False) -> Degeneration | None:
     """The first of: a gate of the method's own that kept it from clustering (`gate_note`, its
     own line), never more than one cluster in an evaluated round, one cluster at the final
-    evaluation after more before, about one cluster per client at the final evaluation (unless
-    the scenario has as many `true_groups`). None for a run that ended with a clustering (or has
+    evaluation after more before, about one cluster per client or most clients alone in their
+    cluster at the final evaluation (unless the scenario has as many `true_groups`). None for a run that ended with a clustering (or has
     no evaluated round). A `soft` method's clusters are its clients' largest shares: it still
     predicts with every component, so its lines say so rather than naming FedAvg or Local."""
     if gate_note is not None:
@@ -55,10 +58,18 @@ def diagnose_clustering(rounds: pd.DataFrame, clients: int, gate_note: str | Non
                                            f"({before})")
         return Degeneration(COLLAPSED, f"collapsed to one cluster by the end ({before}): its final figures are those "
                                        f"of one model for all")
-    if clients >= SINGLETON_MIN_CLIENTS and final >= SINGLETON_SHARE * clients and final > true_groups:
+    if clients < SINGLETON_MIN_CLIENTS or final <= true_groups:
+        return None
+    if final >= SINGLETON_SHARE * clients:
         if soft:
             return Degeneration(SINGLETONS, f"ended with about one component per client as largest share ({final} for "
                                             f"{clients} clients)")
         return Degeneration(SINGLETONS, f"ended with about one cluster per client ({final} clusters for {clients} "
                                         f"clients): its final figures are those of clients trained alone, Local")
+    alone = rounds.loc[counts.index[-1], "singleton_clients"] if "singleton_clients" in rounds else None
+    if alone is not None and not pd.isna(alone) and int(alone) > ALONE_SHARE * clients:
+        what = "alone in their largest component" if soft else "in clusters of one"
+        return Degeneration(SINGLETONS, f"ended with most clients {what} ({int(alone)} of {clients} clients alone, "
+                                        f"{final} clusters): their final figures are those of clients trained alone, "
+                                        f"Local")
     return None

@@ -81,6 +81,8 @@ def evaluate(ctx: Context, method: Method, data: FederatedData, eval_batch_size:
     m_all = everyone.num_clients
     clusters = np.zeros(m_all, dtype=np.int64) if assignment is None else np.asarray(assignment)
     figures["n_clusters"] = int(len(np.unique(clusters)))
+    sizes = np.unique(clusters, return_counts=True)[1]
+    figures["singleton_clients"] = int((sizes == 1).sum())  # clients alone in their cluster
     figures.update(clustering_scores(clusters, everyone.groups))
     tables["clusters"] = {"round": np.full(m_all, round_number), "client": np.arange(m_all), "cluster": clusters,
                           "true_group": everyone.groups}

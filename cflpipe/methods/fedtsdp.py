@@ -137,33 +137,52 @@ def neighbour_scale(distances: np.ndarray, min_pts: int) -> float:
 
 
 def two_stage_clusters(outputs: torch.Tensor, weights: torch.Tensor, eps_js: float, eps_weights: float,
-                       min_pts: int, relative: bool = False) -> np.ndarray:
+                       min_pts: int, relative: bool = False, noise: str = "singletons") -> np.ndarray:
     """FedTSDP's two-stage decoupling of m clients: stage 1 DBSCAN on the JS divergence of the
     outputs (m × samples × classes), stage 2 DBSCAN on the L2 distance of the weights (m × P)
-    inside each stage-1 group; noise points become singleton clusters. With `relative` the
-    stage-2 radius multiplies the group's own `neighbour_scale`. Labels 0, 1, … in order of
-    first appearance."""
-    first = _noise_to_singletons(dbscan_precomputed(js_divergence_matrix(outputs), eps_js, min_pts))
-    labels = np.empty(len(first), dtype=np.int64)
+    inside each stage-1 group. With `relative` the stage-2 radius multiplies the group's own
+    `neighbour_scale`. DBSCAN's noise points, in either stage, become `noise` (NOISE_READINGS):
+    clusters of their own ("singletons"), one cluster of the stage's noise ("cluster": a stage-1
+    noise group is split by stage 2 as any other), or -1, left to the caller ("previous").
+    Labels 0, 1, … in order of first appearance (noise's -1 kept)."""
+    first = _resolve_noise(dbscan_precomputed(js_divergence_matrix(outputs), eps_js, min_pts), noise)
+    labels = np.full(len(first), -1, dtype=np.int64)
     next_label = 0
     as_double = weights.double()  # one float64 copy (a ResNet-18 per client is large)
     distances = torch.cdist(as_double, as_double).cpu().numpy()
     del as_double
-    for group in np.unique(first):
+    for group in np.unique(first[first >= 0]):
         members = np.flatnonzero(first == group)
         within = distances[np.ix_(members, members)]
         radius = eps_weights * neighbour_scale(within, min_pts) if relative else eps_weights
-        second = _noise_to_singletons(dbscan_precomputed(within, max(radius, 1e-300), min_pts))
-        labels[members] = second + next_label
-        next_label += int(second.max()) + 1
-    return canonical_labels(labels)
+        second = _resolve_noise(dbscan_precomputed(within, max(radius, 1e-300), min_pts), noise)
+        clustered = second >= 0
+        labels[members[clustered]] = second[clustered] + next_label
+        next_label += int(second.max(initial=-1)) + 1
+    return _numbered(labels)
 
 
-def _noise_to_singletons(labels: np.ndarray) -> np.ndarray:
+# What becomes of DBSCAN's noise points (fedtsdp's `noise` hyper-parameter).
+NOISE_READINGS = ("singletons", "cluster", "previous")
+
+
+def _resolve_noise(labels: np.ndarray, noise: str) -> np.ndarray:
     labels = labels.copy()
-    noise = np.flatnonzero(labels < 0)
-    labels[noise] = labels.max(initial=-1) + 1 + np.arange(len(noise))
-    return canonical_labels(labels)
+    found = np.flatnonzero(labels < 0)
+    if noise == "singletons":
+        labels[found] = labels.max(initial=-1) + 1 + np.arange(len(found))
+    elif noise == "cluster":
+        labels[found] = labels.max(initial=-1) + 1
+    return _numbered(labels)
+
+
+def _numbered(labels: np.ndarray) -> np.ndarray:
+    """canonical_labels of the clustered points; noise's -1 stays."""
+    out = labels.copy()
+    kept = labels >= 0
+    if kept.any():
+        out[kept] = canonical_labels(labels[kept])
+    return out
 
 
 class FedTSDP(Method):
@@ -257,8 +276,8 @@ class FedTSDP(Method):
             self.last_hopkins = hopkins(flat, samples, seed=self.ctx.rng(_HOPKINS))
             if self.last_hopkins > self.hp.hopkins_threshold:
                 labels = two_stage_clusters(outputs, vectors, *self.radii(), self.hp.min_pts,
-                                            relative=self.hp.radii == "relative")
-                self._recluster(clients, labels)
+                                            relative=self.hp.radii == "relative", noise=self.hp.noise)
+                self._recluster(clients[labels >= 0], labels[labels >= 0])
                 self.sampling_weights = raised_sampling_weights(self.sampling_weights, batch)
                 self.shared_exact = dampened(self.shared_exact, self.hp.dampening, self.hp.dampening_schedule,
                                              self.ctx.round + 1)
@@ -278,13 +297,14 @@ class FedTSDP(Method):
         return torch.softmax(self.ctx.apply(vectors, x).double(), dim=-1)
 
     def _recluster(self, clients: np.ndarray, labels: np.ndarray) -> None:
-        """The round's clients take the new clusters (their centers are averaged right after);
-        clients not sampled keep the model of the cluster they were in."""
+        """The clustered clients take the new clusters (their centers are averaged right after);
+        clients not sampled, and noise points under `noise: previous`, keep the cluster they
+        were in, with its model."""
         others = np.setdiff1d(np.arange(self.ctx.num_clients), clients)
         kept = np.unique(self.clusters[others])
         new = np.empty(self.ctx.num_clients, dtype=np.int64)
         new[clients] = labels
-        offset = int(labels.max()) + 1
+        offset = int(labels.max(initial=-1)) + 1
         new[others] = offset + np.searchsorted(kept, self.clusters[others])
         centers = torch.cat([self.ctx.init[None, :].repeat(offset, 1), self.centers[torch.from_numpy(kept)]])
         order = canonical_labels(new)
