@@ -317,6 +317,8 @@ class FedTSDPParams(HyperParams):
                                                                   "sampled for the Hopkins statistic")
     hopkins_min_samples: int = Field(5, ge=1, description="floor on m̃ (capped at m): the Hopkins statistic of "
                                                           "1 or 2 points is noise (1: the paper's m̃ = 0.1·m alone)")
+    hopkins_draws: int = Field(1, ge=1, description="H of Eq. 6 as the mean of this many draws of its random "
+                                                     "points on the round's outputs (1: one draw a round, the paper's)")
     public_batch: int = Field(50, ge=2, description="B: public samples drawn per round")
     radii: Literal["relative", "absolute"] = Field(
         "relative", description="relative: ε2 multiplies the round's median distance from a client to its nearest "

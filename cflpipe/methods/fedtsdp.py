@@ -273,7 +273,8 @@ class FedTSDP(Method):
             outputs = self._outputs(vectors, self.public[batch])
             flat = outputs.reshape(len(clients), -1)
             samples = hopkins_samples(len(clients), self.hp.hopkins_fraction, self.hp.hopkins_min_samples)
-            self.last_hopkins = hopkins(flat, samples, seed=self.ctx.rng(_HOPKINS))
+            draws = self.ctx.rng(_HOPKINS)
+            self.last_hopkins = float(np.mean([hopkins(flat, samples, seed=draws) for _ in range(self.hp.hopkins_draws)]))
             if self.last_hopkins > self.hp.hopkins_threshold:
                 labels = two_stage_clusters(outputs, vectors, *self.radii(), self.hp.min_pts,
                                             relative=self.hp.radii == "relative", noise=self.hp.noise)
