@@ -219,7 +219,7 @@ def test_without_clustering_fedtsdp_is_fedavg(tmp_path):
 
 def test_clustering_shrinks_the_shared_layers_and_keeps_personal_ones(tmp_path):
     spec = spec_of(tmp_path, {"fedtsdp": {"hopkins_threshold": 0.01, "dampening": 0.5, "eps_js": 1e-4,
-                                          "eps_weights": 1e-4}}, rounds=3)
+                                          "eps_weights": 1e-4, "noise": "singletons"}}, rounds=3)
     train_run(spec, "s", "fedtsdp", 0, progress=False)
     rounds = pd.read_parquet(spec.run_dir("s", "fedtsdp", 0) / "rounds.parquet")
     assert rounds["clustering_ran"].tolist() == [1.0, 1.0, 1.0]

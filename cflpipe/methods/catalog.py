@@ -329,9 +329,10 @@ class FedTSDPParams(HyperParams):
                                                               "weights (default: 2 relative; 3.5 absolute, the "
                                                               "paper's CNN on CIFAR)")
     min_pts: int = Field(2, ge=1, description="DBSCAN min_pts of both stages")
-    noise: Literal["singletons", "cluster", "previous"] = Field(
-        "singletons", description="DBSCAN's noise points (the paper says nothing of them): each its own cluster, "
-                                  "one cluster of a stage's noise, or each keeps the cluster it was in")
+    noise: Literal["cluster", "singletons", "previous"] = Field(
+        "cluster", description="DBSCAN's noise points (the paper says nothing of them): one cluster of a stage's "
+                               "noise (DBSCAN's label -1 taken as a group), each its own cluster, or each keeps "
+                               "the cluster it was in")
     dampening: float = Field(0.98, gt=0, le=1, description="ψ: shared-layer dampening ratio")
     dampening_schedule: Literal["constant", "power"] = Field(
         "constant", description="L_s ← L_s·ψ at each clustering (constant) or L_s·ψ^r (power)")
