@@ -315,8 +315,9 @@ class FedTSDPParams(HyperParams):
     hopkins_threshold: float = Field(0.65, gt=0, lt=1, description="h_th: cluster only when H exceeds it")
     hopkins_fraction: float = Field(0.1, gt=0, le=1, description="m̃/m: share of the round's clients "
                                                                   "sampled for the Hopkins statistic")
-    hopkins_min_samples: int = Field(5, ge=1, description="floor on m̃ (capped at m): the Hopkins statistic of "
-                                                          "1 or 2 points is noise (1: the paper's m̃ = 0.1·m alone)")
+    hopkins_min_samples: int = Field(1, ge=1, description="floor on m̃ (capped at m); 1: the paper's m̃ = 0.1·m "
+                                                          "alone (a floor of 5 lowers the statistic's spread and "
+                                                          "with it how soon the gate first opens)")
     hopkins_draws: int = Field(1, ge=1, description="H of Eq. 6 as the mean of this many draws of its random "
                                                      "points on the round's outputs (1: one draw a round, the paper's)")
     public_batch: int = Field(50, ge=2, description="B: public samples drawn per round")
