@@ -37,8 +37,8 @@ def diagnose_clustering(rounds: pd.DataFrame, clients: int, gate_note: str | Non
     """The first of: a gate of the method's own that kept it from clustering (`gate_note`, its
     own line), never more than one cluster in an evaluated round, one cluster at the final
     evaluation after more before, about one cluster per client or most clients alone in their
-    cluster at the final evaluation (unless the scenario has as many `true_groups`). None for a run that ended with a clustering (or has
-    no evaluated round). A `soft` method's clusters are its clients' largest shares: it still
+    cluster at the final evaluation (unless the scenario has as many `true_groups`). None for a
+    run that ended with a clustering (or has no evaluated round). A `soft` method's clusters are its clients' largest shares: it still
     predicts with every component, so its lines say so rather than naming FedAvg or Local."""
     if gate_note is not None:
         return Degeneration(GATE, gate_note)

@@ -54,8 +54,8 @@ CLUSTERS_SCHEMA = {"round": "int32", "client": "int32", "cluster": "int32", "tru
 MAX_SKIPPED_SHARE = 0.5
 # A round's mean training loss this many times the first round's prints a warning.
 EXPLODING_FACTOR = 10.0
-ROUNDS_INTEGERS = ("round", "sampled", "skipped", "bytes_down", "bytes_up", "n_clusters", "singleton_clients", "models",
-                   "global_models", "evaluated_clients", "train_evaluated_clients")
+ROUNDS_INTEGERS = ("round", "sampled", "skipped", "bytes_down", "bytes_up", "n_clusters", "singleton_clients",
+                   "models", "global_models", "evaluated_clients", "train_evaluated_clients")
 
 
 @dataclass(frozen=True)
