@@ -77,7 +77,7 @@ def test_a_plugin_registers_its_premises_and_validate_reads_them(registry_copy):
                        "scenarios": {"s": {"dataset": "digits", "clients": 4}}})
     assert spec_warnings(spec) == ["methods.premised: needs 20 local steps, got 5 (scenario s)"]
     # a built-in declares its own; what `cflpipe methods` prints of it
-    assert registry.METHODS["fcca"].needs.startswith("its cINN's 20 iterations a round")
+    assert registry.METHODS["fcca"].needs.startswith("cINNs that have learnt each held label's conditional")
     assert registry.METHODS["fedavg"].needs == "" and registry.METHODS["fedavg"].premise_warnings(None, None, None) == []
 
 

@@ -105,7 +105,7 @@ EFFECTIVE_VALUE = {
     ("FedTSDP", "hopkins_fraction"): 1.0,    # 0.1 and 0.2 of 3 clients both round to 1 sample
     ("FedTSDP", "hopkins_min_samples"): 3,
     ("FCCA", "flow_steps"): 3,
-    ("FCCA", "flow_epochs"): 2.0,
+    ("FCCA", "flow_epochs"): 0.2,
     # IFCA's restarts train independently: keeping the same winner (the fixture's is set 0) a
     # round later changes nothing; a run that never keeps one does.
     ("IFCA", "restart_rounds"): ROUNDS + 1,     # the fixture's local steps are 2
@@ -119,6 +119,8 @@ EFFECTIVE_VALUE = {
 # Settings of the other parameters under which the change can act, applied to both runs; a
 # parameter of None applies to every parameter of the class.
 SETTING = {
+    # flow_steps replaces the fixture's flow_epochs; the reference ties the cINN to the local steps
+    ("FCCA", "flow_steps"): {"flow_epochs": None},
     # EARLY's eps2 always splits; 0.5 splits only when it multiplies the measured scale
     ("CFL", "thresholds"): {"eps2": 0.5},
     # EARLY's K decides FL+HC's cut; the distance threshold acts only without it

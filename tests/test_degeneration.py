@@ -211,18 +211,19 @@ def test_pacfl_whose_threshold_is_below_every_angle_says_it_left_every_client_al
 
 def test_validate_warns_when_a_run_goes_against_a_methods_premises_and_only_then(tmp_path):
     methods = {"fcca": {}, "fcca-short": {"method": "fcca", "flow_steps": 4},
-               "fcca-tied": {"method": "fcca", "flow_steps": None}, "pacfl": {}}
+               "fcca-tied": {"method": "fcca", "flow_steps": None, "flow_epochs": None}, "pacfl": {}}
     swaps = spec_dict(tmp_path, methods)
     lines = spec_warnings(parse_spec(swaps))
     assert [line.split(":")[0] for line in lines] == ["methods.fcca-short.flow_steps", "methods.fcca-tied.flow_steps",
                                                       "methods.pacfl"]
     assert lines[0].startswith("methods.fcca-short.flow_steps: 4: FCCA clusters by what the cINN learns")
     assert "fewer than 10 (the paper's K is 20)" in lines[0]
-    assert lines[1].startswith("methods.fcca-tied.flow_steps: null (the run's 3 local steps)")
+    assert lines[1].startswith("methods.fcca-tied.flow_steps: null (with flow_epochs: the run's 3 local steps)")
     assert "cannot tell them apart" in lines[2] and lines[2].endswith("(scenario s)")
     # the paper's budget through the run's own local steps, and groups PACFL can see: quiet
     swaps["training"]["local_steps"] = 20
-    rotations = spec_dict(tmp_path, {"fcca-tied": {"method": "fcca", "flow_steps": None}, "pacfl": {}},
+    rotations = spec_dict(tmp_path, {"fcca-tied": {"method": "fcca", "flow_steps": None, "flow_epochs": None},
+                                     "pacfl": {}},
                           partition=[{"kind": "iid"}, {"kind": "rotation", "groups": 2}])
     rotations["training"]["local_steps"] = 20
     assert spec_warnings(parse_spec(rotations)) == []
@@ -231,7 +232,7 @@ def test_validate_warns_when_a_run_goes_against_a_methods_premises_and_only_then
                                                           {"kind": "label_swap", "groups": 2}])
     lines = spec_warnings(parse_spec(skewed))
     assert len(lines) == 1 and lines[0].startswith("methods.fcca: label-swap groups under Dirichlet 0.5 label skew: "
-                                                   "FCCA's similarity D followed each client's label mix"), lines
+                                                   "FCCA's similarity D separates them only once"), lines
     skewed["scenarios"]["s"]["partition"][0]["alpha"] = 1.0
     assert spec_warnings(parse_spec(skewed)) == []
     skewed["scenarios"]["s"]["partition"][0] = {"kind": "pathological", "labels_per_client": 2}

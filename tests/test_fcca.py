@@ -614,12 +614,17 @@ def test_the_readings_of_k_pass_the_conformance_checks_and_train_what_they_say(r
     assert counts.min() > 0 and counts.max() > plan.steps  # every client trained, some of them in several rounds
 
 
-def test_flow_epochs_replaces_flow_steps_default_and_both_are_refused():
+def test_the_cinns_budget_is_passes_or_steps_and_both_are_refused():
+    """K = 20 passes by default; flow_steps replaces that default; both null tie the budget to
+    the run's local steps or epochs; both given contradict each other."""
     from pydantic import ValidationError
 
     from cflpipe.methods.catalog import FCCAParams
 
-    assert FCCAParams().flow_steps == 20 and FCCAParams().flow_epochs is None
-    assert FCCAParams(flow_epochs=20.0).flow_steps is None
+    assert (FCCAParams().flow_epochs, FCCAParams().flow_steps) == (20.0, None)
+    assert (FCCAParams(flow_steps=20).flow_epochs, FCCAParams(flow_steps=20).flow_steps) == (None, 20)
+    assert FCCAParams(flow_epochs=5.0).flow_steps is None
+    tied = FCCAParams(flow_steps=None, flow_epochs=None)
+    assert (tied.flow_steps, tied.flow_epochs) == (None, None)
     with pytest.raises(ValidationError, match="give one of them"):
         FCCAParams(flow_steps=5, flow_epochs=2.0)

@@ -6,11 +6,11 @@ cluster-wise classifier h (the head); each client also owns a conditional invert
 c(z; y) that maps the encoder's features z = f(x) of label y to N(0, I).
 
 Client round (Algorithm 1): start from the global f and the client's cluster's h, train f and h
-with cross-entropy for the run's local iterations; then freeze f and train c for as many
+with cross-entropy for the run's local budget; then freeze f and train c for the paper's K
 iterations by the conditional maximum likelihood of Eq. 3,
     E[(‖c(z; y)‖² + α‖c(z'; y')‖²)/2 − log|det J|],
-where z' ~ N(0, I) carries the UNKNOWN label y' (below). f, h and c go up; f and the cluster's h
-come down (c stays with the client, which continues training it next round).
+where z' ~ N(0, I) carries the UNKNOWN label y' (a label the client lacks). f, h and c go up; f and
+the cluster's h come down (c stays with the client, which continues training it next round).
 
 Server (Sec. 3.3): for every client i and label y invert c_i on Gaussian noise ε1, ε2 (the same
 noise for every client, redrawn each round); B_{y,i,j} = cosine(c_i⁻¹(ε1; y), c_j⁻¹(ε2; y)),
@@ -19,104 +19,17 @@ P_{y,i,j} = max(|B_{y,i,i}|, |B_{y,j,j}|), S = B ⊙ P, D = mean of S over label
 (no dependence on earlier clusterings). Then f ← average over the round's clients, h_k ← average
 within cluster k, both weighted by the clients' training samples.
 
-Not reproduced: Table 1's recovery of label-exchange clusters under Dirichlet 0.5 label skew. At
-the paper's settings and scale (100 clients, K = 20, 100 rounds) D here follows each client's
-label mix more than its cluster and the clustering stays at chance, while the same clusters on
-IID clients are found; `validate` warns on such scenarios (docs/robustness.md).
+What reproduces at the paper's settings, and what does not: docs/reproduction.md.
 
-Variants (options of this one method; `fcca_per`, `fcca_prox`, `fcca_per_prox` only change the
-defaults): `personal: true` (FCCA+Per) gives each client a personal classifier, FedPer style, on
-top of the clustering: the client receives f and its cluster's h as in FCCA, trains both, and
-keeps the classifier it trained as its own; it is evaluated with the global f and that personal
-classifier. The uploaded h's are averaged into the cluster classifiers as in FCCA, so each
-round's personal classifier starts from the cluster's. The paper says only that FCCA "can be
-combined with" FedPer and that the two are "orthogonal"; a personal classifier that persisted
-from round to round, FedPer's own reading, never reads the clustering (f trains as FedPer's
-body), and gave FedPer's numbers bit for bit, which Table 1 (FCCA+Per 0.845 against FedPer 0.436
-personalized on MNIST) rules out. `mu > 0` (FCCA+Prox) adds FedProx's (μ/2)‖w − w_received‖² to
-the cross-entropy training of f and h.
-
-Our readings where the paper is open (METHODS.md, FCCA):
-- UNKNOWN label. The paper draws y' ~ 𝒪 ∈ 𝒴 / D_k^y, "labels the client does not have", and
-  ties them to N(0, I) so that the server's reconstructions for such labels are noise and
-  B_{y,i,i} ≈ 0 marks low confidence. `unknown: absent` (default) does exactly that: each z'
-  is conditioned on a label drawn uniformly from the labels the client has no training sample
-  of; a client holding every label has none, and its z' take the extra (C+1-th) UNKNOWN label
-  instead (the paper's "introduces an UNKNOWN label into 𝒴"), so every client trains the
-  augmentation term (before, 15 of 50 clients on synthetic-swap5 had none). `unknown: extra`
-  gives every z' the extra label, the literal "extra UNKNOWN label" of METHODS.md. α weighs
-  the augmentation's whole likelihood term (at α = 1, the paper's value, the two readings of
-  Eq. 3 coincide). z' is drawn once per client and round, one per training sample (seeded).
-- Cosine of reconstructions (`cosine`): Eq. 4 writes the cosine of c⁻¹(ε1; y) and c⁻¹(ε2; y)
-  for a batch ε. The paper's own argument for it (Sec. 3.2: "E aᵀb = E a E b … E z1'ᵀ E z2' = 0
-  indicates a low level of confidence") compares the expectations of the two reconstructions, so
-  `mean` (default) is the cosine of the two batch means; `sample` is the mean over the batch of
-  the per-sample cosine (our first reading), `batch` the cosine of the flattened batches. On two
-  fully label-permuted groups of digits (16 clients) all three recovered the groups in every
-  evaluation round (same-group/other-group ratios of D 1.12, 1.11, 1.13). On four groups (20
-  clients, seed 0, 60 rounds) `sample` never did (ARI ≤ 0.23 in every evaluation, although D's
-  ratio rose to 1.20: per-sample cosines of 32 noisy reconstructions leave D too noisy for the
-  k-means), while `mean` had ARI 1.0 at rounds 30, 40 and 60 (0.61 at 20 and 50); both measured
-  with `rows: raw`, before the reading below.
-- What the k-means clusters (`rows`). The paper applies "K-Means … based on the distance matrix
-  D" without saying how a matrix becomes points; we take each client's row of D as its point.
-  P = max(|B_ii|, |B_jj|) multiplies a client's whole row by its own confidence, so raw rows
-  differ first by level: on two and four fully label-permuted digit groups, k-means of the raw
-  rows split clients by confidence (ARI 0.08 at round 30 on two groups; 0.15–0.67 on four, 3
-  seeds, the same D), while the same matrices with each row less its own mean (the client's
-  similarity profile, not its level) gave ARI 1.0 in every run from round 15–20 on. `centered`
-  (default) clusters those profiles; `raw` is the rows as they are. A departure the paper neither
-  asks for nor rules out; D itself (similarity.parquet) is reported unchanged.
-- The cINN's training (`flow_optimizer`, `flow_lr`, `flow_steps`, `flow_restart`). Algorithm 1
-  line 5 writes a plain gradient step of size η for K iterations; the cINN and its loss are those
-  of Ardizzone et al. [8], trained with Adam. With the plain step (SGD, lr 0.01, the summed NLL
-  clipped to norm 10) the cINN does not learn the per-label latents: on two fully label-permuted
-  groups of digits (16 clients, K = 20, 30 rounds) D's same/other ratio stayed at 1.003 and
-  ARI at −0.07…0.09 (FedAvg's accuracy), while with Adam at the same lr and budget ARI was 1.0
-  from round 5 on. So Adam is the default (`flow_optimizer: sgd` is line 5 literally); its
-  moments start afresh each round, as a client's optimizer made each round. The cINN's lr is
-  the paper's η = 0.01 whatever the run's lr: Adam's steps do not scale with the gradient, so
-  the SGD step size that suits the classifier says nothing about them (with the run's lr 0.05 on
-  the same two groups, 10 local steps, ARI was 0.2; with 0.01, 1.0; with 0.001, −0.05: the
-  cINN's lr matters, and the paper's value is the one that worked). Its iterations are the
-  paper's K = 20 whatever the run's local budget, for the same reason: they are the clustering's
-  budget, not the classifier's. Tied to a run's 5 local steps, D carried no group signal
-  (same-group/other-group ratio 1.00) and FCCA clustered at random, on label swaps with and
-  without Dirichlet skew (docs/robustness.md); `flow_steps: null` ties them to the run's local
-  steps as before. Algorithm 1 line 2's "initialize θ_k = θ" could restart c each
-  round (the server never aggregates c); `flow_restart: true` does that, and gave ARI ≈ 0 in the
-  same check (20 Adam steps per round are too few), so by default the client keeps training its
-  own cINN, which the paper's "continuous learning of encoded representations" supports.
-- "Global" and "personalized" accuracy of Table 1 (METHODS.md's reading): "global" is each
-  cluster model on its cluster's pooled test data, here measured as the intra-cluster accuracy
-  `intra_acc` (each client's model on its ground-truth group's pooled test data, averaged over
-  clients; equal when the clustering matches the groups); "personalized" is each client's model
-  on its own test split, `acc_macro`. Table 1's zero std of "global" for FedAvg also fits
-  `global_acc_mean` (every distinct model on all test data), which every run reports as well.
-  With `personal: true` clients are evaluated with their own classifier, as FedPer's are
-  ("personalized"); the cluster models are the "global" ones.
-- Partial participation (the paper has full participation): the server keeps the last c and h
-  each client uploaded and clusters every client it has heard from; a client never heard from is
-  put in cluster 0 (whose classifier it receives).
-
-The invertible network is zuko's conditional RealNVP (`zuko.flows.RealNVP`): two coupling
-transforms per block on alternating (even/odd) halves of the features, so each block, up to a
-fixed permutation of the features, is the affine coupling block of Eq. 1
-(v1 = u1·exp(s1(u2)) + t1(u2), v2 = u2·exp(s2(v1)) + t2(v1)) with the label one-hot concatenated
-to every coupling network's input, as in Ardizzone et al.'s cINN. zuko rather than FrEIA: zuko is
-maintained (FrEIA's last PyPI release, 0.2, dates from 2021 and is a source-only package), ships a
-wheel that installs on torch 2.13.0 CPU, and its flows hold parameters plus constant buffers only
-(coupling masks, the base's loc/scale), so the parameters fit the flat parameter space while the
-buffers never change. The network's size (blocks, hidden units) is not given by the paper.
-
-Training the cINN as written (Eq. 3 summed over the latent dimensions, plain SGD at the paper's
-lr 0.01) diverges within a round on the encoder's features: they lie on a lower-dimensional set
-(ReLU zeros; a client has fewer samples than the latent has dimensions), where the likelihood is
-unbounded. Two standard parts of cINN training keep it finite: the coupling scales are
-soft-clamped (`flow_clamp`: |log scale| < 2, FrEIA's default clamp) and each step's gradient norm
-is clipped (`flow_clip`, 10). Both are departures the paper does not state. The clamp decides
-little: in a stand-alone check (a frozen encoder's features, Adam) clamps 0.5, 2 and 5 gave D
-ratios 1.02, 1.01 and 1.01 at lr 1e-3 — the optimizer and its step size decide.
+Departures and readings where the paper is open, each an option (docs/fcca.md has the text
+behind each and what was measured): one of K's iterations is a pass over the client's data
+(`flow_epochs`, default; `flow_steps` reads it as a mini-batch step); Adam for Algorithm 1's
+plain step, at the paper's η = 0.01 whatever the run's lr, its moments afresh each round; the
+client keeps training its cINN across rounds; Eq. 4's cosine of the two batches' means; k-means
+on D's rows less their own mean; coupling scales soft-clamped and gradients clipped;
+"global"/"personalized" accuracy read as `intra_acc`/`acc_macro`; FCCA+Per's personal classifier
+starts each round from the cluster's; with partial participation the server clusters everyone
+it has heard from.
 """
 
 from __future__ import annotations
@@ -128,6 +41,7 @@ from typing import Callable
 
 import numpy as np
 import torch
+import zuko  # this module is imported only where FCCA runs
 from torch import nn
 
 from cflpipe.clustering import canonical_labels, fcca_similarity, kmeans
@@ -150,8 +64,6 @@ class ConditionalFlow(nn.Module):
 
     def __init__(self, features: int, classes: int, blocks: int, hidden: int, clamp: float = 2.0):
         super().__init__()
-        import zuko  # imported here: only FCCA runs pay for it
-
         self.features, self.classes = features, classes
         # Scale coefficients soft-clamped to |log scale| < clamp, as the cINN's couplings are.
         affine = partial(zuko.transforms.MonotonicAffineTransform, slope=math.exp(-clamp))
@@ -159,7 +71,7 @@ class ConditionalFlow(nn.Module):
                                        univariate=affine, hidden_features=(hidden, hidden))
         if features % 2 == 0:
             for coupling in self.flow.transform.transforms:
-                coupling.__class__ = _sliced_coupling_class()
+                coupling.__class__ = SlicedGeneralCoupling
 
     def forward(self, z: torch.Tensor, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(c(z; context), log|det ∂c/∂z|) per row. The transform is built and applied inside
@@ -173,31 +85,30 @@ class ConditionalFlow(nn.Module):
         return onehot(labels, self.classes, dtype)
 
 
-@lru_cache(maxsize=None)
-def _sliced_coupling_class() -> type:
+class SlicedCoupling(zuko.transforms.CouplingTransform):
     """zuko's coupling transform with its alternating (even/odd) mask read by strided slices
-    instead of index gathers and index writes: the same values moved the same way, so the
-    same numbers bit for bit, but the cINN's training ran about a fifth faster (the gathers and
+    instead of index gathers and index writes: the same values moved the same way, so the same
+    numbers bit for bit, but the cINN's training ran a fifth to a quarter faster (the gathers and
     writes were a quarter of its time on 200 features)."""
-    import zuko
 
-    class SlicedCoupling(zuko.transforms.CouplingTransform):
-        def __init__(self, meta, mask):
-            super().__init__(meta, mask)
-            self.first = int(self.idx_a[0])  # 0: the constant half sits at the even positions
+    def __init__(self, meta, mask):
+        super().__init__(meta, mask)
+        self.first = int(self.idx_a[0])  # 0: the constant half sits at the even positions
 
-        def split(self, x):
-            return x[..., self.first::2], x[..., 1 - self.first::2]
+    def split(self, x):
+        return x[..., self.first::2], x[..., 1 - self.first::2]
 
-        def merge(self, x_a, x_b, shape):
-            pair = (x_a, x_b) if self.first == 0 else (x_b, x_a)
-            return torch.stack(pair, dim=-1).flatten(-2)
+    def merge(self, x_a, x_b, shape):
+        pair = (x_a, x_b) if self.first == 0 else (x_b, x_a)
+        return torch.stack(pair, dim=-1).flatten(-2)
 
-    class SlicedGeneralCoupling(zuko.flows.coupling.GeneralCouplingTransform):
-        def forward(self, c=None):
-            return SlicedCoupling(partial(self.meta, c), self.mask)
 
-    return SlicedGeneralCoupling
+class SlicedGeneralCoupling(zuko.flows.coupling.GeneralCouplingTransform):
+    """zuko's lazy coupling, building SlicedCoupling (module level: a trainer in another process
+    pickles the cINN)."""
+
+    def forward(self, c=None):
+        return SlicedCoupling(partial(self.meta, c), self.mask)
 
 
 def onehot(labels: torch.Tensor, classes: int, dtype: torch.dtype) -> torch.Tensor:
@@ -207,10 +118,11 @@ def onehot(labels: torch.Tensor, classes: int, dtype: torch.dtype) -> torch.Tens
 
 @dataclass(frozen=True, eq=False)
 class FlowLikelihood:
-    """Eq. 3 as a plan loss (summed over the latent dimensions, as written). A training row is [z, onehot(y), z', onehot(y')] (built by the
-    client before training, so the loss draws no randomness and vmaps); the targets are unused.
-    An all-zero onehot(y') switches the row's augmentation off (FCCA itself always gives z' a
-    label: an absent one, or the extra UNKNOWN label)."""
+    """Eq. 3 as a plan loss (summed over the latent dimensions, as written). A training row is
+    [z, onehot(y), z', onehot(y')] (built by the client before training, so the loss draws no
+    randomness and vmaps); the targets are unused. An all-zero onehot(y') switches the row's
+    augmentation off (FCCA itself always gives z' a label: an absent one, or the extra UNKNOWN
+    label)."""
 
     features: int
     width: int  # classes + 1
@@ -269,7 +181,7 @@ class FCCA(_FCCAVariants, Method):
 
     @classmethod
     def check_hyperparams(cls, params):
-        return {"clusters": 2, "flow_hidden": 8, "server_samples": 4}
+        return {"clusters": 2, "flow_hidden": 8, "server_samples": 4, "flow_epochs": 0.1}  # 3 steps of 8
 
     checkpoint = ("global_model", "heads", "client_heads", "flows", "heard", "assign", "similarity")
 
