@@ -218,7 +218,7 @@ def test_validate_warns_when_a_run_goes_against_a_methods_premises_and_only_then
                                                       "methods.pacfl"]
     assert lines[0].startswith("methods.fcca-short.flow_steps: 4: FCCA clusters by what the cINN learns")
     assert "fewer than 10 (the paper's K is 20)" in lines[0]
-    assert lines[1].startswith("methods.fcca-tied.flow_steps: null (with flow_epochs: the run's 3 local steps)")
+    assert lines[1].startswith("methods.fcca-tied.flow_steps: null (flow_epochs null too: the run's 3 local steps)")
     assert "cannot tell them apart" in lines[2] and lines[2].endswith("(scenario s)")
     # the paper's budget through the run's own local steps, and groups PACFL can see: quiet
     swaps["training"]["local_steps"] = 20

@@ -252,7 +252,7 @@ def _digit_features() -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def test_eq4_recovers_label_swap_groups_under_dirichlet_skew_once_the_conditionals_are_learnt():
-    """The ideal setting of Fidelity IV (methods-notes/fcca-reading.md): D is the server's own
+    """The ideal setting of Fidelity IV (issue #56): D is the server's own
     similarity (`fcca_similarity`, Eq. 4 with P, the mean reading) and the k-means on its centred
     rows, but each client's cINN inverts perfectly: c_i⁻¹(ε; y) is a resample of the client's own
     features of label y (a label it lacks: the shared noise ε itself, the UNKNOWN tie to N(0, I)).
@@ -628,3 +628,15 @@ def test_the_cinns_budget_is_passes_or_steps_and_both_are_refused():
     assert (tied.flow_steps, tied.flow_epochs) == (None, None)
     with pytest.raises(ValidationError, match="give one of them"):
         FCCAParams(flow_steps=5, flow_epochs=2.0)
+    # `flow_steps: null` alone still means the run's budget, as when flow_steps was the default
+    assert FCCAParams.model_validate({"flow_steps": None}).flow_epochs is None
+
+
+@pytest.mark.parametrize("setting", [{"flow_optimizer": "sgd"}, {"flow_restart": True}])
+def test_kept_moments_where_they_would_do_nothing_are_refused(setting):
+    from pydantic import ValidationError
+
+    from cflpipe.methods.catalog import FCCAParams
+
+    with pytest.raises(ValidationError, match="flow_moments: 'keep'"):
+        FCCAParams(flow_moments="keep", **setting)

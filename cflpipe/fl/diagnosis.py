@@ -68,8 +68,10 @@ def diagnose_clustering(rounds: pd.DataFrame, clients: int, gate_note: str | Non
                                         f"clients): its final figures are those of clients trained alone, Local")
     alone = rounds.loc[counts.index[-1], "singleton_clients"] if "singleton_clients" in rounds else None
     if alone is not None and not pd.isna(alone) and int(alone) > ALONE_SHARE * clients:
-        what = "alone in their largest component" if soft else "in clusters of one"
-        return Degeneration(SINGLETONS, f"ended with most clients {what} ({int(alone)} of {clients} clients alone, "
-                                        f"{final} clusters): their final figures are those of clients trained alone, "
-                                        f"Local")
+        if soft:
+            return Degeneration(SINGLETONS, f"ended with most clients alone in their largest component ({int(alone)} "
+                                            f"of {clients} clients, {final} components)")
+        return Degeneration(SINGLETONS, f"ended with most clients in clusters of one ({int(alone)} of {clients} "
+                                        f"clients alone, {final} clusters): their final figures are those of clients "
+                                        f"trained alone, Local")
     return None

@@ -261,16 +261,27 @@ class FCCAParams(HyperParams):
     @classmethod
     def _one_budget(cls, values):
         """The cINN's budget is flow_steps or flow_epochs: the one given replaces the other's
-        default, and both given is a contradiction."""
+        default, and both given is a contradiction. `flow_steps: null` alone keeps the meaning it
+        had when flow_steps was the default budget: the run's local steps or epochs."""
         if not isinstance(values, dict):
             return values
         steps, epochs = values.get("flow_steps"), values.get("flow_epochs")
         if steps is not None and epochs is not None:
             raise ValueError("flow_steps and flow_epochs: give one of them (the cINN's iterations as mini-batch "
                              "steps or as passes over the client's data)")
-        if steps is not None:
+        if steps is not None or ("flow_steps" in values and "flow_epochs" not in values):
             return {**values, "flow_epochs": None}
         return values
+
+    @model_validator(mode="after")
+    def _kept_moments_need_adam(self):
+        """Moments kept across rounds are Adam's, of a cINN that continues: refused where they
+        would silently do nothing."""
+        if self.flow_moments == "keep" and (self.flow_optimizer != "adam" or self.flow_restart):
+            raise ValueError(f"flow_moments: 'keep' keeps Adam's moments of a cINN that continues across rounds; "
+                             f"it needs flow_optimizer 'adam' (got {self.flow_optimizer!r}) and flow_restart false "
+                             f"(got {str(self.flow_restart).lower()})")
+        return self
 
 
 class FCCAPerParams(FCCAParams):
@@ -491,7 +502,7 @@ def _fcca_premises(hp: FCCAParams, training: Any, scenario: Any) -> list[tuple[s
     found = []
     steps = hp.flow_steps if hp.flow_steps is not None else None if hp.flow_epochs is not None else training.local_steps
     if steps is not None and steps < FCCA_MIN_FLOW_STEPS:  # with epochs the count is the data's
-        value = steps if hp.flow_steps is not None else f"null (with flow_epochs: the run's {steps} local steps)"
+        value = steps if hp.flow_steps is not None else f"null (flow_epochs null too: the run's {steps} local steps)"
         found.append(("flow_steps", f"{value}: FCCA clusters by what the cINN learns in these iterations a round; "
                                     f"with fewer than {FCCA_MIN_FLOW_STEPS} (the paper's K is 20) its similarity D "
                                     f"carried no group signal and FCCA clustered at random (docs/fcca.md); "
@@ -505,8 +516,8 @@ def _fcca_premises(hp: FCCAParams, training: Any, scenario: Any) -> list[tuple[s
                           f"them only once each client's cINN has learnt its labels' conditionals (with ideal "
                           f"ones it did, ARI 1.00); at its paper's own settings, Dirichlet 0.5, its cINNs had "
                           f"not: with K = 20 as mini-batch steps ARI 0.13 or less on LEAF Synthetic and MNIST-1D; "
-                          f"as passes (the default) MNIST-1D's in part, "
-                          f"LEAF Synthetic's not (docs/fcca.md)"))
+                          f"as passes (the default) only in part "
+                          f"(docs/fcca.md)"))
     return found
 
 
@@ -618,8 +629,8 @@ declare("fcca", FCCAParams, "cflpipe.methods.fcca:FCCA",
         _CLUSTERED_K, variants=fcca_options("fcca"), premises=_fcca_premises,
         needs="cINNs that have learnt each held label's conditional: the paper's K = 20 as passes over the client's "
               "data (flow_epochs; with 5 mini-batch steps D carried no group signal); under label skew at its paper's "
-              "settings even that recovered MNIST-1D's "
-              "label-exchange groups only in part and LEAF Synthetic's not",
+              "settings even that recovered "
+              "the label-exchange groups only in part (docs/fcca.md)",
         family="seed")
 declare("fedac", FedACParams, "cflpipe.methods.fedac:FedAC",
         "FedAC: personalized models pulled to cluster centers (μ) and a global embedding (λ); LrCos EM "

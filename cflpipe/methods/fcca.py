@@ -21,15 +21,16 @@ within cluster k, both weighted by the clients' training samples.
 
 What reproduces at the paper's settings, and what does not: docs/reproduction.md.
 
-Departures and readings where the paper is open, each an option (docs/fcca.md has the text
-behind each and what was measured): one of K's iterations is a pass over the client's data
-(`flow_epochs`, default; `flow_steps` reads it as a mini-batch step); Adam for Algorithm 1's
-plain step, at the paper's η = 0.01 whatever the run's lr, its moments afresh each round; the
-client keeps training its cINN across rounds; Eq. 4's cosine of the two batches' means; k-means
-on D's rows less their own mean; coupling scales soft-clamped and gradients clipped;
-"global"/"personalized" accuracy read as `intra_acc`/`acc_macro`; FCCA+Per's personal classifier
-starts each round from the cluster's; with partial participation the server clusters everyone
-it has heard from.
+Departures and readings where the paper is open, each an option where it can be (docs/fcca.md
+has the text behind each and what was measured): one of K's iterations is a pass over the
+client's data (`flow_epochs`, default; `flow_steps` reads it as a mini-batch step), at the run's
+batch size, with the augmentation's z' drawn once per client and round and reused in every pass;
+Adam for Algorithm 1's plain step, at the paper's η = 0.01 whatever the run's lr, its moments
+afresh each round; the client keeps training its cINN across rounds; Eq. 4's cosine of the two
+batches' means; k-means on D's rows less their own mean; coupling scales soft-clamped and
+gradients clipped; "global"/"personalized" accuracy read as `intra_acc`/`acc_macro`; FCCA+Per's
+personal classifier starts each round from the cluster's; with partial participation the server
+clusters everyone it has heard from.
 """
 
 from __future__ import annotations
