@@ -558,48 +558,26 @@ def _figures(results, scenario, method, key):
     return [results[scenario, method, seed][key] for seed in SEEDS[method]]
 
 
+# Why each method falls short of ARI 0.9 on the rotations (on top of a Dirichlet(1.0) label skew),
+# where every method is held to ARI > 0.5 in every seed:
+# - flhc: after 10 FedAvg rounds the clients' updates also differ by their label mix, and ward on
+#   4 clusters mixes some rotation groups (ARI 1.0 / 0.86 / 0.62 on seeds 0–2);
+# - ifca: with random initialization one of the 4 models is never the lowest-loss choice (it stays
+#   at its random init) and two rotation groups share a model, so IFCA ends with 3 clusters here
+#   (ARI ≈ 0.6–0.7); the paper's remedy is random restarts;
+# - cfl: updates' cosine similarities are noisy here (≈ 0–0.5 within a group) and only the sampled
+#   half of a cluster votes on a split, so CFL both separates the groups and over-splits some (4–7
+#   clusters); it reaches ARI ≥ 0.9 on one seed of three.
 @pytest.mark.slow
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
-def test_flhc_recovers_planted_groups_and_beats_fedavg(scenario_results, scenario):
-    ari = _figures(scenario_results, scenario, "flhc", "ari")
-    acc, fedavg = (_figures(scenario_results, scenario, m, "acc_macro") for m in ("flhc", "fedavg"))
+@pytest.mark.parametrize("method", ["flhc", "ifca", "cfl"])
+def test_clustered_methods_recover_planted_groups_and_beat_fedavg(scenario_results, method, scenario):
+    ari = _figures(scenario_results, scenario, method, "ari")
+    acc, fedavg = (_figures(scenario_results, scenario, m, "acc_macro") for m in (method, "fedavg"))
     assert all(a > f for a, f in zip(acc, fedavg)), (acc, fedavg)
     if scenario == "digits-swap4":
         assert sum(a >= 0.9 for a in ari) >= 2, ari
     else:
-        # Rotations on top of a Dirichlet(1.0) label skew: after 10 FedAvg rounds the clients'
-        # updates also differ by their label mix, and ward on 4 clusters mixes some rotation
-        # groups (ARI 1.0 / 0.86 / 0.62 on seeds 0–2).
-        assert all(a > 0.5 for a in ari), ari
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
-def test_ifca_beats_fedavg_and_recovers_label_swap_groups(scenario_results, scenario):
-    ari = _figures(scenario_results, scenario, "ifca", "ari")
-    acc, fedavg = (_figures(scenario_results, scenario, m, "acc_macro") for m in ("ifca", "fedavg"))
-    assert all(a > f for a, f in zip(acc, fedavg)), (acc, fedavg)
-    if scenario == "digits-swap4":
-        assert sum(a >= 0.9 for a in ari) >= 2, ari
-    else:
-        # Rotations: with random initialization one of the 4 models is never the lowest-loss
-        # choice (it stays at its random init) and two rotation groups share a model, so IFCA
-        # ends with 3 clusters here (ARI ≈ 0.6–0.7); the paper's remedy is random restarts.
-        assert all(a > 0.5 for a in ari), ari
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
-def test_cfl_splits_towards_planted_groups_and_beats_fedavg(scenario_results, scenario):
-    ari = _figures(scenario_results, scenario, "cfl", "ari")
-    acc, fedavg = (_figures(scenario_results, scenario, m, "acc_macro") for m in ("cfl", "fedavg"))
-    assert all(a > f for a, f in zip(acc, fedavg)), (acc, fedavg)
-    if scenario == "digits-swap4":
-        assert sum(a >= 0.9 for a in ari) >= 2, ari
-    else:
-        # Rotations: updates' cosine similarities are noisy here (≈ 0–0.5 within a group) and only
-        # the sampled half of a cluster votes on a split, so CFL both separates the groups and
-        # over-splits some (4–7 clusters); it reaches ARI ≥ 0.9 on one seed of three.
         assert all(a > 0.5 for a in ari), ari
 
 
