@@ -103,6 +103,26 @@ def exclusive(lock_file: Path, what: str) -> Iterator[None]:
         handle.close()
 
 
+@contextmanager
+def waiting_lock(lock_file: Path) -> Iterator[None]:
+    """Hold an exclusive lock on `lock_file`, waiting for another holder (for short
+    read-modify-write updates of a shared file); unlocked where the file system has no flock."""
+    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_file, "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        except OSError as exc:
+            if exc.errno not in _NO_FLOCK:
+                raise
+        try:
+            yield
+        finally:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+            except OSError:
+                pass
+
+
 def write_bytes(path: str | Path, data: bytes) -> None:
     with atomic_path(path) as tmp:
         tmp.write_bytes(data)

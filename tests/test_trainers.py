@@ -320,12 +320,40 @@ def test_auto_takes_the_trainer_it_measured_faster_and_keeps_its_bytes(tmp_path,
         timing = json.loads((measured.run_dir / "timing.json").read_text())
         (shape, choice), = timing["auto_choices"].items()
         assert choice["trainer"] == faster and "MLP[" in shape and "clients 4 steps 2-4" in shape
-        assert choice["by"] == ("measured" if method == "fedavg" else "cached")  # Local's plans: the same shape
+        # Local's plans are the same shape, which the results folder has recorded since FedAvg's run
+        assert choice["by"] == ("measured" if method == "fedavg" else "recorded")
         assert timing["plans_trained"][faster] == 4 * 4 and timing["plans_trained"][slower] == 0
         again = train_run(auto_spec(tmp_path, "auto"), "s", method, 0, force=True, progress=False)
         assert run_files(again.run_dir) == run_files(named.run_dir)
     kept = read_choices()
     assert len(kept) == 1 and next(iter(kept.values()))["trainer"] == faster
+
+
+@pytest.mark.parametrize("slower", ["sequential", "batched"])
+def test_a_rerun_on_a_fresh_home_reads_the_results_folders_choices_and_gives_the_same_bytes(tmp_path, monkeypatch,
+                                                                                          slower):
+    """The trainer choices are an input of the results: a rerun with an empty per-user cache (a
+    fresh $HOME, another node of a cluster) and the results folder present trains every shape as
+    recorded there, without measuring, to the same bytes, even where this machine would now
+    measure the other trainer faster."""
+    from cflpipe.fl.engine import train_run
+
+    monkeypatch.setenv("CFLPIPE_CACHE_DIR", str(tmp_path / "home-1"))
+    faster = "batched" if slower == "sequential" else "sequential"
+    with monkeypatch.context() as patch:
+        slowed(patch, SequentialTrainer if slower == "sequential" else BatchedTrainer)
+        first = train_run(auto_spec(tmp_path, "auto"), "s", "fedavg", 0, force=True, progress=False)
+    before = run_files(first.run_dir)
+    (shape, recorded), = read_choices(tmp_path / "auto" / "trainer-choices.json").items()
+    assert recorded["trainer"] == faster and recorded["machine"] and "MLP[" in shape
+    monkeypatch.setenv("CFLPIPE_CACHE_DIR", str(tmp_path / "home-2"))  # nothing cached there
+    slowed(monkeypatch, BatchedTrainer if slower == "sequential" else SequentialTrainer)  # now the other is faster
+    again = train_run(auto_spec(tmp_path, "auto"), "s", "fedavg", 0, force=True, progress=False)
+    assert run_files(again.run_dir) == before
+    timing = json.loads((again.run_dir / "timing.json").read_text())
+    assert [c["by"] for c in timing["auto_choices"].values()] == ["recorded"]
+    assert timing["plans_trained"][slower] == 0
+    assert not (tmp_path / "home-2" / "trainer-choices.json").exists()
 
 
 def test_a_resumed_auto_run_keeps_the_choices_of_its_checkpoint(tmp_path, monkeypatch):

@@ -175,7 +175,7 @@ class Run:
         batches = name in ("auto", "batched")
         self.trainer = build_trainer(name if info.capabilities.batchable or not batches else "sequential",
                                      self.device, self.training.model, workers=self.training.workers,
-                                     compiled=self.training.compile)
+                                     compiled=self.training.compile, recorded=self.resolved.trainer_choices)
         self.ctx = Context(self.data, self.space, self.training, hp, self.seed, self.space.read(),
                            self.scenario, self.method_name, self.trainer)
         self.training_clients = self.held_out_check(info)

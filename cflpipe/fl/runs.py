@@ -28,6 +28,8 @@ from cflpipe.spec import (RUN_OUTPUT_FILES, Spec, Training, dump_yaml, same_trai
 OUTPUT_FILES = RUN_OUTPUT_FILES
 # Held by the process writing a run (flock), in the run's folder.
 LOCK_FILE = ".lock"
+# In a spec's results folder: the trainer choices `trainer: auto` made for its runs.
+TRAINER_CHOICES = "trainer-choices.json"
 
 
 def run_plugins(spec: Spec, scenario: str, method: str) -> dict[str, str]:
@@ -58,6 +60,8 @@ class ResolvedRun:
     load_data: Callable[[torch.device], FederatedData]
     key_path: Callable[[str], str]  # where a training key of this run was written in the spec
     live_dir: Path | None = None  # with workflow.live: where its curves go while it trains (fl/live.py)
+    # trainer: auto's choices, kept with the results they decide (fl/trainer_choice.py)
+    trainer_choices: Path | None = None
 
     @property
     def state_path(self) -> Path:
@@ -73,7 +77,8 @@ def resolve_run(spec: Spec, scenario: str, method: str, seed: int, threads: int 
         spec.resolved_training(scenario, method), info.params(**config["hyperparams"]), config, dump_yaml(config),
         spec_sha256(spec), lambda device: build_federated_data(spec, scenario, device),
         lambda key: training_key_path(spec, scenario, method, key),
-        live_dir(spec.results_dir, scenario, method, seed) if spec.workflow.live else None)
+        live_dir(spec.results_dir, scenario, method, seed) if spec.workflow.live else None,
+        Path(spec.results_dir) / TRAINER_CHOICES)
 
 
 def resolved_config(spec: Spec, scenario: str, method: str, seed: int, threads: int | None = None

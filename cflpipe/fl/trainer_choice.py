@@ -5,18 +5,19 @@ another."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import platform
 import sys
 import time
-from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Iterator
 
 import torch
 
+from cflpipe import store
 from cflpipe.errors import SpecError
 from cflpipe.fl.distributed import DistributedTrainer
 from cflpipe.fl.params import ParamSpace
@@ -36,11 +37,11 @@ CHEAP, CLOSE, LONG = 2.0, 1.2, 20.0
 
 
 def build_trainer(name: str, device: torch.device, model: str | None = None, where: str = "training.trainer",
-                  workers: int | None = None, compiled: bool = False) -> Trainer:
+                  workers: int | None = None, compiled: bool = False, recorded: Path | None = None) -> Trainer:
     """The trainer `name` names: built in (auto: batched on a GPU and wherever the step is
-    `compiled`, on a CPU an AutoTrainer), an installed plugin's (entry point group
-    cflpipe.trainers) or a `module:Class` reference. `model` is the run's model name (unused by
-    the built-in trainers; kept for callers that pass it)."""
+    `compiled`, on a CPU an AutoTrainer keeping its choices in `recorded`), an installed plugin's
+    (entry point group cflpipe.trainers) or a `module:Class` reference. `model` is the run's model
+    name (unused by the built-in trainers; kept for callers that pass it)."""
     from cflpipe.plugins import (TRAINERS_GROUP, describe_object, entry_point_names, is_reference,
                                  load_entry_point, load_reference)
 
@@ -50,7 +51,7 @@ def build_trainer(name: str, device: torch.device, model: str | None = None, whe
         if compiled or device.type == "cuda":
             name = "batched"
         else:
-            return AutoTrainer()
+            return AutoTrainer(recorded)
     if name == "processes":
         if device.type == "cuda":
             raise SpecError(f"{where}: processes spreads training over CPU processes; on a GPU use auto or batched")
@@ -84,14 +85,21 @@ class AutoTrainer(Trainer):
     vmap, the network's parameter shapes, the input shape, batch size, clients and steps). The
     first time a shape is met on a machine (CPU model, core count, torch version and threads)
     both trainers train the items, timed, and the faster one's results are the call's: a run
-    that measures gives the bytes of a run that named the winner. The choice is kept in
-    `choices_file()` (per user; CFLPIPE_CACHE_DIR moves it), so later runs of that shape on the
-    machine train with it without measuring and reruns give the same bytes; a run's checkpoint
-    holds the choices it made, so a resumed run keeps them whatever the file says since."""
+    that measures gives the bytes of a run that named the winner.
+
+    The choices are an input of the results, so they are kept with them: `recorded` (the spec's
+    results folder's trainer-choices.json, by shape alone, with the machine that measured) is
+    read first, so a rerun on a fresh home directory or on another node of a cluster trains every
+    recorded shape as recorded and gives the same bytes; a machine measures only shapes nobody
+    recorded. Measured choices also go to `choices_file()` (per user and machine;
+    CFLPIPE_CACHE_DIR moves it), which a results folder without the shape falls back on. A run's
+    checkpoint holds the choices it made, so a resumed run keeps them whatever the files say."""
 
     name = "auto"
 
-    def __init__(self) -> None:  # counts are the two trainers' (a property), not a dict of its own
+    def __init__(self, recorded: Path | None = None) -> None:
+        # counts are the two trainers' (a property), not a dict of its own
+        self.recorded = recorded
         self.sequential, self.batched = SequentialTrainer(), BatchedTrainer()
         self.choices: dict[str, dict] = {}  # shape -> {"trainer", "by", seconds…} met by this run
         self.measured_since_asked = False
@@ -130,9 +138,13 @@ class AutoTrainer(Trainer):
             return self.sequential, None
         if shape not in self.choices:
             key = machine_key() + " | " + shape
-            recorded = read_choices().get(key)
-            if recorded is not None and recorded.get("trainer") in ("sequential", "batched"):
-                self.choices[shape] = {**recorded, "by": "cached"}
+            recorded = read_choices(self.recorded).get(shape) if self.recorded is not None else None
+            cached = read_choices().get(key)
+            if _usable(recorded):
+                self.choices[shape] = {**recorded, "by": "recorded"}
+            elif _usable(cached):
+                self.choices[shape] = {**cached, "by": "cached"}
+                self._record(shape, cached)
             else:
                 return self.measure(spaces, items, shape, key)
         trainer = self.choices[shape]["trainer"]
@@ -169,8 +181,12 @@ class AutoTrainer(Trainer):
         choice = {"trainer": chosen, "sequential_seconds": round(runs["sequential"]["seconds"], 6),
                   "batched_seconds": round(runs["batched"]["seconds"], 6)}
         kept = record_choice(key, choice)  # another process may have recorded this shape meanwhile
+        by = "measured" if kept is choice else "cached"
+        recorded = self._record(shape, kept)  # or a run of this results folder, on another machine
+        if recorded["trainer"] != kept["trainer"]:
+            kept, by = recorded, "recorded"
         chosen = kept["trainer"]
-        self.choices[shape] = {**kept, "by": "measured" if kept is choice else "cached"}
+        self.choices[shape] = {**kept, "by": by}
         self.measured_since_asked = True
         winner = runs[chosen]
         _restore(spaces, winner["after"])
@@ -178,6 +194,17 @@ class AutoTrainer(Trainer):
         trainer.counts = winner["counts"]
         return trainer, [Trained(trained_into(item, t.vector, t.result), t.result, t.companions)
                          for item, t in zip(items, winner["trained"])]
+
+
+    def _record(self, shape: str, choice: dict) -> dict:
+        """Keep `choice` in the results folder's record unless the shape is there already."""
+        if self.recorded is None:
+            return choice
+        return record_choice(shape, {**choice, "machine": choice.get("machine", machine_key())}, self.recorded)
+
+
+def _usable(choice) -> bool:
+    return isinstance(choice, dict) and choice.get("trainer") in ("sequential", "batched")
 
 
 def plan_shape(spaces: dict[str, ParamSpace], items: list[WorkItem]) -> str | None:
@@ -238,9 +265,10 @@ def choices_file() -> Path:
     return Path(folder) / CHOICES_FILE
 
 
-def read_choices() -> dict[str, dict]:
+def read_choices(path: Path | None = None) -> dict[str, dict]:
+    """The choices kept in `path` (default: the per-user `choices_file()`)."""
     try:
-        data = json.loads(choices_file().read_text())
+        data = json.loads((path or choices_file()).read_text())
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
@@ -249,40 +277,30 @@ def read_choices() -> dict[str, dict]:
 _said_unwritable = False
 
 
-def record_choice(key: str, choice: dict) -> dict:
-    """Keep `choice` for `key` unless one is kept already (a process that measured the same shape
-    at the same time), under a lock; the choice kept is returned. A cache that cannot be written
-    is said once and the choice used for this process alone."""
+def record_choice(key: str, choice: dict, path: Path | None = None) -> dict:
+    """Keep `choice` for `key` in `path` (default: the per-user `choices_file()`) unless one is
+    kept already (a process that measured the same shape at the same time), under a lock; the
+    choice kept is returned. A per-user cache that cannot be written is said once and the choice
+    used for this process alone; a results folder's record that cannot be written fails as any
+    of the results' files does."""
     global _said_unwritable
-    path = choices_file()
+    path = path or choices_file()
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with _locked(path.with_name(path.name + ".lock")):
-            kept = read_choices()
-            if isinstance(kept.get(key), dict) and kept[key].get("trainer") in ("sequential", "batched"):
+        with store.waiting_lock(path.with_name(path.name + ".lock")):
+            kept = read_choices(path)
+            if _usable(kept.get(key)):
                 return kept[key]
-            kept[key] = {**choice, "measured": time.strftime("%Y-%m-%d")}
-            scratch = path.with_name(f".{path.name}.{platform.node()}.{os.getpid()}")  # a home shared by hosts
-            scratch.write_text(json.dumps(kept, indent=1, sort_keys=True))
-            os.replace(scratch, path)
+            kept[key] = {**choice, "measured": choice.get("measured", time.strftime("%Y-%m-%d"))}
+            store.write_text(path, json.dumps(kept, indent=1, sort_keys=True))
     except OSError as exc:
-        if not _said_unwritable:
+        if path != choices_file():
+            raise
+        # A full disk is said once, by the results' own write (one line), not here as well.
+        if not _said_unwritable and exc.errno != errno.ENOSPC:
             _said_unwritable = True
             print(f"cflpipe: {path}: cannot keep the measured trainer choice ({exc.strerror or exc}); "
                   f"trainer: auto measures again in the next process", file=sys.stderr)
     return choice
-
-
-@contextmanager
-def _locked(path: Path):
-    import fcntl
-
-    with open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _clock() -> float:
