@@ -1122,3 +1122,20 @@ def test_items_pickled_together_carry_a_shared_start_once(tmp_path):
     assert all(item.start is back[0].start for item in back)
     assert torch.equal(back[0].start, run.ctx.init) and back[0].start.untyped_storage().nbytes() == start_bytes
     assert all(torch.equal(a.x, b.x) and torch.equal(a.y, b.y) for a, b in zip(items, back))
+
+
+def test_a_damaged_results_record_of_choices_is_an_error_not_a_fresh_start(tmp_path, monkeypatch):
+    """Rewriting a results folder's record that cannot be read would drop every choice its runs
+    were made with; a damaged per-user cache is only a cache."""
+    from cflpipe.errors import SpecError
+
+    monkeypatch.setenv("CFLPIPE_CACHE_DIR", str(tmp_path / "cache"))
+    record = tmp_path / "results" / "trainer-choices.json"
+    record.parent.mkdir()
+    record.write_text('{"MLP[...] clients 4": {"trainer": "batch')  # cut short
+    with pytest.raises(SpecError, match="not a record of trainer choices"):
+        record_choice("shape", {"trainer": "batched"}, record, results=True)
+    assert record.read_text().endswith('"batch')
+    choices_file().parent.mkdir(parents=True)
+    choices_file().write_text("[]")
+    assert read_choices() == {} and record_choice("k", {"trainer": "sequential"})["trainer"] == "sequential"

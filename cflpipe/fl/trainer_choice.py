@@ -138,13 +138,13 @@ class AutoTrainer(Trainer):
             return self.sequential, None
         if shape not in self.choices:
             key = machine_key() + " | " + shape
-            recorded = read_choices(self.recorded).get(shape) if self.recorded is not None else None
+            recorded = read_choices(self.recorded, results=True).get(shape) if self.recorded is not None else None
             cached = read_choices().get(key)
             if _usable(recorded):
                 self.choices[shape] = {**recorded, "by": "recorded"}
             elif _usable(cached):
-                self.choices[shape] = {**cached, "by": "cached"}
-                self._record(shape, cached)
+                kept = self._record(shape, cached)  # another node may have recorded the shape meanwhile
+                self.choices[shape] = {**kept, "by": "cached" if kept["trainer"] == cached["trainer"] else "recorded"}
             else:
                 return self.measure(spaces, items, shape, key)
         trainer = self.choices[shape]["trainer"]
@@ -200,7 +200,8 @@ class AutoTrainer(Trainer):
         """Keep `choice` in the results folder's record unless the shape is there already."""
         if self.recorded is None:
             return choice
-        return record_choice(shape, {**choice, "machine": choice.get("machine", machine_key())}, self.recorded)
+        return record_choice(shape, {**choice, "machine": choice.get("machine", machine_key())}, self.recorded,
+                             results=True)
 
 
 def _usable(choice) -> bool:
@@ -265,19 +266,32 @@ def choices_file() -> Path:
     return Path(folder) / CHOICES_FILE
 
 
-def read_choices(path: Path | None = None) -> dict[str, dict]:
-    """The choices kept in `path` (default: the per-user `choices_file()`)."""
+def read_choices(path: Path | None = None, results: bool = False) -> dict[str, dict]:
+    """The choices kept in `path` (default: the per-user `choices_file()`). A results folder's
+    record that cannot be read as choices is an error (rewriting it would drop every choice its
+    runs were made with); a damaged per-user cache is empty."""
+    target = path or choices_file()
     try:
-        data = json.loads((path or choices_file()).read_text())
-    except (OSError, ValueError):
+        data = json.loads(target.read_text())
+    except FileNotFoundError:
         return {}
-    return data if isinstance(data, dict) else {}
+    except (OSError, ValueError) as exc:
+        if results:
+            raise SpecError(f"{target}: not a record of trainer choices ({exc}); restore it from the results' "
+                            f"copy, or delete it to measure again (reruns may then differ in the last bits)") from None
+        return {}
+    if not isinstance(data, dict):
+        if results:
+            raise SpecError(f"{target}: not a record of trainer choices (a JSON object of shapes); restore it, "
+                            f"or delete it to measure again")
+        return {}
+    return data
 
 
 _said_unwritable = False
 
 
-def record_choice(key: str, choice: dict, path: Path | None = None) -> dict:
+def record_choice(key: str, choice: dict, path: Path | None = None, results: bool = False) -> dict:
     """Keep `choice` for `key` in `path` (default: the per-user `choices_file()`) unless one is
     kept already (a process that measured the same shape at the same time), under a lock; the
     choice kept is returned. A per-user cache that cannot be written is said once and the choice
@@ -287,13 +301,13 @@ def record_choice(key: str, choice: dict, path: Path | None = None) -> dict:
     path = path or choices_file()
     try:
         with store.waiting_lock(path.with_name(path.name + ".lock")):
-            kept = read_choices(path)
+            kept = read_choices(path, results)
             if _usable(kept.get(key)):
                 return kept[key]
             kept[key] = {**choice, "measured": choice.get("measured", time.strftime("%Y-%m-%d"))}
             store.write_text(path, json.dumps(kept, indent=1, sort_keys=True))
     except OSError as exc:
-        if path != choices_file():
+        if results:
             raise
         # A full disk is said once, by the results' own write (one line), not here as well.
         if not _said_unwritable and exc.errno != errno.ENOSPC:
