@@ -108,7 +108,11 @@ def waiting_lock(lock_file: Path) -> Iterator[None]:
     """Hold an exclusive lock on `lock_file`, waiting for another holder (for short
     read-modify-write updates of a shared file); unlocked where the file system has no flock."""
     lock_file.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_file, "a") as handle:
+    try:
+        handle = open(lock_file, "a")
+    except PermissionError:  # a colleague's lock file in a shared folder: flock needs no write access
+        handle = open(lock_file, "r")
+    with handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX)
         except OSError as exc:
