@@ -195,7 +195,6 @@ class AutoTrainer(Trainer):
         return trainer, [Trained(trained_into(item, t.vector, t.result), t.result, t.companions)
                          for item, t in zip(items, winner["trained"])]
 
-
     def _record(self, shape: str, choice: dict) -> dict:
         """Keep `choice` in the results folder's record unless the shape is there already."""
         if self.recorded is None:
