@@ -18,7 +18,8 @@ MLP: seconds) and raises AssertionError with what went wrong:
 - check_evaluation_does_not_change_training: evaluating every round or only every other one
   gives the same training losses and final figures
 - check_clients_use_only_what_they_were_sent: the server's state is NaN while clients plan and
-  finish, so a client that read anything not counted as bytes down trains to NaN (traffic), and
+  finish, and while they answer its questions (Context.ask), so a client that read anything not
+  counted as bytes down trains to NaN (traffic), and
   the server's state after the clients' work must equal the state before it, so a client that
   wrote to it (through a payload tensor that is a view of the server's) fails
 - check_state_round_trip: the method's checkpoint and client store round-trip through the
@@ -33,6 +34,7 @@ A method makes its mechanism act within those few rounds by returning hyper-para
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import tempfile
@@ -109,44 +111,70 @@ def same_bytes(a: Path, b: Path) -> None:
 
 def play(run: Any, rounds: int, poison: bool = False) -> list[dict]:
     """Engine rounds without outputs, returning the method's round metrics; with `poison`, every
-    server tensor the method checkpoints is NaN while the clients plan and finish (restored
-    before aggregation), and the checkpointed state must come out of the clients' work as it went
-    in (the table the method names in `uploads_into` aside: the trainer writes uploads there)."""
+    server tensor the method checkpoints is NaN while the clients plan and finish, and while they
+    answer the server's questions (Context.ask; restored after), and the checkpointed state must
+    come out of the clients' work as it went in (the table the method names in `uploads_into`
+    aside: the trainer writes uploads there)."""
     method, ctx = run.method, run.ctx
+    if poison:
+        ask = ctx.ask
+
+        def poisoned_ask(payloads):
+            with _poisoned(method, f"a client asked in round {ctx.round + 1}"):
+                answers = ask(payloads)
+            for c, answer in answers.items():
+                _assert_finite(answer, f"client {c} asked in round {ctx.round + 1}", ctx.train_sizes()[c])
+            return answers
+
+        ctx.ask = poisoned_ask
     reported = []
     for r in range(rounds):
         ctx.round = r
         sampled = run.sample(r)
         method.round_start(sampled)
         payloads = {int(c): method.payload(int(c)) for c in sampled}
-        saved = {}
-        before = _server_state(method) if poison else None
-        if poison:
-            for attr in method.checkpoint:
-                value = getattr(method, attr)
-                if isinstance(value, torch.Tensor) and value.is_floating_point():
-                    saved[attr] = value
-                    setattr(method, attr, torch.full_like(value, float("nan")))
-        started = {c: client_work(method, c, payloads[c]) for c in payloads}
-        trained = ctx.run({c: plans for c, (plans, _) in started.items()})
-        updates = {c: client_update(method, c, payloads[c], trained[c], started[c][1]) for c in payloads}
-        for attr, value in saved.items():
-            setattr(method, attr, value)
-        if before is not None:
-            try:
-                _assert_state_equal(_server_state(method), before)
-            except AssertionError:
-                raise AssertionError(f"a client of round {r + 1} wrote to the server's state (a payload tensor "
-                                     f"that is a view of it?); send copies, or name the table in uploads_into") from None
+        with _poisoned(method, f"a client of round {r + 1}") if poison else contextlib.nullcontext():
+            started = {c: client_work(method, c, payloads[c]) for c in payloads}
+            trained = ctx.run({c: plans for c, (plans, _) in started.items()})
+            updates = {c: client_update(method, c, payloads[c], trained[c], started[c][1]) for c in payloads}
         for c, update in updates.items():
-            sent = [t for t in update.tensors.values() if t.is_floating_point()]
-            kept = list(update.keep.values())
-            assert all(torch.isfinite(t).all() for t in sent + kept), \
-                f"client {c} of round {r + 1} used server state that was not in its payload"
+            _assert_finite(update, f"client {c} of round {r + 1}", 1)
             assert not update.result.diverged, f"client {c} of round {r + 1} diverged"
         receive(method, updates)
         reported.append(method.round_metrics())
     return reported
+
+
+@contextlib.contextmanager
+def _poisoned(method: Any, who: str):
+    """The method's checkpointed floating tensors NaN within the block, restored after it; the
+    state after must equal the state before."""
+    before = _server_state(method)
+    saved = {}
+    for attr in method.checkpoint:
+        value = getattr(method, attr)
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            saved[attr] = value
+            setattr(method, attr, torch.full_like(value, float("nan")))
+    try:
+        yield
+    finally:
+        for attr, value in saved.items():
+            setattr(method, attr, value)
+    try:
+        _assert_state_equal(_server_state(method), before)
+    except AssertionError:
+        raise AssertionError(f"{who} wrote to the server's state (a payload tensor that is a view of it?); "
+                             f"send copies, or name the table in uploads_into") from None
+
+
+def _assert_finite(update: Any, who: str, samples: int) -> None:
+    """What a client sent and kept is finite (a client without samples may send NaN: no loss)."""
+    if not samples:
+        return
+    sent = [t for t in update.tensors.values() if t.is_floating_point()]
+    assert all(torch.isfinite(t).all() for t in sent + list(update.keep.values())), \
+        f"{who} used server state that was not in its payload"
 
 
 def _server_state(method: Any) -> dict:

@@ -53,6 +53,43 @@ def test_a_client_that_writes_to_the_servers_state_fails_the_conformance_check(t
     check_clients_use_only_what_they_were_sent("fedavg", tmp_path / "fedavg")  # its parent does not
 
 
+def test_an_asked_client_that_writes_to_or_reads_the_servers_state_fails_the_conformance_check(tmp_path,
+                                                                                                registry_copy):
+    """The clients FL+HC asks to train outside its clustering round are checked as the sampled
+    ones are: one that writes to the model it was sent (a view of the server's) or answers with
+    what the server holds rather than what it was sent fails."""
+    from cflpipe.methods import register
+    from cflpipe.methods.catalog import FLHCParams
+    from cflpipe.methods.flhc import FLHC
+    from cflpipe.testing import check_clients_use_only_what_they_were_sent
+
+    @register("asked_writes_back", FLHCParams)
+    class AskedWritesBack(FLHC):
+        """Asked writes back: FL+HC whose asked clients move the model they received in place."""
+
+        @classmethod
+        def query_plan(cls, view, payload):
+            payload.tensors["model"].add_(1.0)
+            return super().query_plan(view, payload)
+
+    @register("asked_reads_server", FLHCParams)
+    class AskedReadsServer(FLHC):
+        """Asked reads server: FL+HC whose asked clients answer with the server's model."""
+
+        def __init__(self, ctx):
+            super().__init__(ctx)
+            type(self).server = self
+
+        @classmethod
+        def query(cls, view, payload, trained, scratch):
+            return view.update({"model": cls.server.centers[0].clone()}, trained)
+
+    with pytest.raises(AssertionError, match="asked in round 2 wrote to the server's state"):
+        check_clients_use_only_what_they_were_sent("asked_writes_back", tmp_path / "writes")
+    with pytest.raises(AssertionError, match="asked in round 2 used server state that was not in its payload"):
+        check_clients_use_only_what_they_were_sent("asked_reads_server", tmp_path / "reads")
+
+
 PROCESS_TRAINER = "process_trainer:ProcessTrainer"  # tests/process_trainer.py
 
 

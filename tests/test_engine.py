@@ -903,22 +903,44 @@ def test_a_run_that_left_nothing_leaves_no_empty_folders(tmp_path):
     remove_empty(run_dir, existed)  # no lock file left: nothing to unlink, no error
 
 
-def test_unsampled_clients_count_their_traffic_and_follow_on_divergence(tmp_path):
-    from cflpipe.fl.plan import ClientPlan
+class _Asking:
+    """FedAvg's client side answering a question: the model it is sent trained at the payload's
+    learning rate, and sent back; a client's payload names what it already holds."""
 
+    @classmethod
+    def query_plan(cls, view, payload):
+        from cflpipe.fl.plan import ClientPlan
+
+        return ClientPlan(payload.tensors["model"], lr=payload.meta.get("lr"), momentum=0.0), None
+
+    @classmethod
+    def query(cls, view, payload, trained, scratch):
+        return view.update({"model": trained.vector}, trained, keep={"asked": torch.ones(1)})
+
+
+def test_asked_clients_count_their_traffic_keep_what_they_keep_and_follow_on_divergence(tmp_path, monkeypatch):
+    from cflpipe.fl.method import Payload
+    from cflpipe.methods.fedavg import FedAvg
+
+    monkeypatch.setattr(FedAvg, "query_plan", _Asking.query_plan)
+    monkeypatch.setattr(FedAvg, "query", _Asking.query)
     for policy in ("skip", "stop"):
         run = prepare_run(parse_spec(tiny_spec(tmp_path / policy, on_divergence=policy)), "swap", "fedavg", 0)
         run.setup()
         ctx, start = run.ctx, run.ctx.init
-        plans = {0: ClientPlan(start), 1: ClientPlan(start, lr=1e12, momentum=0.0), 2: ClientPlan(start)}
+        ctx.clients.add("asked", torch.zeros(1))
+        payloads = {0: Payload({"model": start}), 1: Payload({"model": start}, {"lr": 1e12}),
+                    2: Payload({"model": start}), 3: Payload({"model": start}, held=("model",))}
         if policy == "stop":
             with pytest.raises(DivergenceError, match="client 1"):
-                ctx.train_unsampled(plans)
+                ctx.ask(payloads)
             continue
-        kept = ctx.train_unsampled(plans)
-        assert sorted(kept) == [0, 2]  # the diverged client is left out, the ones after it kept
+        answers = ctx.ask(payloads)
+        assert sorted(answers) == [0, 2, 3]  # the diverged client is left out, the ones after it kept
         size = start.numel() * start.element_size()
-        assert (ctx.extra_bytes_down, ctx.extra_bytes_up) == (3 * size, 2 * size)
+        # down: every payload but what client 3 holds; up: the three answers
+        assert (ctx.extra_bytes_down, ctx.extra_bytes_up) == (3 * size, 3 * size)
+        assert ctx.clients["asked"][:, 0].tolist() == [1, 0, 1, 1, 0, 0, 0, 0]
 
 
 def test_predictor_shapes_index_each_client_into_their_models():
@@ -984,22 +1006,26 @@ def test_only_the_first_round_of_the_process_counts_as_warm_up(tmp_path, monkeyp
     assert json.loads((second / "timing.json").read_text())["warmup_round_seconds"] == 0.0
 
 
-def test_traffic_a_method_counts_itself_is_added_to_the_rounds_bytes(tmp_path, monkeypatch):
+def test_traffic_of_a_methods_questions_is_added_to_the_rounds_bytes(tmp_path, monkeypatch):
+    from cflpipe.fl.method import Payload
     from cflpipe.methods.fedavg import FedAvg
 
     round_start = FedAvg.round_start
 
-    def with_extra_traffic(self, sampled):
-        self.ctx.count_traffic(100, 7)  # e.g. models sent to and trained by unsampled clients
+    def asking(self, sampled):
+        # e.g. a model sent to and trained by a client not sampled (not counted: what it holds)
+        self.ctx.ask({7: Payload({"model": self.ctx.init, "extra": torch.zeros(25)}, held=("model",))})
         round_start(self, sampled)
 
-    monkeypatch.setattr(FedAvg, "round_start", with_extra_traffic)
+    monkeypatch.setattr(FedAvg, "round_start", asking)
+    monkeypatch.setattr(FedAvg, "query", classmethod(lambda cls, view, payload, trained, scratch:
+                                                     view.answer({"one": torch.zeros(1)}, seen=True)))
     spec = parse_spec(tiny_spec(tmp_path))
     summary = train_run(spec, "swap", "fedavg", 0, progress=False).summary
     size = sum(p.numel() for p in build_model("mlp", (1, 8, 8), 10).parameters()) * 4
     rounds = pd.read_parquet(spec.run_dir("swap", "fedavg", 0) / "rounds.parquet")
-    assert (rounds["bytes_down"] == 4 * size + 100).all() and (rounds["bytes_up"] == 4 * size + 7).all()
-    assert (summary["bytes_down_total"], summary["bytes_up_total"]) == (6 * (4 * size + 100), 6 * (4 * size + 7))
+    assert (rounds["bytes_down"] == 4 * size + 100).all() and (rounds["bytes_up"] == 4 * size + 4).all()
+    assert (summary["bytes_down_total"], summary["bytes_up_total"]) == (6 * (4 * size + 100), 6 * (4 * size + 4))
 
 
 def test_the_summary_names_the_run(tmp_path):

@@ -53,9 +53,8 @@ class FakeContext:
         self.anchors: list = []
         self.extra_bytes_down = self.extra_bytes_up = 0
 
-    # The real traffic accounting for clients trained outside the sampled set.
-    count_traffic = Context.count_traffic
-    train_unsampled = Context.train_unsampled
+    # The real questions to clients outside the round (their traffic, their divergence).
+    ask = Context.ask
 
     def train_sizes(self) -> np.ndarray:
         return np.full(self.num_clients, 10)

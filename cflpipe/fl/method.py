@@ -29,14 +29,17 @@ from cflpipe.spec import Training
 
 @dataclass
 class Payload:
-    """What the server sends one client this round; its tensors are counted as bytes down."""
+    """What the server sends one client this round; its tensors are counted as bytes down, but
+    those named in `held`: what the client already holds this round (its round payload, an earlier
+    question's), sent again only for the client side's convenience (Context.ask)."""
 
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
+    held: tuple[str, ...] = ()
 
     @property
     def nbytes(self) -> int:
-        return tensor_bytes(*self.tensors.values())
+        return tensor_bytes(*(tensor for name, tensor in self.tensors.items() if name not in self.held))
 
 
 @dataclass
@@ -122,10 +125,11 @@ class Context:
         self.device = space.device
         self.trainer = trainer or SequentialTrainer()
         self.clients = ClientStore(data.num_clients, space.device)
-        # Traffic beyond the sampled clients' payloads and updates (an all-client clustering
-        # round, pre-training); the engine adds it to the round's bytes and resets it.
+        # Traffic beyond the sampled clients' payloads and updates (the questions of ask); the
+        # engine adds it to the round's bytes and resets it.
         self.extra_bytes_down = 0
         self.extra_bytes_up = 0
+        self.client_side: type[Method] = Method  # the method's class, set as it is made
         self._train_sizes = data.train.sizes()
         self._dropout = {"model": _has_dropout(space.model)}
 
@@ -245,26 +249,49 @@ class Context:
         return ClientView(client, self.round, self.hp, self.training, int(self._train_sizes[client]), self.space,
                           MappingProxyType(self.initial), self.data, self.clients, self.apply, self.seed)
 
-    def count_traffic(self, down: int, up: int) -> None:
-        self.extra_bytes_down += int(down)
-        self.extra_bytes_up += int(up)
-
-    def train_unsampled(self, plans: dict[int, ClientPlan]) -> dict[int, Trained]:
-        """Train clients the engine did not sample this round (all at once where the trainer
-        batches), counting each plan's start down and its trained vector up. Divergence follows
-        training.on_divergence as for sampled clients: a diverged client is left out."""
-        trained = self.run(plans)
-        kept: dict[int, Trained] = {}
-        for client, plan in plans.items():
-            outcome = trained[client]
-            # As for sampled clients: a diverged update is dropped, so it is not counted as sent.
-            self.count_traffic(tensor_bytes(plan.start), 0 if outcome.diverged else tensor_bytes(outcome.vector))
-            if outcome.diverged:
+    def ask(self, payloads: dict[int, Payload]) -> dict[int, Update]:
+        """Ask clients a question outside the round's training (all clients' models in a
+        clustering round, pre-training, a loss or a descriptor of their data): each answers by the
+        method's client side, `Method.query_plan` (local work, which the trainer executes for all
+        of them together, batched where it can) then `Method.query`, over its own view and what it
+        was sent. Counts each payload down (less what the client holds, Payload.held) and each
+        answer up; what an answer keeps goes to the client store. A client whose training
+        diverged sends nothing and is left out, or stops the run (training.on_divergence), as a
+        sampled client's update would."""
+        side = self.client_side
+        views = {int(c): self.view(int(c)) for c in payloads}
+        work = {c: side.query_plan(views[c], payloads[c]) for c in views}
+        trained = self.run({c: plans for c, (plans, _) in work.items() if plans is not None})
+        answers: dict[int, Update] = {}
+        for c, view in views.items():
+            self.extra_bytes_down += payloads[c].nbytes
+            outcome = trained.get(c)
+            if outcome is not None and _diverged(outcome):
                 if self.training.on_divergence == "stop":
-                    raise divergence_error(self.round, client, self.method, outcome.result.loss)
+                    raise divergence_error(self.round, c, self.method, _losses(outcome))
                 continue
-            kept[client] = outcome
-        return kept
+            answer = side.query(view, payloads[c], outcome, work[c][1])
+            self.extra_bytes_up += answer.nbytes
+            for name, tensor in answer.keep.items():
+                self.clients.set(name, c, tensor)
+            answers[c] = answer
+        return answers
+
+
+def _diverged(outcome: Results) -> bool:
+    return any(t.diverged for t in (outcome.values() if isinstance(outcome, dict) else [outcome]))
+
+
+def _losses(outcome: Results) -> float:
+    """The loss of a diverged outcome (the first diverged plan's, its follow-up's if that one did)."""
+    for t in outcome.values() if isinstance(outcome, dict) else [outcome]:
+        if t.diverged:
+            return t.then.result.loss if t.then is not None and t.then.diverged else t.result.loss
+    return float("nan")
+
+
+# What an answer that trained nothing reports as its training (Context.ask).
+NOT_TRAINED = LocalResult(0.0, 0, 0)
 
 
 @dataclass(frozen=True)
@@ -329,6 +356,11 @@ class ClientView:
         # A diverged follow-up (FCCA's cINN) makes the whole update a diverged one.
         result = trained.then.result if trained.then is not None and trained.then.diverged else trained.result
         return Update(tensors, self.samples, result, meta=meta, keep=keep or {})
+
+    def answer(self, tensors: dict[str, torch.Tensor], keep: dict[str, torch.Tensor] | None = None,
+               **meta: Any) -> Update:
+        """The client's answer to a question that trained nothing (Method.query), as `update`."""
+        return Update(tensors, self.samples, NOT_TRAINED, meta=meta, keep=keep or {})
 
 
 # The server-object client hooks of before the one client form (#45); a class defining one is refused.
@@ -405,6 +437,8 @@ class Method:
     its capabilities. Each names the server attributes to checkpoint and overrides the hooks. A round, as the engine drives it:
 
         round_start(sampled)                       server: (re)cluster, choose K, …
+          ctx.ask({client: payload})               its questions outside the round's training:
+          query_plan(view, payload), query(…)      answered over the client's view, counted
         payload(client) -> Payload                 bytes down
         client_plan(view, payload) -> plans        the client's local work, as data
         (the trainer executes all sampled clients' plans)
@@ -443,6 +477,7 @@ class Method:
     def __init__(self, ctx: Context):
         self.ctx = ctx
         self.hp = ctx.hp
+        ctx.client_side = type(self)  # who answers the server's questions (Context.ask)
 
     # --- server → client
     def payload(self, client: int) -> Payload:
@@ -459,6 +494,21 @@ class Method:
     def client_finish(cls, view: ClientView, payload: Payload, trained: Results, scratch: Any) -> Update:
         """The client's Update from what its plans trained (view.update)."""
         raise NotImplementedError
+
+    # --- questions outside the round (Context.ask), over the client's view as well
+    @classmethod
+    def query_plan(cls, view: ClientView, payload: Payload) -> tuple[Plans | None, Any]:
+        """The local work a client's answer to a question needs, as client_plan's (plans for the
+        trainer, and scratch for query); (None, None) where the answer trains nothing."""
+        return None, None
+
+    @classmethod
+    def query(cls, view: ClientView, payload: Payload, trained: Results | None, scratch: Any) -> Update:
+        """The client's answer to a question of the server's (Context.ask): view.update(tensors,
+        trained) after training, view.answer(tensors) without. A method that asks more than one
+        question tells them apart by the payload (its meta's "question")."""
+        raise NotImplementedError(f"{cls.__name__} asks its clients a question (Context.ask) but does not "
+                                  f"answer it: define query(view, payload, trained, scratch)")
 
     # The name of a (clients × parameters) server table a client's trained model is written into
     # as it trains, in the client's row (K-means CFL's `latest`): the server's copy of every upload

@@ -126,6 +126,14 @@ class ClusterModels(Method):
         return ClientPlan(payload.tensors["model"], cls.client_anchors(view, payload)), None
 
     @classmethod
+    def query(cls, view: ClientView, payload: Payload, trained: Results | None, scratch: Any) -> Update:
+        """A client asked to train outside the round (its query_plan: FL+HC's clustering round,
+        FeSEM's initialization, FedGroup's pre-training) sends the trained model back."""
+        if trained is None:
+            return super().query(view, payload, trained, scratch)
+        return view.update({"model": trained.vector}, trained)
+
+    @classmethod
     def client_finish(cls, view: ClientView, payload: Payload, trained: Results, scratch: Any) -> Update:
         update = cls.cluster_client_finish(view, payload, trained, scratch)
         if isinstance(view.hp, MCFLParams):  # the client's feature mean goes up with its model

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from cflpipe.clustering import cosine_similarity_matrix, decomposed_cosine_similarity, kmeans
-from cflpipe.fl.method import Context, Payload, Update
+from cflpipe.fl.method import ClientView, Context, Payload, Update
 from cflpipe.fl.plan import ClientPlan
 from cflpipe.methods.clustered import UNASSIGNED, ClusterModels
 from cflpipe.fl.params import cluster_average
@@ -52,10 +52,10 @@ class FedGroup(ClusterModels):
     # ------------------------------------------------------------------ round start: pre-training
 
     def _pretrain(self, clients: np.ndarray) -> tuple[np.ndarray, torch.Tensor, torch.Tensor]:
-        plans = {int(c): ClientPlan(self.ctx.init, steps=self.hp.pretrain_steps) for c in clients}
-        trained = self.ctx.train_unsampled(plans)
-        done = [c for c in plans if c in trained]
-        vectors = [trained[c].vector for c in done]
+        payload = Payload({"model": self.ctx.init})
+        answers = self.ctx.ask({int(c): payload for c in clients})
+        done = [int(c) for c in clients if int(c) in answers]
+        vectors = [answers[c].tensors["model"] for c in done]
         if not vectors:
             empty = self.ctx.init.new_zeros((0, self.ctx.init.numel()))
             return np.zeros(0, dtype=np.int64), empty, empty
@@ -86,6 +86,11 @@ class FedGroup(ClusterModels):
             if len(clients):
                 similarity = cosine_similarity_matrix(deltas, self.directions)
                 self.clusters[clients] = similarity.argmax(dim=1).cpu().numpy()
+
+    @classmethod
+    def query_plan(cls, view: ClientView, payload: Payload) -> tuple[ClientPlan, None]:
+        """Pre-training: a few steps from the initial model it is sent (then query sends it back)."""
+        return ClientPlan(payload.tensors["model"], steps=view.hp.pretrain_steps), None
 
     # ------------------------------------------------------------------ training
 

@@ -21,7 +21,6 @@ from cflpipe.fl.plan import ClientPlan, Trained
 from cflpipe.methods.clustered import mixture_table
 from cflpipe.methods.ifca import lowest, random_models, sample_losses
 from cflpipe.methods.personal import PersonalModels
-from cflpipe.metrics import tensor_bytes
 
 
 def importance_weights(losses: np.ndarray, owner: np.ndarray, clients: int, smoother: float) -> np.ndarray:
@@ -82,16 +81,24 @@ class FedSoft(PersonalModels, Method):
     def round_start(self, sampled: np.ndarray) -> None:
         if self.ctx.round % self.hp.estimation_interval:
             return
-        split = self.ctx.data.train
-        losses = sample_losses(self.ctx.apply, self.centers, split.x, split.y)
-        m = self.ctx.num_clients
-        self.importance = importance_weights(losses, split.owner.cpu().numpy(), m, self.hp.smoother)
-        self.ctx.clients["importance"] = torch.from_numpy(self.importance).to(self.ctx.device)
         # The sampled clients get the centers in their payload this round anyway: only the others'
-        # copies are extra traffic down; every client's weights go up.
-        unsampled = m - len(sampled)
-        self.ctx.count_traffic(unsampled * tensor_bytes(self.centers),
-                               m * tensor_bytes(self.ctx.clients.get("importance", 0)))
+        # copies are traffic down; every client's weights go up (and it keeps them).
+        chosen = set(int(c) for c in sampled)
+        answers = self.ctx.ask({c: Payload({"models": self.centers}, held=("models",) if c in chosen else ())
+                                for c in range(self.ctx.num_clients)})
+        for c, answer in answers.items():
+            self.importance[c] = answer.tensors["importance"].cpu().numpy()
+
+    @classmethod
+    def query(cls, view: ClientView, payload: Payload, trained: None, scratch: None) -> Update:
+        """A client's importance weights u_i (importance_weights) from the S centers' losses on
+        its training samples."""
+        centers = payload.tensors["models"]
+        x, y = view.data()
+        losses = sample_losses(view.apply, centers, x, y) if len(y) else np.zeros((len(centers), 0))
+        u = torch.from_numpy(importance_weights(losses, np.zeros(len(y), dtype=np.int64), 1, view.hp.smoother)[0])
+        u = u.to(centers.device)
+        return view.answer({"importance": u}, keep={"importance": u})
 
     def payload(self, client: int) -> Payload:
         return Payload({"models": self.centers})

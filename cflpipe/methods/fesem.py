@@ -14,12 +14,15 @@ the one with the lowest intra-cluster distance.
 from __future__ import annotations
 
 
+from typing import Any
+
 import numpy as np
 import torch
 
 from cflpipe.clustering import kmeans, nearest_center
 from cflpipe.fl.local import Anchor
 from cflpipe.fl.method import ClientView, Context, Payload, Update, stack_updates
+from cflpipe.fl.plan import Plans
 from cflpipe.methods.clustered import ClusterModels
 from cflpipe.fl.params import cluster_average
 
@@ -93,9 +96,13 @@ class FeSEM(ClusterModels):
         if self.initialized:
             return
         chosen = set(int(c) for c in sampled)
-        plans = {c: type(self).client_plan(self.ctx.view(c), self.cluster_payload(c))[0]
-                 for c in range(self.ctx.num_clients) if c not in chosen}
-        self._off_round = {c: t.vector for c, t in self.ctx.train_unsampled(plans).items()}
+        answers = self.ctx.ask({c: self.cluster_payload(c) for c in range(self.ctx.num_clients) if c not in chosen})
+        self._off_round = {c: answer.tensors["model"] for c, answer in answers.items()}
+
+    @classmethod
+    def query_plan(cls, view: ClientView, payload: Payload) -> tuple[Plans, Any]:
+        """Asked outside the round, the clients not sampled in the first round train their center as in a round (its pull included); ClusterModels.query sends the model back."""
+        return cls.client_plan(view, payload)
 
     def cluster_aggregate(self, updates: dict[int, Update]) -> None:
         if not self.initialized:

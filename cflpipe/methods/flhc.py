@@ -15,8 +15,8 @@ import numpy as np
 import torch
 
 from cflpipe.clustering import hierarchical_clusters
-from cflpipe.fl.method import Update
-from cflpipe.fl.plan import ClientPlan
+from cflpipe.fl.method import ClientView, Payload, Update
+from cflpipe.fl.plan import Plans
 from cflpipe.methods.clustered import ClusterModels
 from cflpipe.fl.params import cluster_average
 
@@ -63,10 +63,16 @@ class FLHC(ClusterModels):
         self._mean_update_norm = None
         if self.clustered or self.ctx.round != self.hp.cluster_round:
             return
+        # The clients not sampled train the global model as well (the paper clusters them all).
         chosen = set(int(c) for c in sampled)
-        start = self.centers[0]
-        plans = {c: ClientPlan(start) for c in range(self.ctx.num_clients) if c not in chosen}
-        self._off_round = {c: t.vector for c, t in self.ctx.train_unsampled(plans).items()}
+        payload = Payload({"model": self.centers[0]})
+        answers = self.ctx.ask({c: payload for c in range(self.ctx.num_clients) if c not in chosen})
+        self._off_round = {c: answer.tensors["model"] for c, answer in answers.items()}
+
+    @classmethod
+    def query_plan(cls, view: ClientView, payload: Payload) -> tuple[Plans, Any]:
+        """Asked outside the round, the clients not sampled in the clustering round train the global model as in a round; ClusterModels.query sends the model back."""
+        return cls.client_plan(view, payload)
 
     def cluster_aggregate(self, updates: dict[int, Update]) -> None:
         if self.clustered or self.ctx.round != self.hp.cluster_round:

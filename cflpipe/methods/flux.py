@@ -11,11 +11,13 @@ number of clusters is found, not given, and FedAvg runs inside each cluster from
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
+import torch
 
-from cflpipe.metrics import tensor_bytes
+from cflpipe.fl.method import ClientView, Payload, Update
 from cflpipe.methods.clustered import ClusterModels
 
 # The authors' fixed seed of the random points the shared projection is fitted on: every
@@ -27,10 +29,11 @@ LATENT_MARGIN = 1.02
 FEW_SAMPLES, PLACEHOLDER = 1, -1.0
 
 
+@functools.lru_cache(maxsize=4)
 def shared_projection(dim: int, components: int, max_latent: float, points: int):
     """The PCA every client projects its features with: fitted on `points` random points uniform
     in [0, max_latent]^dim, drawn from the authors' fixed seed (a fixed random orthonormal map
-    and a centring, the same for every client)."""
+    and a centring, the same for every client; each client derives it, a simulation once)."""
     from sklearn.decomposition import PCA
 
     random_points = np.random.RandomState(PROJECTION_SEED).uniform(0, max_latent, size=(points, dim))
@@ -153,16 +156,12 @@ class FLUX(ClusterModels):
 
     def _received_accuracy(self, sampled: np.ndarray) -> float:
         """The sample-weighted accuracy of the global model on the sampled clients' training data
-        (each client sends one number up)."""
-        model, sizes = self.centers[0], self.ctx.train_sizes()
-        correct, total = 0.0, 0
-        for client in sampled:
-            x, y = self.ctx.view(int(client)).data()
-            if len(y):
-                logits = self.ctx.apply(model[None], x, chunk=self.ctx.training.eval_batch_size)[0]
-                correct += float((logits.argmax(1) == y).sum())
-                total += int(sizes[client])
-            self.ctx.count_traffic(0, 4)
+        (each client sends one number up: its count of correct predictions)."""
+        payload = Payload({"model": self.centers[0]}, {"question": "accuracy"}, held=("model",))
+        answers = self.ctx.ask({int(c): payload for c in sampled})
+        sizes = self.ctx.train_sizes()
+        correct = sum(float(answers[int(c)].tensors["correct"][0]) for c in sampled)
+        total = sum(int(sizes[c]) for c in sampled)
         return correct / total if total else float("nan")
 
     def _clusters_now(self) -> bool:
@@ -177,33 +176,47 @@ class FLUX(ClusterModels):
         return r >= self.hp.max_round_fraction * self.ctx.training.rounds or bool(np.any(gains < self.hp.th_round))
 
     def _cluster(self, sampled: np.ndarray) -> None:
+        """Every client receives the global model (the sampled ones have it), sends the largest
+        of its latent features, receives the largest of all and sends its descriptor."""
         ctx = self.ctx
-        chunk = ctx.training.eval_batch_size
         model = self.centers[0]
-        model_bytes = tensor_bytes(model)
-        data = [ctx.view(client).data() for client in range(ctx.num_clients)]
-        features = [ctx.apply(model[None], x, call="features", chunk=chunk)[0].reshape(len(x), -1).double().cpu().numpy()
-                    for x, _ in data]
-        classes = int(ctx.data.num_classes)
-        largest = max((float(f.max()) for f in features if f.size), default=1.0)
-        projection = shared_projection(features[0].shape[1], classes, LATENT_MARGIN * largest,
-                                       self.hp.projection_points)
-        c = projection.n_components_
-        descriptors = np.stack([descriptor(projection.transform(f) if len(f) else np.zeros((0, c)),
-                                           y.cpu().numpy(), classes) for f, (_, y) in zip(features, data)])
-        descriptors = descriptors.astype(np.float32).astype(np.float64)  # as they travel
-        sampled_now = set(int(client) for client in sampled)
-        for client in range(ctx.num_clients):
-            # the global model to the clients not sampled this round; the maximum down; its own
-            # maximum and descriptor (float32) up
-            ctx.count_traffic((0 if client in sampled_now else model_bytes) + 4, 4 + 4 * descriptors.shape[1])
-        scaled = scale_groups(descriptors, c)
+        chosen = set(int(client) for client in sampled)
+        maxima = ctx.ask({c: Payload({"model": model}, {"question": "largest"}, held=("model",) if c in chosen else ())
+                          for c in range(ctx.num_clients)})
+        found = [float(a.tensors["largest"][0]) for a in maxima.values() if not a.tensors["largest"].isnan().all()]
+        largest = torch.tensor([max(found, default=1.0)], dtype=torch.float32)
+        payload = Payload({"model": model, "largest": largest}, {"question": "descriptor"}, held=("model",))
+        answers = ctx.ask({c: payload for c in range(ctx.num_clients)})
+        descriptors = np.stack([answers[c].tensors["descriptor"].double().cpu().numpy() for c in range(ctx.num_clients)])
+        # A descriptor is 2C + 2·classes·C long (`descriptor`): C, the projection's width, from it.
+        scaled = scale_groups(descriptors, descriptors.shape[1] // (2 * (int(ctx.data.num_classes) + 1)))
         eps = knee_radius(scaled, self.hp.eps_scaling)
         labels = dbscan_clusters(scaled, eps)
         self.clusters = labels
         self.centers = model.repeat(int(labels.max()) + 1, 1)
         self.clustered = True
         self._metrics.update(flux_eps=eps, flux_singletons=float(np.sum(np.bincount(labels) == 1)))
+
+    @classmethod
+    def query(cls, view: ClientView, payload: Payload, trained: None, scratch: None) -> Update:
+        """A client's answers: its count of training samples the model it holds predicts right
+        ("accuracy"); the largest of its latent features ("largest"); its descriptor in the
+        projection every client derives from the largest of all ("descriptor")."""
+        model, question = payload.tensors["model"], payload.meta["question"]
+        x, y = view.data()
+        chunk = view.training.eval_batch_size
+        if question == "accuracy":
+            correct = float((view.apply(model[None], x, chunk=chunk)[0].argmax(1) == y).sum()) if len(y) else 0.0
+            return view.answer({"correct": torch.tensor([correct], dtype=torch.float32)})
+        features = view.apply(model[None], x, call="features", chunk=chunk)[0].reshape(len(x), -1).double().cpu().numpy()
+        if question == "largest":
+            return view.answer({"largest": torch.tensor([features.max() if features.size else float("nan")],
+                                                        dtype=torch.float32)})
+        projection = shared_projection(features.shape[1], view.classes, LATENT_MARGIN * float(payload.tensors["largest"][0]),
+                                       view.hp.projection_points)
+        c = projection.n_components_
+        z = projection.transform(features) if len(features) else np.zeros((0, c))
+        return view.answer({"descriptor": torch.from_numpy(descriptor(z, y.cpu().numpy(), view.classes).astype(np.float32))})
 
     def round_metrics(self) -> dict[str, Any]:
         return {**super().round_metrics(), **self._metrics}

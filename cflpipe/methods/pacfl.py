@@ -19,8 +19,7 @@ import torch
 
 from cflpipe.clustering import cut_dendrogram
 from cflpipe.fl.diagnosis import SINGLETONS
-from cflpipe.fl.method import ClientView
-from cflpipe.metrics import tensor_bytes
+from cflpipe.fl.method import ClientView, Payload, Update
 from cflpipe.methods.clustered import ClusterModels
 
 # The authors' linkage names and scipy's: their "average" replaces the two merged rows by their
@@ -103,14 +102,9 @@ class PACFL(ClusterModels):
         self._angles = {}
         if self.clustered:
             return
-        bases = []
-        for client in range(self.ctx.num_clients):
-            basis = client_subspace(self.ctx.view(client), self.hp.basis)
-            # Sent as float32 like every upload; the server computes in float64 from what arrived.
-            sent = basis.to(torch.float32)
-            self.ctx.count_traffic(0, tensor_bytes(sent))
-            bases.append(sent.to(torch.float64))
-        self.proximity = proximity_matrix(bases)
+        answers = self.ctx.ask({client: Payload() for client in range(self.ctx.num_clients)})
+        # The server computes in float64 from what arrived.
+        self.proximity = proximity_matrix([answers[c].tensors["basis"].to(torch.float64) for c in sorted(answers)])
         labels = self._cluster(self.proximity.cpu().numpy())
         self.centers = self.ctx.init.repeat(int(labels.max()) + 1, 1)
         self.clusters = labels
@@ -119,6 +113,12 @@ class PACFL(ClusterModels):
         if len(off):
             self._angles = {"pacfl_angle_min": float(off.min()), "pacfl_angle_median": float(off.median()),
                             "pacfl_angle_max": float(off.max())}
+
+    @classmethod
+    def query(cls, view: ClientView, payload: Payload, trained: None, scratch: None) -> Update:
+        """A client's answer in the clustering round: its data's subspace, sent as float32 like
+        every upload."""
+        return view.answer({"basis": client_subspace(view, view.hp.basis).to(torch.float32)})
 
     def _cluster(self, proximity: np.ndarray) -> np.ndarray:
         # The proximity is symmetric by construction (see proximity_matrix).

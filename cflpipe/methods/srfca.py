@@ -21,9 +21,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from cflpipe.fl.method import Update, stack_updates
-from cflpipe.fl.plan import ClientPlan
-from cflpipe.metrics import tensor_bytes
+from cflpipe.fl.method import ClientView, Payload, Update, stack_updates
+from cflpipe.fl.plan import ClientPlan, Trained
 from cflpipe.methods.clustered import ClusterModels
 
 # Purposes of the server randomness: the pivots of the start's and of each merge's clustering.
@@ -150,17 +149,32 @@ class SRFCA(ClusterModels):
         """(models × clients) mean training cross-entropy of each model on each client's data
         (NaN for a client without training data); each client receives the models and sends one
         loss per model."""
-        ctx = self.ctx
-        out = np.full((len(models), ctx.num_clients), np.nan)
-        for client in range(ctx.num_clients):
-            x, y = ctx.view(client).data()
-            ctx.count_traffic(tensor_bytes(models), 4 * len(models))
-            if not len(y):
-                continue
-            logits = ctx.apply(models, x, chunk=ctx.training.eval_batch_size).float()  # (models × n × classes)
-            per_sample = F.cross_entropy(logits.flatten(0, 1), y.repeat(len(models)), reduction="none")
-            out[:, client] = per_sample.view(len(models), -1).mean(1).double().cpu().numpy()
+        payload = Payload({"models": models}, {"question": "losses"})
+        answers = self.ctx.ask({client: payload for client in range(self.ctx.num_clients)})
+        out = np.full((len(models), self.ctx.num_clients), np.nan)
+        for client, answer in answers.items():
+            out[:, client] = answer.tensors["losses"].double().cpu().numpy()
         return out
+
+    @classmethod
+    def query_plan(cls, view: ClientView, payload: Payload) -> tuple[ClientPlan | None, None]:
+        """INIT's local models: `init_steps` from the initial model it is sent (query sends the
+        trained model back); asked for losses, a client trains nothing."""
+        if payload.meta.get("question") == "losses":
+            return None, None
+        return ClientPlan(payload.tensors["model"].clone(), steps=view.hp.init_steps), None
+
+    @classmethod
+    def query(cls, view: ClientView, payload: Payload, trained: Trained | None, scratch: None) -> Update:
+        if trained is not None:
+            return view.update({"model": trained.vector}, trained)
+        models = payload.tensors["models"]
+        x, y = view.data()
+        if not len(y):
+            return view.answer({"losses": torch.full((len(models),), float("nan"))})
+        logits = view.apply(models, x, chunk=view.training.eval_batch_size).float()  # (models × n × classes)
+        per_sample = F.cross_entropy(logits.flatten(0, 1), y.repeat(len(models)), reduction="none")
+        return view.answer({"losses": per_sample.view(len(models), -1).mean(1)})
 
     def pair_distances(self) -> np.ndarray:
         """d(i, j) = (L[i, j] + L[j, i]) / 2 (NaN where a model or a loss is missing)."""
@@ -168,11 +182,11 @@ class SRFCA(ClusterModels):
 
     def _init(self) -> None:
         ctx = self.ctx
-        plans = {c: ClientPlan(ctx.init.clone(), steps=self.hp.init_steps) for c in range(ctx.num_clients)}
-        trained = ctx.train_unsampled(plans)
-        clients = np.array(sorted(trained), dtype=np.int64)
+        payload = Payload({"model": ctx.init})
+        answers = ctx.ask({c: payload for c in range(ctx.num_clients)})
+        clients = np.array(sorted(answers), dtype=np.int64)
         if len(clients):
-            models = torch.stack([trained[int(c)].vector for c in clients])
+            models = torch.stack([answers[int(c)].tensors["model"] for c in clients])
             self.local_losses[clients] = self.losses_on_clients(models)
         self.clusters = self.group_clients()
         self.centers = ctx.init.repeat(int(self.clusters.max()) + 1, 1)

@@ -78,13 +78,9 @@ class StoCFL(Method):
         self._united = 0
         new = [int(c) for c in sampled if not self.observed[c]]
         if new:
-            sizes = self.ctx.train_sizes()
-            t = self.ctx.training
-            plans = {c: ClientPlan(self.anchor, steps=steps_for(int(sizes[c]), t.batch_size, None,
-                                                                self.hp.observe_epochs), stream=(0x0B5,))
-                     for c in new}
-            for c, trained in self.ctx.train_unsampled(plans).items():
-                self.psi[c] = self.anchor - trained.vector
+            payload = Payload({"model": self.anchor})
+            for c, answer in self.ctx.ask({c: payload for c in new}).items():
+                self.psi[c] = answer.tensors["psi"]
                 self.observed[c] = True
         seen = [int(c) for c in sampled if self.observed[c]]
         clusters = sorted({int(self.cluster_of[c]) for c in seen})
@@ -121,6 +117,18 @@ class StoCFL(Method):
         k = int(self.cluster_of[client])
         cluster_model = self.models[k] if self.has_model[k] else self.global_model
         return Payload({"global": self.global_model, "cluster": cluster_model})
+
+    @classmethod
+    def query_plan(cls, view: ClientView, payload: Payload) -> tuple[ClientPlan, None]:
+        """A client's first sampling: `observe_epochs` passes from the anchor model it is sent
+        (its own batch stream); query sends ψ = anchor − trained."""
+        t = view.training
+        return ClientPlan(payload.tensors["model"], steps=steps_for(view.samples, t.batch_size, None, view.hp.observe_epochs),
+                          stream=(0x0B5,)), None
+
+    @classmethod
+    def query(cls, view: ClientView, payload: Payload, trained: Trained | None, scratch: None) -> Update:
+        return view.update({"psi": payload.tensors["model"] - trained.vector}, trained)
 
     @classmethod
     def client_plan(cls, view: ClientView, payload: Payload) -> tuple[dict[str, ClientPlan], None]:
