@@ -70,6 +70,9 @@ ClusteringStarts = Callable[[Any], "tuple[str, int] | None"]
 # at fault, or "" for the method as a whole; what is wrong and what to change), which `cflpipe
 # validate` prints as warnings.
 Premises = Callable[[Any, Any, Any], "list[tuple[str, str]]"]
+# The same signature for what a run's settings cannot be for the method (a per-layer setting past
+# the model's layers): (the hyper-parameter at fault, what is allowed), errors at validate.
+Limits = Premises
 # What kind of method it is, declared once with it (`cflpipe methods` groups by it, the report
 # styles by it): told the true groups; no clustering and no personalization; personalized;
 # clustered; one of the five source papers' methods; AWCFL's or MCFL's option on another method.
@@ -101,6 +104,7 @@ class MethodInfo:
     # methods` prints it; `premises` warns when a spec gives less).
     needs: str = ""
     family: str = ""  # one of FAMILIES; "" for a plugin's method: read from its capabilities
+    limits: Limits | None = None
 
     def __post_init__(self) -> None:
         if not self.family:
@@ -112,6 +116,10 @@ class MethodInfo:
         """What in a run's settings or scenario goes against the method's premises (declared, or
         given to a plugin's `register`)."""
         return [] if self.premises is None else list(self.premises(hp, training, scenario))
+
+    def limit_errors(self, hp: Any, training: Any, scenario: Any) -> list[tuple[str, str]]:
+        """What in a run's settings the method cannot run with (declared, or given to `register`)."""
+        return [] if self.limits is None else list(self.limits(hp, training, scenario))
 
     @property
     def cls(self) -> type:
@@ -180,16 +188,16 @@ def _variant_description(description: str, what: str) -> str:
 def declare(name: str, params: type[HyperParams], implementation: str, description: str,
             capabilities: Capabilities = Capabilities(), starts: ClusteringStarts | None = None,
             variants: "tuple[Variant, ...]" = (), premises: Premises | None = None, needs: str = "", *,
-            family: str, variant_family: str | None = None) -> None:
+            family: str, variant_family: str | None = None, limits: Limits | None = None) -> None:
     """Declare a method without importing it: its family (FAMILIES; its variants' when they differ),
     hyper-parameters, capabilities, when its clustering may start, what its premises ask of a run
-    (warned about by validate), its variants (each the same class with the variant's parameters)
+    (warned about by validate), what its limits refuse (errors at validate), its variants (each the same class with the variant's parameters)
     and the `module:Class` that implements it (bound to this declaration as it is defined)."""
     infos = [MethodInfo(name, params, description, capabilities, implementation, starts=starts, premises=premises,
-                        needs=needs, family=family)]
+                        needs=needs, family=family, limits=limits)]
     infos += [MethodInfo(variant, _variant_params(params, extra), _variant_description(description, what),
                          capabilities, implementation, base=name, starts=starts, premises=premises, needs=needs,
-                         family=variant_family or family)
+                         family=variant_family or family, limits=limits)
               for variant, extra, what in variants]
     for info in infos:
         _add(info)
@@ -212,11 +220,12 @@ def declared_starts(cls: type, hp: Any) -> tuple[str, int] | None:
 
 # Runs at import, before mutmut picks a mutant: its mutants could never run (docs/testing.md).
 def register(name: str, params: type[HyperParams] = HyperParams, *, starts: ClusteringStarts | None = None,
-             premises: Premises | None = None, needs: str = ""):  # pragma: no mutate block
+             premises: Premises | None = None, needs: str = "", limits: Limits | None = None):  # pragma: no mutate block
     """Register a plugin's method class under `name`, with what `declare` says of a built-in:
     when its clustering may start (`starts`; by default its nearest declared ancestor's, so a
     subclass of CFL delays its clustering as CFL does), what its premises ask of a run
-    (`premises`, warned about by validate) and, in a sentence, what it needs (`needs`). A class
+    (`premises`, warned about by validate), what it cannot run with (`limits`, errors at validate)
+    and, in a sentence, what it needs (`needs`). A class
     that offers variants (the cluster-model base: AWCFL and MCFL) registers them here too, as the
     same class with the variant's hyper-parameters added, so they exist whatever order the
     modules are imported in.
@@ -235,11 +244,12 @@ def register(name: str, params: type[HyperParams] = HyperParams, *, starts: Clus
         doc = (cls.__doc__ or "").strip().splitlines()
         description = doc[0] if doc else ""
         capabilities = cls.capabilities
-        _add(MethodInfo(name, params, description, capabilities, where, starts=starts, premises=premises, needs=needs))
+        _add(MethodInfo(name, params, description, capabilities, where, starts=starts, premises=premises, needs=needs,
+                        limits=limits))
         for variant, extra, what in (cls.variants(name) if hasattr(cls, "variants") else []):
             _add(MethodInfo(variant, _variant_params(params, extra), _variant_description(description, what),
                             capabilities, where, base=name, starts=starts, premises=premises, needs=needs,
-                            family=getattr(cls, "variant_family", "")))
+                            family=getattr(cls, "variant_family", ""), limits=limits))
         _CLASSES[where] = cls
         return cls
 

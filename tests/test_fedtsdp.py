@@ -379,6 +379,18 @@ def test_shared_layers_body_starts_with_every_layer_but_the_last_shared(tmp_path
         spec_of(tmp_path, {"fedtsdp": {"shared_layers": -1}})
 
 
+def test_shared_layers_past_the_models_layers_are_refused_at_validate(tmp_path):
+    """Refused when the spec is read, not when the run builds the model: the built-in networks'
+    layers are known without torch."""
+    spec_of(tmp_path, {"fedtsdp": {"shared_layers": 3}})
+    with pytest.raises(SpecError, match=r"methods.fedtsdp.shared_layers: must be <= 3 \(the layers of model mlp\), "
+                                        r"got 4 \(scenario s\)"):
+        spec_of(tmp_path, {"fedtsdp": {"shared_layers": 4}})
+    spec_of(tmp_path, {"fedtsdp": {"shared_layers": 5}}, model="mlp5")
+    with pytest.raises(SpecError, match="must be <= 5 .the layers of model mlp5"):
+        spec_of(tmp_path, {"fedtsdp": {"shared_layers": 6}}, model="mlp5")
+
+
 def test_shared_layers_sets_the_initial_number_of_shared_layers(tmp_path):
     run = prepare_run(spec_of(tmp_path, {"fedtsdp": {"shared_layers": 1}}), "s", "fedtsdp", 0)
     method = run.method

@@ -148,6 +148,16 @@ def test_too_small_image_and_bad_arguments():
         build_model("mlp", (60,), 0)
 
 
+@pytest.mark.parametrize("shape", [(1, 28, 28), (3, 32, 32)])
+def test_the_layers_validate_knows_are_the_built_networks_layers(shape):
+    from cflpipe.fl.params import ParamSpace
+    from cflpipe.spec import MODEL_NAMES, model_layers
+
+    for name in (*MODEL_NAMES, "mlp2", "mlp11"):
+        assert model_layers(name) == ParamSpace(build_model(name, shape, 10), torch.device("cpu")).num_layers, name
+    assert model_layers("my_plugin:Net") is None
+
+
 def test_mlp_depth_names_build_that_many_linear_layers_and_mlp_is_the_2nn():
     """`mlp<d>`: d linear layers, d − 1 hidden of 200 with ReLU (FCCA's 11-layer MLP is mlp11);
     `mlp3` is `mlp` itself, parameter for parameter under one seed."""

@@ -17,6 +17,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from cflpipe.registry import Capabilities, HyperParams, declare
+from cflpipe.spec import model_layers
 
 
 # --- methods/fedprox.py
@@ -541,6 +542,14 @@ def _fedtsdp_premises(hp: FedTSDPParams, training: Any, scenario: Any) -> list[t
     return found
 
 
+def _fedtsdp_limits(hp: FedTSDPParams, training: Any, scenario: Any) -> list[tuple[str, str]]:
+    layers = model_layers(training.model)  # a plugin's network: checked when the run builds it
+    if layers is not None and isinstance(hp.shared_layers, int) and hp.shared_layers > layers:
+        return [("shared_layers", f"must be <= {layers} (the layers of model {training.model}), "
+                                  f"got {hp.shared_layers}")]
+    return []
+
+
 def _fesem_premises(hp: FeSEMParams, training: Any, scenario: Any) -> list[tuple[str, str]]:
     skewed = any(step.kind in ("dirichlet", "pathological") for step in scenario.partition)
     if not (skewed and scenario.true_groups and training.local_steps is not None and training.local_steps < 20):
@@ -642,7 +651,7 @@ declare("lcfed", LCFedParams, "cflpipe.methods.lcfed:LCFed",
 declare("fedtsdp", FedTSDPParams, "cflpipe.methods.fedtsdp:FedTSDP",
         "FedTSDP (Zhu et al.): Hopkins-gated two-stage clustering (JS of public outputs, then weights) with "
         "shrinking shared layers.", Capabilities(clustered=True, personalized=True, needs_public=True),
-        premises=_fedtsdp_premises,
+        premises=_fedtsdp_premises, limits=_fedtsdp_limits,
         needs="every client every round and the paper's local budget (2 epochs; 20 steps or more): its gate reads "
               "one round's drift of the round's clients' outputs", family="seed")
 declare("fedem", FedEMParams, "cflpipe.methods.fedem:FedEM",

@@ -48,6 +48,7 @@ from cflpipe.spec._models import (
     label_field,
     merge_training,
     mlp_depth,
+    model_layers,
     same_trainer_as_sequential,
 )
 from cflpipe.spec._spec import (
@@ -87,6 +88,6 @@ __all__ = [
     "RUN_OUTPUT_FILES", "ReportOptions", "RotationStep", "step_text", "SPEC_HASH_EXCLUDES", "SWEEP_KEY", "Scenario",
     "Spec", "Strict", "SweepOrigin", "TABLE_FIGURES", "TRAINING_KEYS", "TRAINING_NOT_IN_RUN", "Training",
     "UniqueKeyLoader", "WorkflowOptions", "check_label", "default_results_dir", "dump_yaml",
-    "errors_to_lines", "expand_sweeps", "label_field", "load_spec", "merge_training", "mlp_depth",
+    "errors_to_lines", "expand_sweeps", "label_field", "load_spec", "merge_training", "mlp_depth", "model_layers",
     "parse_spec", "read_yaml", "same_trainer_as_sequential", "spec_sha256", "spec_warnings", "training_key_path", "without_threads",
 ]

@@ -272,6 +272,13 @@ def _check_method(spec: Spec, method: str) -> list[str]:
                     if param in sc.hyperparams and param not in entry.hyperparams else where
                 return [f"{source}.{param}: must be <= clients of scenario {scenario} "
                         f"({sc.clients}), got {k}"]
+    for scenario, sc in spec.scenarios.items():
+        if spec.runs_on(method, scenario):
+            found = info.limit_errors(resolved_hyperparams(spec, scenario, method),
+                                      spec.resolved_training(scenario, method), sc)
+            if found:
+                key, text = found[0]
+                return [f"{where}{'.' + key if key else ''}: {text} (scenario {scenario})"]
     if capabilities.needs_public:
         for scenario, sc in spec.scenarios.items():
             if spec.runs_on(method, scenario) and sc.public is None:

@@ -38,6 +38,16 @@ def mlp_depth(name: str) -> int | None:
     return int(match.group(1)) if match and 2 <= int(match.group(1)) <= MAX_MLP_DEPTH else None
 
 
+# The layers of each built-in network (its ParamSpace.num_layers, whatever the input; a test keeps
+# them equal): what a method's per-layer setting may count up to, checked at validate.
+MODEL_LAYERS = {"mlp": 3, "cnn": 5, "cnn_tsdp": 4, "cnn_pfl": 4, "resnet18": 10}
+
+
+def model_layers(name: str) -> int | None:
+    """The layers of a built-in network (mlp<d>: d), None for a plugin's or a module:Class one."""
+    return mlp_depth(name) or MODEL_LAYERS.get(name)
+
+
 class Training(Strict):
     """Training settings shared by every run; a scenario or method may override any key."""
 
