@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import argparse
 import errno
-import json
 import os
 import sys
 
+from cflpipe.commands import DEFAULT_CONFIG, count, load, positive, scenario_of
+from cflpipe.commands.methods import cmd_methods
+from cflpipe.commands.train import cmd_train, cmd_tune, cmd_tune_select
 from cflpipe.errors import CflpipeError, SpecError
 
 
@@ -17,75 +19,26 @@ class _Parser(argparse.ArgumentParser):
         raise SpecError(f"{self.prog}: {message}")
 
 
-def _scenario(spec, name: str) -> str:
-    if name not in spec.scenarios:
-        raise SpecError(f"--scenario: unknown scenario {name!r}; allowed: {', '.join(spec.scenarios)}")
-    return name
-
-
-def _method(spec, name: str) -> str:
-    if name not in spec.methods:
-        raise SpecError(f"--method: unknown method {name!r}; allowed: {', '.join(spec.methods)}")
-    return name
-
-
-def _seed(spec, seed: int) -> int:
-    if seed not in spec.seeds:
-        allowed = ", ".join(str(s) for s in spec.seeds)
-        raise SpecError(f"--seed: {seed} is not one of the spec's seeds; allowed: {allowed}")
-    return seed
-
-
-def _load(args, **kwargs):
-    """The spec of --config; the default file missing gets its own line (the usual cause: running
-    outside the checkout)."""
-    from pathlib import Path
-
-    from cflpipe.spec import load_spec
-
-    if args.config == DEFAULT_CONFIG and not Path(DEFAULT_CONFIG).is_file():
-        raise SpecError(f"--config: no {DEFAULT_CONFIG} in {Path.cwd()} (the default spec); run from the "
-                        f"cflpipe checkout or give --config FILE")
-    return load_spec(args.config, **kwargs)
-
-
-def _positive(flag: str):
-    """An argparse type: an int >= 1 (the error line names the flag)."""
-    def convert(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or value < 1:
-            raise SpecError(f"{flag}: must be a whole number >= 1, got {text!r}")
-        return value
-    return convert
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}" + ("" if n == 1 else "s")
-
-
 def cmd_validate(args) -> int:
     from cflpipe.data_checks import data_problems
     from cflpipe.spec import spec_warnings
 
-    spec = _load(args)
+    spec = load(args)
     errors, notes = data_problems(spec)
     if errors:
         raise SpecError("\n".join(errors))
     for line in [*spec_warnings(spec), *notes]:
         print(f"warning: {line}", file=sys.stderr)
     runs = len(spec.matrix())
-    counts = ", ".join(_count(n, what) for n, what in ((len(spec.scenarios), "scenario"),
+    counts = ", ".join(count(n, what) for n, what in ((len(spec.scenarios), "scenario"),
                                                         (len(spec.methods), "method"), (len(spec.seeds), "seed")))
     tuning = ""
     if spec.tuning is not None:
         trials = sum(len(spec.trials(m)) for m in spec.tuned_methods())
-        tuning = (f"; tuning: {_count(len(spec.tuning_matrix()), 'trial run')} ({_count(trials, 'trial')} of "
-                  f"{_count(len(spec.tuned_methods()), 'method')} × {_count(len(spec.tuning.seeds), 'tuning seed')} "
+        tuning = (f"; tuning: {count(len(spec.tuning_matrix()), 'trial run')} ({count(trials, 'trial')} of "
+                  f"{count(len(spec.tuned_methods()), 'method')} × {count(len(spec.tuning.seeds), 'tuning seed')} "
                   f"× their scenarios)")
-    print(f"{args.config}: ok ({_count(runs, 'run')}: {counts}{tuning}; results in {spec.results_dir}/)")
+    print(f"{args.config}: ok ({count(runs, 'run')}: {counts}{tuning}; results in {spec.results_dir}/)")
     return 0
 
 
@@ -121,8 +74,8 @@ def cmd_partition(args) -> int:
     from cflpipe.partition import small_test_sets, small_validation_sets
     from cflpipe.store import read_parquet
 
-    spec = _load(args, check_methods=False)
-    out = partition_scenario(spec, _scenario(spec, args.scenario), force=True)
+    spec = load(args, check_methods=False)
+    out = partition_scenario(spec, scenario_of(spec, args.scenario), force=True)
     print(f"partition of {args.scenario} written to {out}")
     stats = read_parquet(out / "stats.parquet")
     for note in (small_test_sets(stats), small_validation_sets(stats)):
@@ -131,261 +84,10 @@ def cmd_partition(args) -> int:
     return 0
 
 
-def _set_threads(args) -> None:
-    cpus = os.cpu_count() or 1
-    if not 1 <= args.threads <= cpus:
-        raise SpecError(f"--threads: must lie in [1, {cpus}] (the CPUs of this machine), got {args.threads}")
-    import torch
-
-    torch.set_num_threads(args.threads)
-
-
-def cmd_train(args) -> int:
-    _set_threads(args)
-    from cflpipe.fl.distributed import launched, serve, start_job, stop_workers
-
-    rank, world = launched()
-    if rank > 0:  # started by torchrun: rank 0 runs the job, the others train what it sends
-        return serve()
-    start_job()
-    try:
-        return _train_runs(args)
-    finally:
-        if world > 1:
-            stop_workers()
-
-
-def _train_runs(args) -> int:
-    # The final runs of tuned methods train with what their tuning chose.
-    spec = _load(args).with_tuning_choices()
-    scenario = _scenario(spec, args.scenario)
-    methods = [_method(spec, method) for method in args.method]
-    _runs_on(spec, scenario, methods)
-    seeds = [_seed(spec, seed) for seed in args.seed]
-    _given_once(methods, seeds)
-    return _run_each(spec, scenario, methods, seeds, args)
-
-
-def _runs_on(spec, scenario: str, methods: list[str]) -> None:
-    for method in methods:  # a run outside the spec's matrix would be one no aggregate reads
-        if not spec.runs_on(method, scenario):
-            listed = ", ".join(spec.methods[method].scenarios or [])
-            raise SpecError(f"--method: {method} does not run on scenario {scenario} "
-                            f"(methods.{spec.method_entry(method)}.scenarios: {listed})")
-
-
-def _given_once(methods: list, seeds: list[int], method_option: str = "--method") -> None:
-    for option, what, values in ((method_option, method_option.lstrip("-"), methods), ("--seed", "seed", seeds)):
-        twice = [str(v) for v in dict.fromkeys(v for v in values if values.count(v) > 1)]
-        if twice:
-            raise SpecError(f"{option}: {' '.join(twice)} given twice; give each {what} once")
-
-
-def _run_each(spec, scenario: str, methods: list[str], seeds: list[int], args, finished=None) -> int:
-    """Train every method × seed of one scenario in this process. `finished(method, seed, error)`
-    is told of each run's end (error: the CflpipeError it failed with, else None) and returns
-    whether that failure is the job's (True) or only the run's (False)."""
-    from cflpipe.fl.engine import is_finished, train_run
-    from cflpipe.fl.runs import resolve_run
-
-    # Several runs in one process pay Python's and torch's start-up once (most of a small run's
-    # time); every run is still its own folder, resumed or skipped on its own. A failed run does
-    # not keep the job's other runs from training; the first failure is the job's error.
-    import time
-
-    failed: list[tuple[str, CflpipeError]] = []
-    total, done, trained, trained_seconds = len(methods) * len(seeds), 0, 0, 0.0
-    # The estimate counts only the runs still to train: a resumed job's finished runs are skipped.
-    to_train = [(m, k) for m in methods for k in seeds
-                if args.force or not is_finished(resolve_run(spec, scenario, m, k, threads=args.threads))]
-    for method in methods:
-        for seed in seeds:
-            if (method, seed) in to_train:
-                to_train.remove((method, seed))
-            started = time.monotonic()
-            try:
-                result = train_run(spec, scenario, method, seed, force=args.force, progress=not args.quiet)
-            except CflpipeError as exc:
-                if finished is None or finished(method, seed, exc):
-                    failed.append((f"{method}/seed{seed}" if len(methods) > 1 else str(seed), exc))
-                else:
-                    print(f"{spec.run_dir(scenario, method, seed)}: diverged, recorded as a diverged trial: "
-                          f"{str(exc).splitlines()[0]}", flush=True)
-                continue
-            finally:
-                done += 1
-            if finished is not None:
-                finished(method, seed, None)
-            elapsed = time.monotonic() - started
-            if not result.skipped:
-                trained, trained_seconds = trained + 1, trained_seconds + elapsed
-            message = result.message if finished is None else result.says("val_acc_macro", "validation acc")
-            print(f"{message} ({_run_progress(elapsed, done, total, trained, trained_seconds, len(to_train))})",
-                  flush=True)
-    if failed:
-        _, first = failed[0]
-        others = [name for name, _ in failed[1:]]
-        also = f" ({'runs' if len(methods) > 1 else 'seeds'} {', '.join(others)} failed too)" if others else ""
-        raise type(first)(f"{first}{also}")  # the first failure's class: its exit code
-    return 0
-
-
-def cmd_tune(args) -> int:
-    """Train a tuned method entry's trials on a scenario (its tuning seeds), recording each."""
-    _set_threads(args)
-    from cflpipe.errors import DivergenceError
-    from cflpipe.tuning import record_trial
-
-    spec = _load(args)
-    tuned = spec.tuned_methods()
-    if not tuned:
-        raise SpecError(f"--config: {args.config} has no tuning: section (nothing to tune)")
-    scenario = _scenario(spec, args.scenario)
-    if args.method not in tuned:
-        raise SpecError(f"--method: {args.method!r} is not tuned (tuning.space); allowed: {', '.join(tuned)}")
-    _runs_on(spec, scenario, [args.method])
-    names = [t.name for t in spec.trials(args.method)]
-    trials = args.trial or names
-    for trial in trials:
-        if trial not in names:
-            raise SpecError(f"--trial: unknown trial {trial!r} of {args.method}; allowed: {', '.join(names)}")
-    seeds = args.seed or list(spec.tuning.seeds)
-    for seed in seeds:
-        if seed not in spec.tuning.seeds:
-            raise SpecError(f"--seed: {seed} is not one of tuning.seeds; allowed: "
-                            f"{', '.join(map(str, spec.tuning.seeds))}")
-    _given_once(trials, seeds, "--trial")
-    view = spec.tuning_spec()
-
-    def finished(entry: str, seed: int, error) -> bool:
-        # A trial whose training diverged is a result of the search (that value is too large), not
-        # a failure of the job: it is recorded and never chosen. Any other failure is the job's.
-        if error is not None and not isinstance(error, DivergenceError):
-            return True
-        record_trial(spec, scenario, args.method, entry.split("/", 1)[1], seed, error)
-        return False
-
-    return _run_each(view, scenario, [spec.trial_entry(args.method, t) for t in trials], seeds, args, finished)
-
-
-def cmd_tune_select(args) -> int:
-    from cflpipe.tuning import select
-
-    spec = _load(args)
-    tuned = spec.tuned_methods()
-    if not tuned:
-        raise SpecError(f"--config: {args.config} has no tuning: section (nothing to select)")
-    scenarios = [_scenario(spec, args.scenario)] if args.scenario else list(spec.scenarios)
-    if args.method is not None and args.method not in tuned:
-        raise SpecError(f"--method: {args.method!r} is not tuned (tuning.space); allowed: {', '.join(tuned)}")
-    methods = [args.method] if args.method else tuned
-    for scenario in scenarios:
-        for method in methods:
-            if not spec.runs_on(method, scenario):
-                continue
-            chosen = select(spec, scenario, method)
-            best = next(t for t in chosen["trials"] if t["trial"] == chosen["chosen"])
-            values = ", ".join(f"{k}={v}" for k, v in chosen["values"].items())
-            print(f"{scenario}/{method}: {values} (validation acc {best['score']:.4f} over tuning seeds "
-                  f"{', '.join(map(str, chosen['tuning_seeds']))}; {_count(len(chosen['trials']), 'trial')}) -> "
-                  f"{spec.chosen_path(scenario, method)}")
-    return 0
-
-
-def _run_progress(elapsed: float, done: int, total: int, trained: int, trained_seconds: float, left: int) -> str:
-    """`41 s; run 3 of 6 of this job, about 2 min left` (the estimate: the mean time of the runs
-    trained so far, skipped and failed ones aside, for each of the `left` runs still to train)."""
-    text = f"{_duration(elapsed)}; run {done} of {total} of this job"
-    if left and trained:
-        text += f", about {_duration(trained_seconds / trained * left)} left"
-    return text
-
-
-def _duration(seconds: float) -> str:
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
-
-
-# The listing's sections, in its order, and the declared families (registry.FAMILIES) in each.
-METHOD_SECTIONS = {"source papers' methods": ("seed",), "clustered": ("clustered",),
-                   "personalized": ("personalized",), "baselines": ("baseline", "reference"),
-                   "modifiers: AWCFL and MCFL on other methods": ("modifier",)}
-
-
-def cmd_methods(args) -> int:
-    from cflpipe.registry import all_methods, method_info, plugin_failures, unknown_method
-
-    if args.name is None:
-        families: dict[str, list[str]] = {section: [] for section in METHOD_SECTIONS}
-        methods = all_methods()
-        for name, info in methods.items():
-            families[next(s for s, kinds in METHOD_SECTIONS.items() if info.family in kinds)].append(name)
-        for family, names in families.items():
-            if not names:
-                continue
-            print(f"# {family} ({len(names)})")
-            for name in names:
-                info = methods[name]
-                print(f"{name}: {info.description}")
-                if info.capabilities.summary():
-                    print(f"    [{info.capabilities.summary()}]")
-                if info.needs:
-                    print(f"    needs: {info.needs}")
-                if info.params.model_fields:
-                    print(f"    hyper-parameters: {', '.join(info.params.model_fields)}")
-            print()
-        print("cflpipe methods NAME describes one method: its hyper-parameters with their defaults, its paper")
-        for line in plugin_failures():
-            print(f"warning: not listed: {line}", file=sys.stderr)
-        return 0
-    # Only this name's plugin is imported: a broken plugin of another name does not matter here.
-    try:
-        info = method_info(args.name, "NAME")
-    except KeyError:
-        raise SpecError(unknown_method(args.name, "NAME")) from None
-    print(f"{args.name}: {info.description}")
-    if info.capabilities.summary():
-        print(f"capabilities: {info.capabilities.summary()}")
-    if info.needs:
-        print(f"needs: {info.needs}")
-    fields = info.params.model_fields
-    print("hyper-parameters (default):" if fields else "hyper-parameters: none")
-    for field, f in fields.items():
-        doc = f" — {f.description}" if f.description else ""
-        print(f"  {field} = {f.default!r}{doc}")
-    for text in _papers(info):
-        print(f"paper: {text}")
-    example = next((f"{name}: {json.dumps(f.default)}" for name, f in fields.items()
-                    if isinstance(f.default, (bool, int, float, str))), "")
-    print(f"in a spec: methods: {{{args.name}: {{{example}}}}}")
-    return 0
-
-
-def _papers(info) -> list[str]:
-    """The first paragraph of the docstring of the module that implements the method and of the
-    module of each option its parameters add (AWCFL, MCFL): where cflpipe names the paper (and
-    reference code) it follows."""
-    import textwrap
-
-    from cflpipe.methods.catalog import AWCFLParams, MCFLParams
-
-    options = {AWCFLParams: "cflpipe.methods.intercluster", MCFLParams: "cflpipe.methods.intercluster"}
-    modules = [info.cls.__module__] + [options[c] for c in info.params.__mro__ if c in options]
-    texts = []
-    for name in dict.fromkeys(modules):
-        doc = (getattr(sys.modules.get(name), "__doc__", None) or "").strip()
-        if doc:
-            texts.append(" ".join(textwrap.dedent(doc).split("\n\n")[0].split()))
-    return texts
-
-
 def cmd_clean(args) -> int:
     from cflpipe.fl.runs import clean_runs
 
-    spec = _load(args, check_methods=False)
+    spec = load(args, check_methods=False)
     verb = "would free" if args.dry_run else "freed"
     cleaned = clean_runs(spec, dry_run=args.dry_run)
     for run in cleaned:
@@ -395,10 +97,10 @@ def cmd_clean(args) -> int:
             print(f"{run.run_dir}/state: {verb} {_size(run.freed)}")
     freed = [run.freed for run in cleaned if run.freed is not None]
     if not freed:
-        print(f"{args.config}: nothing to clean: no finished run of the {_count(len(spec.matrix()), 'run')} "
+        print(f"{args.config}: nothing to clean: no finished run of the {count(len(spec.matrix()), 'run')} "
               f"holds models in its checkpoint ({spec.results_dir}/runs)")
     else:
-        print(f"{args.config}: {verb} {_size(sum(freed))} in {_count(len(freed), 'finished run')} of "
+        print(f"{args.config}: {verb} {_size(sum(freed))} in {count(len(freed), 'finished run')} of "
               f"{len(spec.matrix())} ({spec.results_dir}/runs)")
     return 0
 
@@ -414,7 +116,7 @@ def _size(n: int) -> str:
 def cmd_aggregate(args) -> int:
     from cflpipe.report.aggregate import aggregate
 
-    out = aggregate(_load(args).with_tuning_choices())
+    out = aggregate(load(args).with_tuning_choices())
     print(f"aggregate written to {out}")
     return 0
 
@@ -422,7 +124,7 @@ def cmd_aggregate(args) -> int:
 def cmd_report(args) -> int:
     from cflpipe.report.build import build_report
 
-    out = build_report(_load(args).with_tuning_choices())
+    out = build_report(load(args).with_tuning_choices())
     print(f"report written to {out}")
     return 0
 
@@ -446,7 +148,6 @@ def cmd_bench(args) -> int:
     return 0
 
 
-DEFAULT_CONFIG = "config/config.yaml"
 
 _DESCRIPTION = """\
 cflpipe: reproducible benchmarks of clustered federated learning. A YAML spec names datasets,
@@ -625,9 +326,9 @@ def build_parser() -> argparse.ArgumentParser:
              "  cflpipe bench --part overhead --workload digits --rounds 5 --output bench.json\n")
     p.add_argument("--workload", action="append", choices=["digits", "synthetic"], default=None,
                    help="workload of the overhead part (repeatable; default both)")
-    p.add_argument("--rounds", type=_positive("--rounds"), default=10, metavar="N",
+    p.add_argument("--rounds", type=positive("--rounds"), default=10, metavar="N",
                    help="rounds per measured run (default 10)")
-    p.add_argument("--repeats", type=_positive("--repeats"), default=3, metavar="N",
+    p.add_argument("--repeats", type=positive("--repeats"), default=3, metavar="N",
                    help="alternating repeats; the fastest counts (default 3)")
     p.add_argument("--threads", type=int, default=None, metavar="N", help="CPU threads for torch (default: torch's)")
     p.add_argument("--output", default=None, metavar="FILE", help="also write the figures as JSON")
@@ -646,7 +347,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="yardstick: training.precision of each trainer's run (repeatable; default float32)")
     p.add_argument("--compile", action="store_true",
                    help="yardstick: the batched trainer's step compiled (training.compile)")
-    p.add_argument("--users", type=_positive("--users"), default=1000, metavar="N",
+    p.add_argument("--users", type=positive("--users"), default=1000, metavar="N",
                    help="yardstick: users of 50 images (default 1000, pfl-research's; 50 sampled per round)")
     p.add_argument("--data-dir", default="resources/datasets", metavar="DIR",
                    help="yardstick: where CIFAR-10 is if downloaded (else CIFAR-shaped random images)")

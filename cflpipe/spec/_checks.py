@@ -274,8 +274,11 @@ def _check_method(spec: Spec, method: str) -> list[str]:
                         f"({sc.clients}), got {k}"]
     for scenario, sc in spec.scenarios.items():
         if spec.runs_on(method, scenario):
-            found = info.limit_errors(resolved_hyperparams(spec, scenario, method),
-                                      spec.resolved_training(scenario, method), sc)
+            try:
+                training = spec.resolved_training(scenario, method)
+            except ValidationError:  # a training problem, which _check_training reports
+                continue
+            found = info.limit_errors(resolved_hyperparams(spec, scenario, method), training, sc)
             if found:
                 key, text = found[0]
                 return [f"{where}{'.' + key if key else ''}: {text} (scenario {scenario})"]

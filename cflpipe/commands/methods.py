@@ -1,0 +1,82 @@
+"""`cflpipe methods [NAME]`: the registered methods by family, or one with its hyper-parameters,
+capabilities, needs and paper."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from cflpipe.errors import SpecError
+
+
+# The listing's sections, in its order, and the declared families (registry.FAMILIES) in each.
+METHOD_SECTIONS = {"source papers' methods": ("seed",), "clustered": ("clustered",),
+                   "personalized": ("personalized",), "baselines": ("baseline", "reference"),
+                   "modifiers: AWCFL and MCFL on other methods": ("modifier",)}
+
+
+def cmd_methods(args) -> int:
+    from cflpipe.registry import all_methods, method_info, plugin_failures, unknown_method
+
+    if args.name is None:
+        families: dict[str, list[str]] = {section: [] for section in METHOD_SECTIONS}
+        methods = all_methods()
+        for name, info in methods.items():
+            families[next(s for s, kinds in METHOD_SECTIONS.items() if info.family in kinds)].append(name)
+        for family, names in families.items():
+            if not names:
+                continue
+            print(f"# {family} ({len(names)})")
+            for name in names:
+                info = methods[name]
+                print(f"{name}: {info.description}")
+                if info.capabilities.summary():
+                    print(f"    [{info.capabilities.summary()}]")
+                if info.needs:
+                    print(f"    needs: {info.needs}")
+                if info.params.model_fields:
+                    print(f"    hyper-parameters: {', '.join(info.params.model_fields)}")
+            print()
+        print("cflpipe methods NAME describes one method: its hyper-parameters with their defaults, its paper")
+        for line in plugin_failures():
+            print(f"warning: not listed: {line}", file=sys.stderr)
+        return 0
+    # Only this name's plugin is imported: a broken plugin of another name does not matter here.
+    try:
+        info = method_info(args.name, "NAME")
+    except KeyError:
+        raise SpecError(unknown_method(args.name, "NAME")) from None
+    print(f"{args.name}: {info.description}")
+    if info.capabilities.summary():
+        print(f"capabilities: {info.capabilities.summary()}")
+    if info.needs:
+        print(f"needs: {info.needs}")
+    fields = info.params.model_fields
+    print("hyper-parameters (default):" if fields else "hyper-parameters: none")
+    for field, f in fields.items():
+        doc = f" — {f.description}" if f.description else ""
+        print(f"  {field} = {f.default!r}{doc}")
+    for text in _papers(info):
+        print(f"paper: {text}")
+    example = next((f"{name}: {json.dumps(f.default)}" for name, f in fields.items()
+                    if isinstance(f.default, (bool, int, float, str))), "")
+    print(f"in a spec: methods: {{{args.name}: {{{example}}}}}")
+    return 0
+
+
+def _papers(info) -> list[str]:
+    """The first paragraph of the docstring of the module that implements the method and of the
+    module of each option its parameters add (AWCFL, MCFL): where cflpipe names the paper (and
+    reference code) it follows."""
+    import textwrap
+
+    from cflpipe.methods.catalog import AWCFLParams, MCFLParams
+
+    options = {AWCFLParams: "cflpipe.methods.intercluster", MCFLParams: "cflpipe.methods.intercluster"}
+    modules = [info.cls.__module__] + [options[c] for c in info.params.__mro__ if c in options]
+    texts = []
+    for name in dict.fromkeys(modules):
+        doc = (getattr(sys.modules.get(name), "__doc__", None) or "").strip()
+        if doc:
+            texts.append(" ".join(textwrap.dedent(doc).split("\n\n")[0].split()))
+    return texts
