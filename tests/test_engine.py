@@ -1,16 +1,11 @@
-"""The FL engine: exact local SGD, outputs and their schemas, determinism, resume after SIGKILL,
-divergence handling, communication accounting, and the methods' expected ordering."""
+"""The FL engine: exact local SGD, outputs and their schemas, determinism, divergence handling,
+communication accounting (questions to clients included), evaluation, aggregation without held
+uploads, and the methods' expected ordering. Resume and the results folder: test_engine_resume.py;
+jobs of several runs: test_engine_jobs.py."""
 
 import json
-import os
 import re
-import signal
-import shutil
-import subprocess
-import sys
-import time
 import weakref
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -18,8 +13,7 @@ import pytest
 import torch
 import yaml
 
-from cflpipe.errors import DivergenceError, SpecError
-from cflpipe.fl.checkpoint import read_state
+from cflpipe.errors import DivergenceError
 from cflpipe.fl import engine
 from cflpipe.fl.engine import OUTPUT_FILES, prepare_run, train_run
 from cflpipe.fl.local import Anchor, batch_indices, sgd
@@ -28,27 +22,9 @@ from cflpipe.models import build_model
 from cflpipe.spec import parse_spec
 
 from conftest import require_plugin
+from engine_helpers import _bytes, finished_runs, tiny_spec  # noqa: F401 (a fixture)
 
 torch.set_num_threads(1)
-
-STABLE_FILES = ("metrics.parquet", "clusters.parquet", "rounds.parquet", "plots.csv", "summary.json",
-                "config.yaml")
-
-
-def tiny_spec(results: Path, **training) -> dict:
-    return {
-        "seeds": [0, 1],
-        "training": {"model": "mlp", "rounds": 6, "clients_per_round": 4, "local_steps": 3,
-                     "batch_size": 16, "lr": 0.05, "momentum": 0.9, "eval_every": 2,
-                     "checkpoint_every": 2, "device": "cpu", "eval_train": True, **training},
-        "scenarios": {"swap": {"dataset": "digits", "clients": 8,
-                               "partition": [{"kind": "iid"}, {"kind": "label_swap", "groups": 2}]}},
-        "methods": {"fedavg": {}, "fedprox": {"mu": 0.1}, "local": {}, "oracle": {}},
-        "results_dir": str(results),
-    }
-
-
-# ---------------------------------------------------------------------------- parameter space
 
 
 def test_parameters_and_gradients_live_in_flat_vectors():
@@ -114,16 +90,6 @@ def test_weighted_and_cluster_average():
 # ---------------------------------------------------------------------------- runs
 
 
-@pytest.fixture(scope="module")
-def finished_runs(tmp_path_factory):
-    results = tmp_path_factory.mktemp("runs")
-    spec = parse_spec(tiny_spec(results))
-    out = {}
-    for method in ("fedavg", "oracle", "local"):
-        out[method] = train_run(spec, "swap", method, 0, progress=False)
-    return spec, out
-
-
 def test_outputs_and_schemas(finished_runs):
     spec, runs = finished_runs
     run_dir = runs["oracle"].run_dir
@@ -161,19 +127,6 @@ def test_communication_bytes(finished_runs):
     assert (rounds["bytes_down"] == 4 * size).all() and (rounds["bytes_up"] == 4 * size).all()
     local = pd.read_parquet(runs["local"].run_dir / "rounds.parquet")
     assert (local["bytes_down"] == 0).all() and (local["bytes_up"] == 0).all()
-
-
-def test_finished_run_is_skipped_unless_forced(finished_runs):
-    spec, runs = finished_runs
-    before = (runs["fedavg"].run_dir / "metrics.parquet").stat().st_mtime_ns
-    again = train_run(spec, "swap", "fedavg", 0, progress=False)
-    assert again.skipped and (runs["fedavg"].run_dir / "metrics.parquet").stat().st_mtime_ns == before
-    forced = train_run(spec, "swap", "fedavg", 0, force=True, progress=False)
-    assert not forced.skipped
-
-
-def _bytes(run_dir: Path) -> dict[str, bytes]:
-    return {name: (run_dir / name).read_bytes() for name in STABLE_FILES}
 
 
 def test_same_seed_identical_different_seed_differs(tmp_path, finished_runs):
@@ -233,41 +186,6 @@ def test_exploding_finite_loss_warns_once(tmp_path, capsys):
     assert err.count("warning: swap/fedavg/seed0: round ") == 1 and "training may be diverging" in err
 
 
-def _cli(config: Path, method: str, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "cflpipe", "train", "--config", str(config), "--scenario", "swap",
-            "--method", method, "--seed", "0", "--threads", "1", "--quiet", *extra]
-
-
-@pytest.mark.slow
-def test_kill_and_resume_gives_identical_outputs(tmp_path):
-    data = tiny_spec(tmp_path / "killed", rounds=40, checkpoint_every=3, eval_every=4, local_steps=5)
-    data["training"]["model"] = "cnn"
-    killed_cfg = tmp_path / "killed.yaml"
-    killed_cfg.write_text(yaml.safe_dump(data))
-    reference_cfg = tmp_path / "reference.yaml"
-    reference_cfg.write_text(yaml.safe_dump({**data, "results_dir": str(tmp_path / "reference")}))
-    subprocess.run(_cli(reference_cfg, "fedprox"), check=True, capture_output=True)
-
-    run_dir = tmp_path / "killed" / "runs" / "swap" / "fedprox" / "seed0"
-    proc = subprocess.Popen(_cli(killed_cfg, "fedprox"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    state = run_dir / "state" / "state.pt"
-    deadline = time.monotonic() + 120
-    while not state.exists() and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.05)
-    time.sleep(0.3)  # let it get past the first checkpoint, somewhere mid-run
-    assert proc.poll() is None, "the run finished before it could be killed; make it longer"
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert not (run_dir / "summary.json").exists()
-    assert not (run_dir / "metrics.parquet").exists()
-    checkpoint, problem = read_state(state)
-    assert problem is None and 0 < checkpoint["round"] < 40
-
-    subprocess.run(_cli(killed_cfg, "fedprox"), check=True, capture_output=True)
-    reference_dir = tmp_path / "reference" / "runs" / "swap" / "fedprox" / "seed0"
-    assert _bytes(run_dir) == _bytes(reference_dir)
-
-
 @pytest.mark.slow
 def test_oracle_and_local_beat_fedavg_on_label_swap(tmp_path):
     spec = parse_spec({
@@ -319,348 +237,6 @@ def test_partition_tables_from_another_scenario_are_refused(tmp_path):
     assert partition_scenario(spec, "swap", force=False) == ours  # the skip check notices too: rebuilt
     assert train_run(spec, "swap", "fedavg", 0, progress=False).summary["clients"] == 8
 
-
-def test_unexpected_failures_are_one_line_with_exit_code_1(tmp_path):
-    config = tmp_path / "spec.yaml"
-    config.write_text(yaml.safe_dump(tiny_spec(tmp_path / "results")))
-    state = tmp_path / "results" / "runs" / "swap" / "fedavg" / "seed0" / "state"
-    state.parent.mkdir(parents=True)
-    state.write_text("a file where the state folder should be: not a user error cflpipe names")
-    proc = subprocess.run(_cli(config, "fedavg"), capture_output=True, text=True)
-    assert proc.returncode == 1
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "CFLPIPE_DEBUG" in lines[0]
-
-
-def test_one_writer_per_run_and_stale_temp_files_are_swept(tmp_path):
-    from cflpipe import store
-    from cflpipe.errors import BusyError
-    from cflpipe.fl.runs import LOCK_FILE
-
-    spec = parse_spec(tiny_spec(tmp_path, rounds=2))
-    run_dir = spec.run_dir("swap", "fedavg", 0)
-    with store.exclusive(run_dir / LOCK_FILE, "holder"):
-        with pytest.raises(BusyError) as info:
-            train_run(spec, "swap", "fedavg", 0, progress=False)
-        assert (run_dir / LOCK_FILE).exists()  # the refused one never cleans up after the holder
-    message = str(info.value)
-    assert message.startswith(f"run swap/fedavg/seed0 ({run_dir}): pid {os.getpid()} on ") and "\n" not in message
-    assert not (run_dir / "summary.json").exists()
-    stale = [run_dir / ".metrics.parquet.x1.tmp", run_dir / "state" / ".state.pt.x2.tmp"]
-    for path in stale:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(b"half a checkpoint")
-    train_run(spec, "swap", "fedavg", 0, progress=False)
-    assert not any(path.exists() for path in stale) and (run_dir / "summary.json").exists()
-
-
-@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
-def test_outputs_honour_the_umask(tmp_path, umask, mode):
-    from cflpipe import store
-
-    old = os.umask(umask)
-    try:
-        store.write_text(tmp_path / "out.txt", "x")
-    finally:
-        os.umask(old)
-    assert (tmp_path / "out.txt").stat().st_mode & 0o777 == mode
-
-
-class _Stopped(Exception):
-    pass
-
-
-def _interrupted_after_round(spec, monkeypatch, last_round: int = 4):
-    from cflpipe.fl import engine
-
-    save = engine.Run.save_state
-
-    def save_then_stop(self, round_number):
-        save(self, round_number)
-        if round_number == last_round:
-            raise _Stopped
-
-    with monkeypatch.context() as patch:
-        patch.setattr(engine.Run, "save_state", save_then_stop)
-        with pytest.raises(_Stopped):
-            train_run(spec, "swap", "fedavg", 0, progress=False)
-
-
-def _flip_a_byte(path: Path) -> None:
-    data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0x01
-    path.write_bytes(bytes(data))
-
-
-@pytest.mark.parametrize("damage, problem", [
-    (lambda p: p.write_bytes(p.read_bytes()[:100]), "does not match state.sha256"),
-    (lambda p: p.write_bytes(b""), "does not match state.sha256"),
-    (_flip_a_byte, "does not match state.sha256"),
-    (lambda p: p.with_name("state.sha256").unlink(), "no state.sha256 beside it"),
-    (lambda p: (p.write_bytes(b"garbage"), p.with_name("state.sha256").write_text(
-        __import__("hashlib").sha256(b"garbage").hexdigest())), "unreadable"),
-])
-def test_a_damaged_checkpoint_is_detected_and_the_run_starts_afresh(tmp_path, finished_runs, monkeypatch,
-                                                                    capsys, damage, problem):
-    _, runs = finished_runs
-    spec = parse_spec(tiny_spec(tmp_path))
-    _interrupted_after_round(spec, monkeypatch)
-    state = spec.run_dir("swap", "fedavg", 0) / "state" / "state.pt"
-    damage(state)
-    capsys.readouterr()
-    result = train_run(spec, "swap", "fedavg", 0, progress=False)
-    err = capsys.readouterr().err
-    assert err.startswith(f"warning: {state}: ") and problem in err and err.rstrip().endswith("starting the run afresh")
-    assert _bytes(result.run_dir) == _bytes(runs["fedavg"].run_dir)
-
-
-def test_an_intact_checkpoint_resumes_silently(tmp_path, finished_runs, monkeypatch, capsys,
-                                                 record_start_rounds):
-    _, runs = finished_runs
-    spec = parse_spec(tiny_spec(tmp_path))
-    _interrupted_after_round(spec, monkeypatch)
-    capsys.readouterr()
-    started = record_start_rounds()
-    result = train_run(spec, "swap", "fedavg", 0, progress=False)
-    assert started == [4] and "warning" not in capsys.readouterr().err
-    assert _bytes(result.run_dir) == _bytes(runs["fedavg"].run_dir)
-
-
-@pytest.mark.parametrize("method", ["fedavg", "local"])
-def test_a_save_killed_before_its_rename_falls_back_to_the_previous_checkpoint(
-        tmp_path, finished_runs, monkeypatch, capsys, record_start_rounds, method):
-    """A kill between writing state.sha256 and renaming the new state.pt into place (simulated:
-    the rename of round 6's state fails) costs one checkpoint interval, not the run. `local`'s
-    client models are row blocks here (the threshold lowered), which change between the two."""
-    from cflpipe import store
-    from cflpipe.fl import checkpoint, engine
-
-    _, runs = finished_runs
-    monkeypatch.setattr(checkpoint, "MIN_ROWS_BYTES", 1024)
-    spec = parse_spec(tiny_spec(tmp_path))
-    real_replace, save = os.replace, engine.Run.save_state
-
-    def replace(src, dst):
-        if Path(dst).name == "state.pt" and round_saved[-1] == 6:
-            raise _Stopped
-        real_replace(src, dst)
-
-    round_saved: list[int] = []
-
-    def recording_save(self, round_number):
-        round_saved.append(round_number)
-        save(self, round_number)
-
-    with monkeypatch.context() as patch:
-        patch.setattr(store.os, "replace", replace)
-        patch.setattr(engine.Run, "save_state", recording_save)
-        with pytest.raises(_Stopped):
-            train_run(spec, "swap", method, 0, progress=False)
-    state = spec.run_dir("swap", method, 0) / "state" / "state.pt"
-    if method == "local":
-        assert any(state.with_name("rows").glob("*.bin"))
-    assert len(state.with_name("state.sha256").read_text().split()) == 2  # round 6's digest, then round 4's
-    round4 = store.sha256_of(state)
-    capsys.readouterr()
-    started = record_start_rounds()
-    result = train_run(spec, "swap", method, 0, progress=False)
-    assert started == [4]
-    assert capsys.readouterr().err == (f"warning: {state}: the last checkpoint's save was interrupted; "
-                                       f"resuming from the one before it (round 4)\n")
-    assert _bytes(result.run_dir) == _bytes(runs[method].run_dir)
-    # the resumed-from state (round 4's) is the next checkpoint's fallback, not the save that never landed
-    assert state.with_name("state.sha256").read_text().split() == [store.sha256_of(state), round4]
-
-
-def test_a_checkpoint_of_another_configuration_is_discarded_with_a_word(tmp_path, monkeypatch, capsys,
-                                                                        record_start_rounds):
-    spec = parse_spec(tiny_spec(tmp_path))
-    _interrupted_after_round(spec, monkeypatch)
-    capsys.readouterr()
-    started = record_start_rounds()
-    train_run(parse_spec(tiny_spec(tmp_path, lr=0.07)), "swap", "fedavg", 0, progress=False)
-    state = spec.run_dir("swap", "fedavg", 0) / "state" / "state.pt"
-    assert started == [0]
-    assert capsys.readouterr().err == (f"warning: {state}: a checkpoint of another configuration (differs in "
-                                       f"training.lr); starting the run afresh\n")
-
-
-def test_a_folder_in_place_of_the_checkpoint_is_said_and_cleared(tmp_path, finished_runs, capsys):
-    _, runs = finished_runs
-    spec = parse_spec(tiny_spec(tmp_path))
-    state = spec.run_dir("swap", "fedavg", 0) / "state" / "state.pt"
-    (state / "inside").mkdir(parents=True)
-    result = train_run(spec, "swap", "fedavg", 0, progress=False)
-    assert capsys.readouterr().err == f"warning: {state}: a folder, not a checkpoint; starting the run afresh\n"
-    assert _bytes(result.run_dir) == _bytes(runs["fedavg"].run_dir)
-    (result.run_dir / "summary.json").unlink()
-    shutil.rmtree(state.parent)
-    (state / "inside").mkdir(parents=True)
-    forced = train_run(spec, "swap", "fedavg", 0, force=True, progress=False)  # --force: no resume, cleared too
-    assert _bytes(forced.run_dir) == _bytes(runs["fedavg"].run_dir)
-
-
-def test_a_results_dir_that_cannot_hold_runs_fails_before_training(tmp_path):
-    blocker = tmp_path / "results"
-    blocker.write_text("a file, not a folder")
-    spec = parse_spec({**tiny_spec(blocker), "results_dir": str(blocker)})
-    with pytest.raises(SpecError) as info:
-        train_run(spec, "swap", "fedavg", 0, progress=False)
-    assert str(info.value) == (f"results_dir: cannot write the run folder {spec.run_dir('swap', 'fedavg', 0)} "
-                               f"(Not a directory)")
-
-
-def test_cli_threads_default_to_one_are_bounded_and_recorded(tmp_path):
-    config = tmp_path / "spec.yaml"
-    config.write_text(yaml.safe_dump(tiny_spec(tmp_path / "results", rounds=1)))
-    base = [sys.executable, "-m", "cflpipe", "train", "--config", str(config), "--scenario", "swap",
-            "--method", "fedavg", "--seed", "0", "--quiet"]
-    too_many = subprocess.run([*base, "--threads", "100000"], capture_output=True, text=True)
-    assert too_many.returncode == 2
-    assert too_many.stderr.strip() == f"error: --threads: must lie in [1, {os.cpu_count()}] (the CPUs of this " \
-                                      f"machine), got 100000"
-    assert not (tmp_path / "results" / "runs").exists()
-    subprocess.run(base, check=True, capture_output=True)
-    recorded = yaml.safe_load((tmp_path / "results" / "runs" / "swap" / "fedavg" / "seed0" / "config.yaml").read_text())
-    assert recorded["threads"] == 1
-
-
-def test_file_systems_without_flock_run_unlocked_with_a_warning(tmp_path, monkeypatch, capsys):
-    import errno
-    import fcntl
-
-    from cflpipe import store
-
-    def no_locks(handle, operation):
-        raise OSError(errno.ENOLCK, "No locks available")
-
-    monkeypatch.setattr(fcntl, "flock", no_locks)
-    with store.exclusive(tmp_path / ".lock", "run x"):
-        pass
-    assert "does not support locks (No locks available); make sure only one process writes run x" in \
-        capsys.readouterr().err
-    spec = parse_spec(tiny_spec(tmp_path, rounds=1))
-    assert train_run(spec, "swap", "fedavg", 0, progress=False).summary["rounds"] == 1
-    assert "make sure only one process writes run swap/fedavg/seed0" in capsys.readouterr().err
-
-
-def test_a_finished_run_recorded_without_threads_is_not_redone(tmp_path):
-    spec = parse_spec(tiny_spec(tmp_path, rounds=1))
-    first = train_run(spec, "swap", "fedavg", 0, progress=False)
-    config = first.run_dir / "config.yaml"
-    recorded = yaml.safe_load(config.read_text())
-    assert recorded.pop("threads") == 1
-    config.write_text(yaml.safe_dump(recorded, sort_keys=False))  # as runs written before threads were
-    assert train_run(spec, "swap", "fedavg", 0, progress=False).skipped
-
-
-def _train(config: Path, methods: list[str], seeds: list[int]) -> list[str]:
-    """`cflpipe train` of several methods and seeds of scenario swap in one process."""
-    return [sys.executable, "-m", "cflpipe", "train", "--config", str(config), "--scenario", "swap",
-            "--method", *methods, "--seed", *map(str, seeds), "--threads", "1", "--quiet"]
-
-
-@pytest.mark.slow
-def test_several_runs_in_one_process_equal_one_process_per_run(tmp_path):
-    """`cflpipe train --method fedac fcca cfl --seed 0 1` (the workflow's scenario job) writes
-    the same bytes as a fresh process per run: nothing of one run (RNG, caches, a method's module
-    state) leaks into the next seed or the next method, including for methods that keep state
-    outside the engine (sklearn, zuko)."""
-    data = tiny_spec(tmp_path / "grouped")
-    data["methods"] = {"fedac": {"clusters": 2}, "fcca": {"clusters": 2}, "cfl": {"warmup": 2}}
-    grouped_cfg, alone_cfg = tmp_path / "grouped.yaml", tmp_path / "alone.yaml"
-    grouped_cfg.write_text(yaml.safe_dump(data))
-    alone_cfg.write_text(yaml.safe_dump({**data, "results_dir": str(tmp_path / "alone")}))
-    methods = list(data["methods"])
-    out = subprocess.run(_train(grouped_cfg, methods, [0, 1]), check=True, capture_output=True,
-                         text=True).stdout.splitlines()
-    assert [line.split(": ")[0].split("runs/swap/")[1] for line in out] == \
-        [f"{m}/seed{k}" for m in methods for k in (0, 1)]
-    assert all(line.split(": ")[1] == "finished" for line in out), out
-    # each run after another one in the process: the next seed, or the next method's first seed
-    for method, seed in (("fedac", 1), ("fcca", 0), ("fcca", 1), ("cfl", 0), ("cfl", 1)):
-        subprocess.run(_train(alone_cfg, [method], [seed]), check=True, capture_output=True)
-        run = Path("runs/swap") / method / f"seed{seed}"
-        assert _bytes(tmp_path / "grouped" / run) == _bytes(tmp_path / "alone" / run), run
-    # Finished runs are skipped, one line each; a repeated seed is refused before any run.
-    again = subprocess.run(_train(grouped_cfg, ["cfl"], [1, 0]), check=True, capture_output=True, text=True).stdout
-    assert again.count("already finished") == 2
-    twice = subprocess.run(_train(grouped_cfg, ["cfl"], [0, 0]), capture_output=True, text=True)
-    assert twice.returncode == 2 and twice.stderr == "error: --seed: 0 given twice; give each seed once\n"
-
-
-def test_a_resumed_jobs_estimate_counts_only_the_runs_left_to_train(tmp_path):
-    """The job's line after each run estimates the time left from the runs still to train: a
-    resumed job's finished runs, skipped in a moment, add nothing to it."""
-    data = tiny_spec(tmp_path / "results", rounds=1)
-    config = tmp_path / "spec.yaml"
-    config.write_text(yaml.safe_dump(data))
-    subprocess.run(_train(config, ["fedprox"], [0, 1]), check=True, capture_output=True)
-    out = subprocess.run(_train(config, ["fedavg", "fedprox"], [0, 1]), check=True, capture_output=True,
-                         text=True).stdout.splitlines()
-    assert [line.split(": ")[1].split(" (")[0] for line in out] == ["finished", "finished", "already finished",
-                                                                   "already finished"], out
-    assert "run 1 of 4 of this job, about" in out[0] and " left)" in out[0], out  # fedavg seed 1 is left
-    assert out[1].endswith("run 2 of 4 of this job)"), out  # the two fedprox runs left need no training
-    data["methods"]["fedprox"]["mu"] = 0.2  # a changed entry: its finished runs train again
-    config.write_text(yaml.safe_dump(data))
-    out = subprocess.run(_train(config, ["fedprox"], [0, 1]), check=True, capture_output=True,
-                         text=True).stdout.splitlines()
-    assert out[0].split(": ")[1] == "finished" and "run 1 of 2 of this job, about" in out[0], out
-
-
-def test_a_failed_seed_does_not_stop_the_jobs_other_seeds(tmp_path):
-    """The workflow's job trains all seeds: seed 0 failing (here: another process holds its run)
-    still trains seed 1, and the job exits with seed 0's error and code."""
-    from cflpipe import store
-    from cflpipe.fl.runs import LOCK_FILE
-
-    data = tiny_spec(tmp_path / "results", rounds=2)
-    config = tmp_path / "spec.yaml"
-    config.write_text(yaml.safe_dump(data))
-    spec = parse_spec(data)
-    with store.exclusive(spec.run_dir("swap", "fedavg", 0) / LOCK_FILE, "the test"):
-        done = subprocess.run([*_cli(config, "fedavg")[:-4], "0", "1", "--quiet"], capture_output=True, text=True)
-    assert done.returncode == 5, done.stderr
-    assert done.stderr.count("\n") == 1 and done.stderr.startswith("error: run swap/fedavg/seed0 ")
-    assert (spec.run_dir("swap", "fedavg", 1) / "summary.json").is_file()
-    assert not (spec.run_dir("swap", "fedavg", 0) / "summary.json").exists()
-
-
-def test_a_scenario_job_trains_every_method_and_a_failed_run_stops_none(tmp_path):
-    """The workflow's scenario job: `--method A B --seed 0 1` trains A's seeds, then B's; a run
-    that fails (here: another process holds it) leaves the others training, and the job exits
-    with the first failure's error and code, naming the other failed runs."""
-    from cflpipe import store
-    from cflpipe.fl.runs import LOCK_FILE
-
-    data = tiny_spec(tmp_path / "results", rounds=1)
-    data["methods"] = {"fedavg": {}, "local": {}}
-    config = tmp_path / "spec.yaml"
-    config.write_text(yaml.safe_dump(data))
-    spec = parse_spec(data)
-    with store.exclusive(spec.run_dir("swap", "fedavg", 1) / LOCK_FILE, "the test"), \
-            store.exclusive(spec.run_dir("swap", "local", 0) / LOCK_FILE, "the test"):
-        done = subprocess.run(_train(config, ["fedavg", "local"], [0, 1]), capture_output=True, text=True)
-    assert done.returncode == 5, done.stderr
-    assert done.stderr.count("\n") == 1 and done.stderr.startswith("error: run swap/fedavg/seed1 ")
-    assert done.stderr.endswith(" (runs local/seed0 failed too)\n"), done.stderr
-    assert [line.split(": ")[0].split("runs/")[1] for line in done.stdout.splitlines()] == \
-        ["swap/fedavg/seed0", "swap/local/seed1"]
-    twice = subprocess.run(_train(config, ["local", "fedavg", "local"], [0]), capture_output=True, text=True)
-    assert twice.returncode == 2 and twice.stderr == "error: --method: local given twice; give each method once\n"
-    unknown = subprocess.run(_train(config, ["fedavg", "nope"], [0]), capture_output=True, text=True)
-    assert unknown.returncode == 2 and unknown.stderr.startswith("error: --method: unknown method 'nope'")
-    # a run outside the spec's matrix (one that aggregate would never read) is refused
-    data["methods"]["local"] = {"scenarios": ["other"]}
-    data["scenarios"]["other"] = yaml.safe_load(yaml.safe_dump(data["scenarios"]["swap"]))
-    config.write_text(yaml.safe_dump(data))
-    outside = subprocess.run(_train(config, ["fedavg", "local"], [0]), capture_output=True, text=True)
-    assert outside.returncode == 2 and outside.stderr == (
-        "error: --method: local does not run on scenario swap (methods.local.scenarios: other)\n")
-
-
-# ---------------------------------------------------------------------------- client sampling
 
 def test_sampling_changes_every_round_and_follows_the_seed(tmp_path):
 
@@ -849,58 +425,6 @@ def test_a_running_weighted_sum_refuses_a_vector_of_another_shape_or_dtype():
 
 
 # ---------------------------------------------------------------------------- engine units
-
-
-class _Exploit:
-    def __reduce__(self):
-        return (os.system, ("true",))
-
-
-def test_a_checkpoint_holding_a_pickled_object_is_refused_even_with_its_digest(tmp_path):
-    from cflpipe.fl.checkpoint import write_state
-
-    path = tmp_path / "state.pt"
-    write_state(path, {"round": 2, "tables": {}})
-    assert read_state(path) == ({"round": 2, "tables": {}}, None)
-    torch.save({"round": 2, "tables": _Exploit()}, path)
-    from cflpipe import store
-
-    (tmp_path / "state.sha256").write_text(f"{store.sha256_of(path)}\n")  # a matching digest
-    state, problem = read_state(path)
-    assert state is None and problem == "unreadable (UnpicklingError)"
-
-
-def test_same_run_compares_the_recorded_config_without_threads(tmp_path):
-    from cflpipe.fl.runs import same_run
-    from cflpipe.spec import dump_yaml
-
-    recorded = tmp_path / "config.yaml"
-    config = {"method": "fedavg", "training": {"lr": 0.1}, "seed": 0, "threads": 1}
-    recorded.write_text(dump_yaml(config))  # as the engine records it
-    assert same_run(recorded, {**config, "threads": 4})
-    assert same_run(recorded, {k: v for k, v in config.items() if k != "threads"})  # runs before threads
-    assert not same_run(recorded, {**config, "training": {"lr": 0.2}})
-    recorded.write_text("training: [unclosed")
-    assert not same_run(recorded, config)
-    recorded.write_text("just text")
-    assert not same_run(recorded, config)
-
-
-def test_a_run_that_left_nothing_leaves_no_empty_folders(tmp_path):
-    from cflpipe.fl.runs import LOCK_FILE, remove_empty
-
-    existed = tmp_path / "results"
-    run_dir = existed / "runs" / "s" / "fedavg" / "seed0"
-    (run_dir / "state").mkdir(parents=True)
-    (run_dir / LOCK_FILE).write_text("1\n")
-    remove_empty(run_dir, existed)
-    assert existed.is_dir() and not (existed / "runs").exists()
-    # a checkpoint to resume from keeps its run folder, whatever else is empty
-    (run_dir / "state").mkdir(parents=True)
-    (run_dir / "state" / "state.pt").write_bytes(b"x")
-    remove_empty(run_dir, existed)
-    assert (run_dir / "state" / "state.pt").exists()
-    remove_empty(run_dir, existed)  # no lock file left: nothing to unlink, no error
 
 
 class _Asking:
@@ -1135,22 +659,6 @@ def test_more_models_than_max_global_models_scores_a_seeded_sample(tmp_path, mon
     assert run.evaluate(1)["global_models"] == 8  # 8 models are not more than 8: all scored
 
 
-def test_a_checkpoint_without_models_before_the_last_round_restarts_the_run(tmp_path, capsys):
-    from cflpipe.fl.checkpoint import write_state
-
-    spec = parse_spec(tiny_spec(tmp_path))
-    train_run(spec, "swap", "fedavg", 0, progress=False)
-    run_dir = spec.run_dir("swap", "fedavg", 0)
-    fresh = (run_dir / "rounds.parquet").read_bytes()
-    state, _ = read_state(run_dir / "state" / "state.pt")
-    assert state["method"] is None and state["round"] == 6  # the finished run's cut-down checkpoint
-    write_state(run_dir / "state" / "state.pt", {**state, "round": 4})  # cannot be written: refused
-    (run_dir / "summary.json").unlink()
-    train_run(spec, "swap", "fedavg", 0, progress=False)
-    assert "a checkpoint without models before the last round; starting the run afresh" in capsys.readouterr().err
-    assert (run_dir / "rounds.parquet").read_bytes() == fresh
-
-
 def test_images_are_standardized_per_channel_and_vectors_left_alone(tmp_path):
     from cflpipe.fl.data import build_federated_data
 
@@ -1276,57 +784,6 @@ def test_a_runs_config_records_the_release_of_a_plugin_it_runs(tmp_path):
     assert "plugins" not in resolved_config(spec, "swap", "fedavg", 0)
 
 
-def test_a_finished_run_is_skipped_only_unforced_and_for_the_same_config(tmp_path):
-    spec = parse_spec(tiny_spec(tmp_path, rounds=1, eval_every=1))
-    run_dir = spec.run_dir("swap", "fedavg", 0)
-    first = train_run(spec, "swap", "fedavg", 0, progress=False)
-    assert not first.skipped and yaml.safe_load((run_dir / "config.yaml").read_text())["seed"] == 0
-    again = train_run(spec, "swap", "fedavg", 0, progress=False)
-    # the skipped run's message names its folder and reports its figures
-    assert (again.skipped, again.run_dir, again.summary) == (True, run_dir, first.summary)
-    forced = train_run(spec, "swap", "fedavg", 0, force=True, progress=False)
-    assert not forced.skipped
-    recorded = yaml.safe_load((run_dir / "config.yaml").read_text())
-    recorded["training"]["lr"] = 0.5  # a run of an earlier definition of the spec, every output there
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(recorded, sort_keys=False))
-    assert not train_run(spec, "swap", "fedavg", 0, progress=False).skipped
-    assert yaml.safe_load((run_dir / "config.yaml").read_text())["training"]["lr"] == 0.05
-
-
-def test_a_run_that_fails_before_writing_anything_leaves_the_results_folder_as_it_was(tmp_path):
-    results = tmp_path / "results"
-    results.mkdir()  # existed before the run: kept, though empty again
-    spec = parse_spec({**tiny_spec(results), "methods": {"fedavg": {}}, "scenarios": {"s": {
-        "dataset": {"name": "files", "path": str(tmp_path / "missing.npz")}, "clients": 4,
-        "partition": [{"kind": "iid"}]}}})
-    from cflpipe.errors import DataError
-
-    with pytest.raises(DataError, match="no such file"):
-        train_run(spec, "s", "fedavg", 0, progress=False)
-    assert results.is_dir() and list(results.iterdir()) == []
-
-
-def test_a_resume_before_the_first_evaluation_equals_an_uninterrupted_run(tmp_path, monkeypatch, capsys,
-                                                                         record_start_rounds):
-    # A checkpoint before the first evaluation holds empty metrics tables; a resumed run must
-    # extend them like a fresh one and come out byte-identical.
-    settings = dict(rounds=3, eval_every=3, checkpoint_every=1, clients_per_round=2, local_steps=1)
-    reference = train_run(parse_spec(tiny_spec(tmp_path / "reference", **settings)), "swap", "fedavg", 0,
-                          progress=False)
-    spec = parse_spec(tiny_spec(tmp_path / "resumed", **settings))
-    _interrupted_after_round(spec, monkeypatch, last_round=1)
-    checkpoint, _ = read_state(spec.run_dir("swap", "fedavg", 0) / "state" / "state.pt")
-    assert checkpoint["method"] is not None and checkpoint["tables"]["metrics"] == {}
-    capsys.readouterr()
-    started = record_start_rounds()
-    result = train_run(spec, "swap", "fedavg", 0, progress=False)
-    assert started == [1] and "warning" not in capsys.readouterr().err
-    assert _bytes(result.run_dir) == _bytes(reference.run_dir)
-    # the last checkpoint is cut down to the tables (keep_state: false)
-    final, _ = read_state(result.run_dir / "state" / "state.pt")
-    assert final["round"] == 3 and final["method"] is None and final["clients"] is None
-
-
 def test_a_run_fails_when_more_than_half_its_updates_were_skipped(tmp_path):
     run = prepare_run(parse_spec(tiny_spec(tmp_path, on_divergence="skip")), "swap", "fedavg", 0)
     run.tables["rounds"].update(sampled=[4, 4], skipped=[4, 0])
@@ -1402,37 +859,3 @@ def test_the_learning_rate_decays_by_lr_decay_every_round(tmp_path):
     run = prepare_run(parse_spec(tiny_spec(tmp_path, lr=0.08, lr_decay=0.5)), "swap", "fedavg", 0)
     run.ctx.round = 3
     assert run.ctx.lr() == pytest.approx(0.08 * 0.5 ** 3)
-
-
-@pytest.mark.parametrize("how", ["torch", "os"])
-def test_a_full_disk_is_one_line_naming_the_file(tmp_path, monkeypatch, capsys, how):
-    """#33 item 4: a full disk ended in torch's `unexpected pos …` or `OSError: [Errno 28]`."""
-    import errno
-    from collections import namedtuple
-
-    from cflpipe import store
-    from cflpipe.cli import main
-    from cflpipe.fl import checkpoint
-
-    config = tmp_path / "spec.yaml"
-    config.write_text(yaml.safe_dump(tiny_spec(tmp_path / "results", rounds=2)))
-    state = tmp_path / "results" / "runs" / "swap" / "fedavg" / "seed0" / "state" / "state.pt"
-    if how == "torch":
-        def full(*args, **kwargs):
-            raise RuntimeError("[enforce fail at inline_container.cc:778] . PytorchStreamWriter failed writing "
-                               "file data/0: file write failed; unexpected pos 2496 vs 2390")
-        monkeypatch.setattr(checkpoint.torch, "save", full)
-        usage = namedtuple("usage", "total used free")
-        monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda path: usage(10**9, 10**9, 0))
-    else:
-        def full(path, *args, **kwargs):
-            raise OSError(errno.ENOSPC, "No space left on device", str(path))
-        monkeypatch.setattr(store, "write_text", full)
-    code = main(["train", "--config", str(config), "--scenario", "swap", "--method", "fedavg", "--seed", "0",
-                 "--quiet"])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert code == 1 and len(err) == 1, err
-    assert err[0].startswith("error: no space left on the device writing ") and err[0].endswith(
-        "; free some and run the same command again (finished runs and checkpoints are kept)")
-    if how == "torch":
-        assert str(state) in err[0]
