@@ -16,8 +16,13 @@ their module is imported to register them."""
 
 from __future__ import annotations
 
+import ast
+import functools
 import importlib
+import importlib.util
+import inspect
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -92,7 +97,9 @@ def family_of(capabilities: "Capabilities") -> str:
 class MethodInfo:
     name: str
     params: type[HyperParams]
-    description: str
+    # What the method is, in a sentence: "" for a declared one, whose class docstring's first
+    # paragraph says it (read without importing the class: `description`).
+    stated: str
     capabilities: Capabilities
     # "module:Qualname" of the class that implements it (imported by `cls` when first needed).
     implementation: str
@@ -105,12 +112,20 @@ class MethodInfo:
     needs: str = ""
     family: str = ""  # one of FAMILIES; "" for a plugin's method: read from its capabilities
     limits: Limits | None = None
+    variant_what: str = ""  # a variant's option, added to its base's description ("AWCFL's mixing")
 
     def __post_init__(self) -> None:
         if not self.family:
             object.__setattr__(self, "family", family_of(self.capabilities))
         if self.family not in FAMILIES:
             raise ValueError(f"method {self.name!r}: family {self.family!r} is none of {', '.join(FAMILIES)}")
+
+    @property
+    def description(self) -> str:
+        """The method in a sentence (a variant's with its option); a declared method's is the first
+        paragraph of its class docstring, stated there once."""
+        text = self.stated or class_summary(self.implementation)
+        return _variant_description(text, self.variant_what) if self.variant_what else text
 
     def premise_warnings(self, hp: Any, training: Any, scenario: Any) -> list[tuple[str, str]]:
         """What in a run's settings or scenario goes against the method's premises (declared, or
@@ -180,24 +195,41 @@ def _variant_params(params: type[HyperParams], extra: type[HyperParams]) -> type
     return type(f"{params.__name__}{extra.__name__}", bases, {})
 
 
+@functools.lru_cache(maxsize=None)
+def class_summary(implementation: str) -> str:
+    """The first paragraph of the docstring of class `module:Qualname`, read from the module's
+    source, not imported (a method's module imports torch; listing and validating must not)."""
+    module, qualname = implementation.split(":")
+    found = importlib.util.find_spec(module)
+    node: Any = ast.parse(Path(found.origin).read_text(encoding="utf-8"))
+    for part in qualname.split("."):
+        node = next(n for n in node.body if isinstance(n, ast.ClassDef) and n.name == part)
+    return first_paragraph(ast.get_docstring(node) or "")
+
+
+def first_paragraph(doc: str) -> str:
+    return " ".join(doc.strip().split("\n\n")[0].split())
+
+
 def _variant_description(description: str, what: str) -> str:
     head, _, rest = description.partition(":")
     return f"{head} + {what}: {rest.strip()}"
 
 
-def declare(name: str, params: type[HyperParams], implementation: str, description: str,
+def declare(name: str, params: type[HyperParams], implementation: str,
             capabilities: Capabilities = Capabilities(), starts: ClusteringStarts | None = None,
             variants: "tuple[Variant, ...]" = (), premises: Premises | None = None, needs: str = "", *,
-            family: str, variant_family: str | None = None, limits: Limits | None = None) -> None:
+            family: str, variant_family: str | None = None, limits: Limits | None = None,
+            description: str = "") -> None:
     """Declare a method without importing it: its family (FAMILIES; its variants' when they differ),
     hyper-parameters, capabilities, when its clustering may start, what its premises ask of a run
     (warned about by validate), what its limits refuse (errors at validate), its variants (each the same class with the variant's parameters)
     and the `module:Class` that implements it (bound to this declaration as it is defined)."""
     infos = [MethodInfo(name, params, description, capabilities, implementation, starts=starts, premises=premises,
                         needs=needs, family=family, limits=limits)]
-    infos += [MethodInfo(variant, _variant_params(params, extra), _variant_description(description, what),
-                         capabilities, implementation, base=name, starts=starts, premises=premises, needs=needs,
-                         family=variant_family or family, limits=limits)
+    infos += [MethodInfo(variant, _variant_params(params, extra), description, capabilities, implementation,
+                         base=name, starts=starts, premises=premises, needs=needs, family=variant_family or family,
+                         limits=limits, variant_what=what)
               for variant, extra, what in variants]
     for info in infos:
         _add(info)
@@ -241,15 +273,14 @@ def register(name: str, params: type[HyperParams] = HyperParams, *, starts: Clus
             raise ValueError(f"method {name!r}: {where} is declared in {BUILTIN_PACKAGE}.catalog; "
                              f"the declaration is the one place that names it (remove @register)")
         cls.name = name
-        doc = (cls.__doc__ or "").strip().splitlines()
-        description = doc[0] if doc else ""
+        description = first_paragraph(inspect.getdoc(cls) or "")
         capabilities = cls.capabilities
         _add(MethodInfo(name, params, description, capabilities, where, starts=starts, premises=premises, needs=needs,
                         limits=limits))
         for variant, extra, what in (cls.variants(name) if hasattr(cls, "variants") else []):
-            _add(MethodInfo(variant, _variant_params(params, extra), _variant_description(description, what),
-                            capabilities, where, base=name, starts=starts, premises=premises, needs=needs,
-                            family=getattr(cls, "variant_family", ""), limits=limits))
+            _add(MethodInfo(variant, _variant_params(params, extra), description, capabilities, where, base=name,
+                            starts=starts, premises=premises, needs=needs, family=getattr(cls, "variant_family", ""),
+                            limits=limits, variant_what=what))
         _CLASSES[where] = cls
         return cls
 

@@ -106,8 +106,8 @@ def _where(qualname: str) -> str:
 def test_a_declared_class_takes_its_capabilities_from_the_declaration(registry_copy):
     from cflpipe.methods.fedavg import FedAvg
 
-    declare("declared_x", Declared, _where("Impl"), "X: a declared method.", Capabilities(personalized=True),
-            variants=(("declared_x_more", HyperParams, "more"),), family="personalized", variant_family="modifier")
+    declare("declared_x", Declared, _where("Impl"), Capabilities(personalized=True),
+            description="X: a declared method.", variants=(("declared_x_more", HyperParams, "more"),), family="personalized", variant_family="modifier")
     assert registry.METHODS["declared_x_more"].description == "X + more: a declared method."
     assert (registry.METHODS["declared_x"].family, registry.METHODS["declared_x_more"].family) == \
         ("personalized", "modifier")
@@ -119,14 +119,14 @@ def test_a_declared_class_takes_its_capabilities_from_the_declaration(registry_c
 def test_a_declared_class_that_states_its_own_capabilities_is_refused(registry_copy):
     from cflpipe.methods.fedavg import FedAvg
 
-    declare("declared_y", Declared, _where("Other"), "Y: a declared method.", family="baseline")
+    declare("declared_y", Declared, _where("Other"), description="Y: a declared method.", family="baseline")
     for own in ({"capabilities": Capabilities(clustered=True)}, {"name": "other"}):
         with pytest.raises(ValueError, match=f"sets {next(iter(own))!r}, which its declaration"):
             type("Other", (FedAvg,), {"__module__": __name__, "__qualname__": "Other", **own})
 
 
 def test_a_declared_method_whose_module_registers_nothing_says_so(registry_copy):
-    declare("declared_z", Declared, "cflpipe.seeds:Nothing", "Z: nothing.", family="baseline")
+    declare("declared_z", Declared, "cflpipe.seeds:Nothing", description="Z: nothing.", family="baseline")
     with pytest.raises(ImportError, match="cflpipe.seeds defines no method class Nothing for method 'declared_z'"):
         registry.METHODS["declared_z"].cls
 
@@ -181,4 +181,23 @@ def test_a_methods_family_is_declared_once_or_read_from_a_plugins_capabilities(r
     assert (registry.METHODS["plugin_ifca"].family, registry.METHODS["plugin_ifca_awcfl"].family) == \
         ("clustered", "modifier")  # its AWCFL/MCFL options listed with the built-ins' modifiers
     with pytest.raises(ValueError, match="family 'novel' is none of reference, baseline"):
-        declare("declared_w", Declared, _where("W"), "W: a method.", family="novel")
+        declare("declared_w", Declared, _where("W"), description="W: a method.", family="novel")
+
+
+def test_a_built_in_is_described_by_its_class_docstring_read_without_importing_it():
+    """Stated once, beside the method: `cflpipe methods` shows the class docstring's first
+    paragraph, and listing or validating imports no method module (nor torch)."""
+    import inspect
+    import subprocess
+    import sys
+
+    from cflpipe.registry import DECLARED, first_paragraph
+
+    for name, info in DECLARED.items():
+        if info.base is None:
+            assert info.description == first_paragraph(inspect.getdoc(info.cls)), name
+    code = ("import sys; import cflpipe.methods.catalog; from cflpipe.registry import DECLARED; "
+            "print(len({info.description for info in DECLARED.values()})); "
+            "print(sorted(m for m in sys.modules if m.startswith(('torch', 'cflpipe.methods.'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split("\n")[:2] == [str(len(DECLARED)), "['cflpipe.methods.catalog']"]

@@ -1,6 +1,7 @@
 """The built-in methods, declared: each one's hyper-parameters (a pydantic model, validated up
 front), capabilities, variants, the round its clustering may start in, and the class that
-implements it. Nothing here imports torch, so validating a spec (`cflpipe validate`, the
+implements it; what a method is, in a sentence, is the first paragraph of its class docstring,
+read from its source without importing it (`registry.class_summary`). Nothing here imports torch, so validating a spec (`cflpipe validate`, the
 workflow's first step) and listing methods cost no torch import; a method's module is imported
 when a run needs its class, which is bound to its declaration as it is defined
 (`registry.bind_declared`): a built-in is named here and nowhere else.
@@ -576,109 +577,80 @@ _SOFT_K = Capabilities(clustered=True, personalized=True, k_param="clusters", so
 
 # Baselines and personalized methods.
 declare("fedavg", HyperParams, "cflpipe.methods.fedavg:FedAvg",
-        "FedAvg: one global model, clients' models averaged weighted by their sample counts.", family="baseline")
+        family="baseline")
 declare("fedprox", FedProxParams, "cflpipe.methods.fedprox:FedProx",
-        "FedProx: FedAvg whose local objective adds (mu/2)·||w − w_global||².", family="baseline")
+        family="baseline")
 declare("local", HyperParams, "cflpipe.methods.local:Local",
-        "Local: every client trains only its own model; nothing is communicated.", _PERSONAL, family="baseline")
+        _PERSONAL, family="baseline")
 declare("fedper", HyperParams, "cflpipe.methods.fedper:FedPer",
-        "FedPer: shared body averaged on the server, personal head kept on each client.", _PERSONAL,
-        family="personalized")
+        _PERSONAL, family="personalized")
 declare("perfedavg", PerFedAvgParams, "cflpipe.methods.perfedavg:PerFedAvg",
-        "Per-FedAvg (FO): MAML-style global model, personalized by one local SGD step at evaluation.", _PERSONAL,
-        family="personalized")
+        _PERSONAL, family="personalized")
 declare("ditto", DittoParams, "cflpipe.methods.ditto:Ditto",
-        "Ditto: FedAvg global model plus a personal model per client pulled towards it by λ.", _PERSONAL,
-        family="personalized")
+        _PERSONAL, family="personalized")
 declare("cgpfl", CGPFLParams, "cflpipe.methods.cgpfl:CGPFL",
-        "CGPFL: pFedMe-style personalized models tied to the nearest of K generalized models.",
         _PERSONAL_CLUSTERED_K, family="personalized")
 
 # Cluster-model methods (methods/clustered.py), each with its AWCFL and MCFL variants.
 declare("oracle", HyperParams, "cflpipe.methods.oracle:Oracle",
-        "Oracle: FedAvg within the scenario's ground-truth groups (the reference for cluster recovery).",
-        Capabilities(needs_groups=True, clustered=True), variants=cluster_options("oracle"),
-        family="reference", variant_family="modifier")
+        Capabilities(needs_groups=True, clustered=True), variants=cluster_options("oracle"), family="reference",
+        variant_family="modifier")
 declare("cfl", CFLParams, "cflpipe.methods.cfl:CFL",
-        "CFL (Sattler et al.): FedAvg per cluster; split a cluster by cosine similarity of updates at "
-        "stationarity.", Capabilities(clustered=True), _cfl_starts, cluster_options("cfl"),
-        family="clustered", variant_family="modifier")
+        Capabilities(clustered=True), _cfl_starts, cluster_options("cfl"), family="clustered",
+        variant_family="modifier")
 declare("cflgp", CFLGPParams, "cflpipe.methods.cflgp:CFLGP",
-        "CFL-GP: clients partitioned by spectral clustering of their accumulated model updates.",
         _CLUSTERED_K, variants=cluster_options("cflgp"), family="clustered", variant_family="modifier")
 declare("fedgroup", FedGroupParams, "cflpipe.methods.fedgroup:FedGroup",
-        "FedGroup (Duan et al.): static groups by k-means on decomposed cosine similarities (EDC) of "
-        "pre-training updates.", _CLUSTERED_K, variants=cluster_options("fedgroup"),
-        family="clustered", variant_family="modifier")
+        _CLUSTERED_K, variants=cluster_options("fedgroup"), family="clustered", variant_family="modifier")
 declare("fesem", FeSEMParams, "cflpipe.methods.fesem:FeSEM",
-        "FeSEM (Long et al.): K centers by stochastic EM on model weights (L2), eq. 7 local pull to the center.",
         _CLUSTERED_K, variants=cluster_options("fesem"), premises=_fesem_premises,
         needs="a first round of local training long enough to tell the groups apart: it keeps its first clustering",
         family="seed", variant_family="modifier")
 declare("flhc", FLHCParams, "cflpipe.methods.flhc:FLHC",
-        "FL+HC: FedAvg, then one hierarchical clustering of all clients' updates, then FedAvg per cluster.",
         _CLUSTERED_K, _flhc_starts, cluster_options("flhc"), family="clustered", variant_family="modifier")
 declare("ifca", IFCAParams, "cflpipe.methods.ifca:IFCA",
-        "IFCA: all K cluster models go to each client, which trains (and joins) the one with the lowest loss.",
         _CLUSTERED_K, variants=cluster_options("ifca"), family="clustered", variant_family="modifier")
 # AWCFL and MCFL are the paper's own algorithms on K-means CFL: their variants keep the bare names.
 declare("kmeans_cfl", KMeansCFLParams, "cflpipe.methods.kmeans_cfl:KMeansCFL",
-        "K-means CFL: K-means on the clients' latest models every round, then per-cluster averaging "
-        "(AWCFL/MCFL's base).", _CLUSTERED_K, _kmeans_cfl_starts,
-        cluster_options("kmeans_cfl", awcfl="awcfl", mcfl="mcfl"), family="clustered", variant_family="seed")
+        _CLUSTERED_K, _kmeans_cfl_starts, cluster_options("kmeans_cfl", awcfl="awcfl", mcfl="mcfl"),
+        family="clustered", variant_family="seed")
 declare("pacfl", PACFLParams, "cflpipe.methods.pacfl:PACFL",
-        "PACFL: clients clustered once, before training, by the principal angles between their data subspaces.",
         _CLUSTERED_K, variants=cluster_options("pacfl"), premises=_pacfl_premises,
         needs="groups that differ in their inputs (rotation, flip, label skew); label swaps look alike to it",
         family="clustered", variant_family="modifier")
 
 # The other clustered methods.
 declare("fcca", FCCAParams, "cflpipe.methods.fcca:FCCA",
-        "FCCA: global encoder, cluster-wise classifiers, clients clustered by their cINNs' reconstructions.",
         _CLUSTERED_K, variants=fcca_options("fcca"), premises=_fcca_premises,
-        needs="cINNs that have learnt each held label's conditional: the paper's K = 20 as passes over the client's "
-              "data (flow_epochs; with 5 mini-batch steps D carried no group signal); under label skew at its paper's "
-              "settings even that recovered "
-              "the label-exchange groups only in part (docs/fcca.md)",
+        needs="cINNs that have learnt each held label's conditional: the paper's K = 20 as passes over the "
+              "client's data (flow_epochs; with 5 mini-batch steps D carried no group signal); under label skew "
+              "at its paper's settings even that recovered the label-exchange groups only in part (docs/fcca.md)",
         family="seed")
 declare("fedac", FedACParams, "cflpipe.methods.fedac:FedAC",
-        "FedAC: personalized models pulled to cluster centers (μ) and a global embedding (λ); LrCos EM "
-        "clustering; CNT.", _PERSONAL_CLUSTERED_K, family="seed")
+        _PERSONAL_CLUSTERED_K, family="seed")
 declare("lcfed", LCFedParams, "cflpipe.methods.lcfed:LCFed",
-        "LCFed (reconstructed from its abstract and FedAC): FedAC's global embedding, cluster centers and LrCos "
-        "re-clustering every round, with no cluster-number tuning (K as given, or fewer).", _PERSONAL_CLUSTERED_K,
-        family="clustered")
+        _PERSONAL_CLUSTERED_K, family="clustered")
 declare("fedtsdp", FedTSDPParams, "cflpipe.methods.fedtsdp:FedTSDP",
-        "FedTSDP (Zhu et al.): Hopkins-gated two-stage clustering (JS of public outputs, then weights) with "
-        "shrinking shared layers.", Capabilities(clustered=True, personalized=True, needs_public=True),
-        premises=_fedtsdp_premises, limits=_fedtsdp_limits,
+        Capabilities(clustered=True, personalized=True, needs_public=True), premises=_fedtsdp_premises,
+        limits=_fedtsdp_limits,
         needs="every client every round and the paper's local budget (2 epochs; 20 steps or more): its gate reads "
-              "one round's drift of the round's clients' outputs", family="seed")
+              "one round's drift of the round's clients' outputs",
+        family="seed")
 declare("fedem", FedEMParams, "cflpipe.methods.fedem:FedEM",
-        "FedEM: K shared component models, a mixture weight per client and component, EM on the clients.",
         _SOFT_K, family="clustered")
 declare("fedrc", FedEMParams, "cflpipe.methods.fedem:FedRC",
-        "FedRC (Guo, Tang and Lin 2024): FedEM whose E-step divides by each cluster's label distribution, to "
-        "cluster by concept shift.", _SOFT_K, family="clustered")
+        _SOFT_K, family="clustered")
 declare("fedgmm", FedGMMParams, "cflpipe.methods.fedgmm:FedGMM",
-        "FedGMM: M1 Gaussians over the inputs and M2 shared classifiers, a weight per client and pair (m1, m2), "
-        "EM on the clients.", _SOFT_K, family="clustered")
+        _SOFT_K, family="clustered")
 declare("fedsoft", FedSoftParams, "cflpipe.methods.fedsoft:FedSoft",
-        "FedSoft: soft clusters; local models pulled to every center by the client's share in it.", _SOFT_K,
-        family="clustered")
+        _SOFT_K, family="clustered")
 declare("flux", FLUXParams, "cflpipe.methods.flux:FLUX",
-        "FLUX (reconstructed from the authors' code): FedAvg until accuracy stalls, then one DBSCAN clustering of "
-        "descriptors of each client's features under the global model (K found), then FedAvg per cluster.",
         Capabilities(clustered=True), _flux_starts, cluster_options("flux"), family="clustered",
         variant_family="modifier")
 declare("srfca", SRFCAParams, "cflpipe.methods.srfca:SRFCA",
-        "SR-FCA (reconstructed from the authors' code): clients' own models grouped once by a cross-entropy "
-        "threshold graph, then clusters trained with a trimmed mean, re-clustered and merged (K found).",
         Capabilities(clustered=True), variants=cluster_options("srfca"), family="clustered",
         variant_family="modifier")
 declare("icfl", ICFLParams, "cflpipe.methods.icfl:ICFL",
-        "ICFL (reconstructed from FedRC's implementation): a pool of unclustered clients; clusters bisected when "
-        "the cohesion of their updates falls below a rising bar.", Capabilities(clustered=True), family="clustered")
+        Capabilities(clustered=True), family="clustered")
 declare("stocfl", StoCFLParams, "cflpipe.methods.stocfl:StoCFL",
-        "StoCFL: clients united into clusters by the cosine similarity of how a fixed anchor model moves on "
-        "their data.", Capabilities(clustered=True), family="clustered")
+        Capabilities(clustered=True), family="clustered")

@@ -97,8 +97,8 @@ def dbscan_clusters(points: np.ndarray, eps: float) -> np.ndarray:
 
 
 class FLUX(ClusterModels):
-    """FLUX (reconstructed from the authors' code): FedAvg until accuracy stalls, one DBSCAN clustering of
-    feature descriptors under the global model, then FedAvg per cluster.
+    """FLUX (reconstructed from the authors' code): FedAvg until accuracy stalls, then one DBSCAN clustering
+    of descriptors of each client's features under the global model (K found), then FedAvg per cluster.
 
     Warm-up: FedAvg. At the start of every round but the first the sampled clients report the
     accuracy of the model they receive on their training data (one number each); from the fourth

@@ -80,8 +80,8 @@ def nearest(distance: np.ndarray, allowed: np.ndarray) -> np.ndarray:
 
 
 class SRFCA(ClusterModels):
-    """SR-FCA (reconstructed from the authors' code): one-shot clustering of local models by cross-entropy
-    distance, then refinement with trimmed-mean cluster training, re-clustering and merging.
+    """SR-FCA (reconstructed from the authors' code): clients' own models grouped once by a cross-entropy
+    threshold graph, then clusters trained with a trimmed mean, re-clustered and merged (K found).
 
     Round 0, before training (INIT): every client trains its own model from the initial one for
     `init_steps` local steps (off-round traffic: one model down, one up); each client then
