@@ -51,7 +51,7 @@ REASONS: dict[str, str] = {
     "partition. No test checks the seeding's distribution itself: a gap, left for a later pass.",
     "cflpipe.clustering.tools.x_hierarchical_clusters": "Equivalent: a linkage or threshold nudged by one unit that cuts "
     "the tests' well-separated dendrograms at the same height.",
-    "cflpipe.fl.engine.x_resolve_device": "The CUDA branch: no GPU where the tests run (CUDA reproducibility is "
+    "cflpipe.fl.runs.x_resolve_device": "The CUDA branch: no GPU where the tests run (CUDA reproducibility is "
     "checked on a GPU machine, docs/performance.md).",
     "cflpipe.fl.engine.xǁRunǁsetup": "The CUDA branch (deterministic algorithms) and the field path of an error "
     "message for a model that does not exist, which the spec's validation refuses first.",
@@ -83,8 +83,6 @@ REASONS: dict[str, str] = {
     "unassigned mark is equivalent.",
     "cflpipe.methods.fedgroup.xǁFedGroupǁcluster_aggregate": "No fast test checked that group models move: killed "
     "by test_fedgroup_moves_each_group_model_by_its_members_mean_update (added after the pass).",
-    "cflpipe.methods.fedgroup.xǁFedGroupǁcluster_eval_models": "Killed by the cold-start part of "
-    "test_fedgroup_moves_each_group_model_by_its_members_mean_update (added after the pass).",
     "cflpipe.methods.fedtsdp.xǁFedTSDPǁaggregate": "The sampling weights, the dampening schedule and Hopkins' "
     "sample size: killed by the FedTSDP tests added after the pass; `>=` vs `>` on a continuous Hopkins value and "
     "`len(clients) > 2` (the tests have 6) are equivalent.",
@@ -176,11 +174,6 @@ REASONS: dict[str, str] = {
         "killed by test_a_pool_of_exactly_one_sample_per_client_gives_each_client_one, `bounds[:, -2]` "
         "(the last client gets no sample of any class, only the min_size repair) by "
         "test_labelwise_dirichlet_gives_the_last_client_its_share (added after the pass).",
-    "cflpipe.partition.x__assign_groups":
-        "Equivalent: np.full(clients, -1) is int64 already (Python int), cast to int32 in the tables; "
-        "np.array(['none']) without dtype=object is a numpy string array, which pandas stores in the same"
-        " column type as the object array (checked: equal frames and Arrow tables), so the files are the "
-        "same.",
     "cflpipe.partition.splits.x__quantity_sizes":
         "`>=` for `>` in both checks (a quantity that uses exactly the whole pool refused): killed by "
         "test_a_pool_of_exactly_one_sample_per_client_gives_each_client_one (added after the pass).",
@@ -194,20 +187,20 @@ REASONS: dict[str, str] = {
         "pass's 5 s budget of its cheapest tests; `public = \"\"` and `transforms` None by "
         "test_federated_data_follows_the_written_partition (added after the pass). The `where` of "
         "build_partition's errors (None, the default) changes only a message's prefix.",
-    "cflpipe.fl.data.x_input_digests":
+    "cflpipe.partition_files.x_input_digests":
         "Mostly killed by test_a_runs_config_records_the_digests_of_a_users_input_files (added after the "
         "pass); `sha256_of(p) ... or True` (hashing a missing file) by "
         "test_a_run_that_fails_before_writing_anything_leaves_the_results_folder_as_it_was (added after "
         "the pass). Equivalent for every built-in dataset: `info.inputs(params, None)`, since the one "
         "dataset that hashes its inputs (`files`) ignores data_dir; a plugin's dataset whose inputs lie "
         "under data_dir would hash the wrong path (a gap, left: no such dataset here).",
-    "cflpipe.fl.data.x__fingerprint":
+    "cflpipe.partition_files.x__fingerprint":
         "Dropping the file digests (`digests = None`, a null digest) and `sort_keys` off (the fingerprint"
         " would follow the YAML order of a dataset's params) are killed by "
         "test_the_fingerprint_follows_the_users_file_not_the_order_of_its_params (added after the pass). "
         "`indent` (None, 3, the default) changes only the layout of scenario.json, which is compared only"
         " with text the same code writes; the key's spelling is a name.",
-    "cflpipe.fl.data.x_partition_scenario":
+    "cflpipe.partition_files.x_partition_scenario":
         "`force` defaulting to True, `if force and ...` (an up-to-date partition rewritten, a forced one "
         "skipped) and the picture among the digested files are killed by "
         "test_an_up_to_date_partition_is_left_alone_unless_forced; the dataset's params dropped by "
@@ -218,7 +211,7 @@ REASONS: dict[str, str] = {
         "Killed by test_client_gives_train_rows_by_default_and_test_rows_when_asked (added after the "
         "pass): another default split would hand bench.py the test rows, `or True` would give the train "
         "rows to a caller asking for the test split.",
-    "cflpipe.fl.data.x__digest_problem":
+    "cflpipe.partition_files.x__digest_problem":
         "Equivalent: `rpartition(\" \")` splits each line of partition.sha256 at the same place, since a "
         "hex digest and the table names written there hold no double space. `out * name` (a TypeError "
         "instead of the one-line 'missing' error) is killed by "
@@ -286,18 +279,11 @@ REASONS: dict[str, str] = {
         "test_a_resume_before_the_first_evaluation_equals_an_uninterrupted_run; `or` with a damaged "
         "checkpoint's None state and `missing_ok` False or None by "
         "test_a_damaged_checkpoint_is_detected_and_the_run_starts_afresh (beyond the 5 s budget).",
-    "cflpipe.fl.engine.x__train_locked":
-        "The skip condition (`or` for `and`: a forced run or a run of another config skipped) and the "
-        "skipped run's result (run_dir or summary None): killed by "
-        "test_a_finished_run_is_skipped_only_unforced_and_for_the_same_config; the clean-up after a "
-        "failure (`==`, `existed` None, which removed the results folder that existed before): killed by "
-        "test_a_run_that_fails_before_writing_anything_leaves_the_results_folder_as_it_was (both added "
-        "after the pass). `progress=None` only hides tqdm's bar.",
     "cflpipe.fl.engine.x_prepare_run":
         "The prepared run's config, config text and run folder (seed or threads left out, a None text, "
         "`seedNone`): killed by test_prepare_run_builds_the_run_train_run_would_record (added after the "
         "pass); benchmarks and tests execute prepared runs, which then write what train_run would.",
-    "cflpipe.fl.engine.x_resolved_config":
+    "cflpipe.fl.runs.x_resolved_config":
         "Equivalent: `model_dump(mode=None)` (python mode) gives the JSON mode's dict for every "
         "registered method's hyperparameters (numbers, strings, booleans, None; checked on their "
         "defaults); `threads: None` is added only for the one caller without threads "
@@ -312,7 +298,7 @@ REASONS: dict[str, str] = {
         "test_a_finished_run_is_skipped_only_unforced_and_for_the_same_config and "
         "test_a_run_that_fails_before_writing_anything_leaves_the_results_folder_as_it_was (added after "
         "the pass). `progress` False by default or None only hides tqdm's bar (the CLI passes it).",
-    "cflpipe.fl.engine.x_read_state":
+    "cflpipe.fl.checkpoint.x_read_state":
         "Moved to cflpipe/fl/checkpoint.py (read_state, the same torch.load call) after the pass. "
         "`weights_only` None or left out is torch's default, True since torch 2.6 (2.13 here; pyproject "
         "allows torch>=2.2, whose default unpickles anything: a gap only there). `map_location` None or "
@@ -327,11 +313,6 @@ REASONS: dict[str, str] = {
     "cflpipe.fl.engine.x__plain":
         "NaN figures written into summary.json as NaN (not JSON) instead of null: killed by "
         "test_summary_figures_that_are_nan_are_written_as_null (added after the pass).",
-    "cflpipe.fl.engine.x__remove_empty":
-        "The mutated line is gone: _remove_empty was rewritten after the pass (`folder not in "
-        "state_folders`, with the row blocks' folder), and "
-        "test_a_run_that_left_nothing_leaves_no_empty_folders fails on the rewrite's `in` for `not in` "
-        "(checked by hand).",
     "cflpipe.fl.engine.xǁRunǁ__init__":
         "`STATE.PT` for the checkpoint's name (clean_runs and _state_folders name state/state.pt): killed"
         " by test_prepare_run_builds_the_run_train_run_would_record (added after the pass).",
@@ -375,14 +356,11 @@ REASONS: dict[str, str] = {
         "test_the_learning_rate_decays_by_lr_decay_every_round (added after the pass).",
     "cflpipe.fl.method.xǁContextǁrng":
         "Equivalent: the seed constant 0x5E → 95 gives another valid seeded stream.",
-    "cflpipe.fl.method.xǁMethodǁupdate":
-        "A diverged follow-up (FCCA's cINN) no longer making the update a diverged one the engine skips: "
-        "killed by test_an_update_whose_follow_up_diverged_is_a_diverged_update (added after the pass).",
-    "cflpipe.fl.trainers.x_build_trainer":
+    "cflpipe.fl.trainer_choice.x_build_trainer":
         "No fast test built the `auto` trainer: killed by "
         "test_the_auto_trainer_batches_on_a_gpu_and_for_the_cnn_on_a_cpu (added after the pass), which "
         "checks CPU mlp, CPU cnn and a CUDA device name; the device-name strings are labels.",
-    "cflpipe.fl.trainers.x_mix_seed":
+    "cflpipe.seeds.x_mix_seed":
         "Equivalent: `generate_state(2)[0]` is the same word as `generate_state(1)[0]` (SeedSequence's "
         "output is a prefix-stable stream); `<< 1` (wrapping in uint64) and `>> 2` give other valid torch"
         " seeds from the same inputs, i.e. another seeded stream, and every consumer is a torch generator"
@@ -404,32 +382,15 @@ REASONS: dict[str, str] = {
         "test_plans_that_differ_in_mask_anchor_mask_loss_or_inputs_are_not_batched_together and by "
         "test_clients_without_data_or_steps_train_alone_and_one_sample_clients_batch (added after the "
         "pass).",
-    "cflpipe.fl.trainers.xǁBatchedTrainerǁrun":
-        "Putting every keyless plan into one group (a spurious fallback message) is killed by "
-        "test_clients_without_data_or_steps_train_alone_and_one_sample_clients_batch, "
-        "`say_fallback(None)` by the exception check in "
-        "test_a_loss_vmap_cannot_run_falls_back_to_sequential_said_once (both added after the pass); the "
-        "`alone` label is a dictionary key.",
     "cflpipe.fl.trainers.xǁBatchedTrainerǁsay_fallback":
         "The message's reason (first line, or the exception's name when it has no message): killed by "
         "test_the_fallback_message_names_the_exception_and_its_first_line_once (added after the pass).",
-    "cflpipe.fl.trainers.xǁTrainerǁdata_of":
-        "Equivalent: `client(client, )` is the default split, `train`. The `local_epochs` path (steps "
-        "from each client's data) was reached by no fast test: killed by "
-        "test_local_epochs_set_each_clients_steps_from_its_data (added after the pass).",
-    "cflpipe.fl.trainers.xǁTrainerǁgenerator":
-        "Dropping the dropout stream's tag (masks seeded like the batch order) is killed by "
-        "test_dropout_masks_follow_seed_round_client_and_stream (its check added after the pass); tag 2 "
-        "for 1 gives another valid dropout stream.",
     "cflpipe.fl.trainers.xǁTrainerǁone":
         "Equivalent: `space.read()` for every plan with `into` is one more copy before the same values "
         "are copied into `into`. A diverged plan returning the live parameter vector (then overwritten by"
         " the next plan) is killed by "
         "test_a_plan_with_into_writes_its_trained_vector_there_unless_it_diverged (its check added after "
         "the pass).",
-    "cflpipe.fl.trainers.xǁTrainerǁsettings":
-        "A plan without momentum or weight decay silently lost the run's: killed by "
-        "test_plans_without_momentum_or_weight_decay_take_the_runs (added after the pass).",
     "cflpipe.fl.local.x_apply_step":
         "Equivalent: the default `momentum` (every caller passes it). The weight-decay term of FOMAML's "
         "and pFedMe's steps is killed by test_the_fomaml_step_by_hand_with_momentum_and_weight_decay and "
@@ -604,9 +565,6 @@ REASONS: dict[str, str] = {
     "cflpipe.methods.cgpfl.x_nearest":
         "Equivalent up to rounding: cdist's matrix-product mode (used above 25 rows) changes distances in"
         " the last digits, which can only break an exact tie between two generalized models otherwise.",
-    "cflpipe.methods.cgpfl.xǁCGPFLǁplan":
-        "The Moreau-envelope rule dropped (plain SGD on θ): killed by "
-        "test_cgpfl_plan_trains_with_the_moreau_envelope_step (added after the pass).",
     "cflpipe.methods.cgpfl.xǁCGPFLǁseed_centers":
         "Killed by tests added after the pass: the matrix-product cdist, whose rounding noise where an "
         "upload equals a seeded model lets a copy seed another model "
@@ -629,7 +587,7 @@ REASONS: dict[str, str] = {
     "cflpipe.methods.ifca.xǁIFCAǁ__init__":
         "Equivalent: the purpose constant 0x1FCA renumbered: another valid seeded stream of random "
         "initial models.",
-    "cflpipe.methods.flhc.xǁFLHCParamsǁcut":
+    "cflpipe.methods.catalog.xǁFLHCParamsǁcut":
         "An absolute threshold scaled by 2: killed by test_flhc_absolute_threshold_is_the_distance_itself"
         " (added after the pass).",
     "cflpipe.methods.flhc.xǁFLHCǁ__init__":
@@ -659,22 +617,9 @@ REASONS: dict[str, str] = {
     "cflpipe.methods.kmeans_cfl.xǁKMeansCFLǁ__init__":
         "Two cluster models before cluster_start: killed by "
         "test_kmeans_cfl_clusters_the_uploaded_models_from_cluster_start_on (added after the pass).",
-    "cflpipe.methods.kmeans_cfl.xǁKMeansCFLǁplan":
-        "Equivalent: ClusterModels.plan uses the client only for anchors, which K-means CFL has none of; "
-        "with `into = None` the trained model comes back apart and cluster_aggregate copies it into the "
-        "same row (`into` saves the memory of that copy; a diverged update is dropped either way).",
-    "cflpipe.methods.ditto.xǁDittoǁfinish":
-        "A diverged personal model not reported to the engine's on_divergence rule: killed by "
-        "test_ditto_reports_a_diverged_personal_model (added after the pass).",
     "cflpipe.methods.perfedavg.xǁPerFedAvgǁalpha":
         "`alpha: null` gave FOMAMLStep(None): killed by "
         "test_perfedavg_alpha_null_adapts_with_the_training_lr (added after the pass).",
-    "cflpipe.methods.perfedavg.xǁPerFedAvgǁbeta":
-        "Equivalent: with `beta: null` (the default) the mutant puts None in ClientPlan's lr, which means"
-        " the run's lr with its decay, what ctx.lr() returns.",
-    "cflpipe.methods.fedavg.xǁFedAvgǁplan":
-        "The anchors dropped (FedProx without its proximal term): killed by "
-        "test_fedprox_plan_pulls_towards_the_received_global_model (added after the pass).",
     "cflpipe.methods.clustered.xǁClusterModelsǁ__init__":
         "AWCFL switched off (`awcfl_beta = None`): killed by "
         "test_awcfl_mixes_the_cluster_models_after_each_aggregation; MCFL's selection by data switched "
@@ -689,15 +634,6 @@ REASONS: dict[str, str] = {
         "A one-member cluster's mean halved (`clamp_min(2)`) or its cluster dropped (`counts > 1`): "
         "killed by test_mcfl_uploads_train_feature_means_and_the_engine_selects_by_them (added after the "
         "pass). Equivalent: one-hot entries of 2 double both the sums and the counts.",
-    "cflpipe.methods.clustered.xǁClusterModelsǁeval_models":
-        "Equivalent: with `None`, select_model computes the same means lazily, after eval_models (where "
-        "IFCA re-picks its clusters); aggregation and load_state_dict clear the cache before every later "
-        "evaluation.",
-    "cflpipe.methods.clustered.xǁClusterModelsǁfinish":
-        "The feature mean taken from the test split (`client(client, None)`): killed by "
-        "test_mcfl_uploads_train_feature_means_and_the_engine_selects_by_them (added after the pass). "
-        "Equivalent: \"train\" is the split's default; the generator without the client or without the "
-        "purpose is another valid seeded stream of n of the client's own inputs.",
     "cflpipe.methods.clustered.xǁClusterModelsǁload_state_dict":
         "Equivalent: `_cluster_means = \"\"`: the engine calls eval_models, which resets it, before any "
         "select_model.",
@@ -705,23 +641,11 @@ REASONS: dict[str, str] = {
         "`== own` (the own model sent twice instead of the K − 1 others; with K = 2 the byte count is the"
         " same): killed by test_mcfl_sends_every_other_cluster_model_with_the_own_one (added after the "
         "pass, K = 3).",
-    "cflpipe.methods.clustered.xǁClusterModelsǁselect_model":
-        "`return 1` before any cluster has a feature mean, and the lazy cache's branch inverted or "
-        "emptied: killed by test_mcfl_uploads_train_feature_means_and_the_engine_selects_by_them (added "
-        "after the pass; it calls select_model before any evaluation). Equivalent: the generator without "
-        "len(x) or without the purpose (another valid seeded stream).",
     "cflpipe.methods.fcca.xǁFlowLikelihoodǁ__call__":
         "The sign, the factor 1/2 and the sum axes of Eq. 3 and of its α-weighted augmentation term: "
         "killed by test_flow_loss_is_the_negative_log_likelihood_with_an_alpha_weighted_augmentation "
         "(added after the review; it compares with the flow's own log_prob). Equivalent: `.sum(+1)` for "
         "`.sum(-1)` (3 mutants), since the rows are 2-D (samples × features), so axis 1 is the last axis.",
-    "cflpipe.methods.fcca.xǁFCCAǁfinish":
-        "What goes up and what the client keeps: the trained cINN and not the stored one, `keep` dropped "
-        "(the cINN would restart from its init every round), FCCA+Per's classifier not kept, a diverged "
-        "cINN's loss counted in flow_nll, and a crash or wrong vector when the encoder diverged (`then` "
-        "is None). All killed by "
-        "test_a_client_uploads_and_keeps_its_trained_cinn_and_a_diverged_one_is_left_out (added after the"
-        " review).",
     "cflpipe.methods.fcca.xǁFCCAǁrecluster":
         "Killed by test_the_server_clusters_by_the_cinns_with_noise_drawn_from_the_run_seed_and_round "
         "(added after the pass): `labels = None` or `canonical_labels(None)` (everyone in cluster 0), "
@@ -744,11 +668,6 @@ REASONS: dict[str, str] = {
         "(which makes B_{y,i,i} trivially 1 and turns off the confidence weighting P): killed by "
         "test_reconstructions_invert_every_flow_on_the_generators_two_noise_draws (added after the "
         "review).",
-    "cflpipe.methods.fcca.xǁFCCAǁplan":
-        "FCCA+Prox's anchor dropped (`and False`, anchors argument left out): killed by "
-        "test_fcca_prox_pulls_the_encoder_and_classifier_to_what_the_client_received (added after the "
-        "review). Equivalent: `or True` adds a zero-strength anchor when μ = 0, and step_config drops "
-        "anchors of strength 0 (fl/local.py, `if a.strength != 0`).",
     "cflpipe.methods.fcca.xǁConditionalFlowǁ__init__":
         "The number of couplings (zuko's default of 3 for `2 * blocks`): killed by "
         "test_each_block_is_two_couplings_on_alternating_halves (added after the pass). Equivalent: "
@@ -800,21 +719,12 @@ REASONS: dict[str, str] = {
         "Equivalent: last_hopkins, last_clustered, _round_shared and _mask are set again by round_start "
         "before the round's first payload or round_metrics. times_clustered is only checkpointed and "
         "incremented, and nothing reads it.",
-    "cflpipe.methods.fedtsdp.x__noise_to_singletons":
-        "Equivalent: noise points get labels above every cluster label either way (initial None, +1 or "
-        "-2, `+ 2`), and canonical_labels then renumbers by first appearance. The labels are never empty "
-        "(DBSCAN of at least one client).",
     "cflpipe.methods.fedtsdp.x_two_stage_clusters":
         "Equivalent: a start label of 1 or a gap of 2 between stage-1 groups keeps the groups' labels "
         "disjoint, and canonical_labels renumbers them.",
     "cflpipe.methods.fedtsdp.xǁFedTSDPǁ_recluster":
         "Equivalent: `offset + 1` leaves one unused label, whose padding center (the initial model) is "
         "dropped when the labels are renumbered. The mapping moves each center with its label.",
-    "cflpipe.methods.fedtsdp.xǁFedTSDPǁeval_models":
-        "`mask = None` evaluates every client with its cluster's whole model, losing its personalization "
-        "layers: killed by "
-        "test_clients_are_evaluated_with_their_clusters_shared_layers_and_their_own_other_layers (added "
-        "after the review).",
     "cflpipe.fl.checkpoint.x__externalize":
         "Equivalent: a table of exactly MIN_ROWS_BYTES goes to row blocks or into state.pt; either way it"
         " round-trips to the same bytes (storage, not state).",
@@ -833,11 +743,6 @@ REASONS: dict[str, str] = {
     "cflpipe.fl.checkpoint.x_manifest_bytes":
         "Killed by test_clean_reports_exactly_the_bytes_it_frees_and_a_dry_run_the_same (added after the "
         "fourth pass).",
-    "cflpipe.fl.checkpoint.x_read_state":
-        "As cflpipe.fl.engine.x_read_state in the third pass: `weights_only` None or left out is torch's "
-        "default, True since torch 2.6 (a gap only on torch 2.2-2.5, which pyproject allows); "
-        "`map_location` None or left out matters only for a checkpoint written on a GPU and resumed "
-        "without one (a gap, left: needs a GPU).",
     "cflpipe.fl.checkpoint.x_state_bytes":
         "Equivalent: globbing a missing folder finds nothing, so `or True` gives 0 as well; `else 1` adds"
         " a byte to both sides of clean's difference (before and after), which cancels; the figure is "
@@ -845,13 +750,10 @@ REASONS: dict[str, str] = {
     "cflpipe.fl.checkpoint.x_write_state":
         "Equivalent: `missing_ok` None or False only matters if a block listed by the glob a moment "
         "before is gone, i.e. another writer, which the run's lock excludes.",
-    "cflpipe.fl.engine.x__cut_down_state":
+    "cflpipe.fl.runs.x__cut_down_state":
         "Killed by test_clean_reports_exactly_the_bytes_it_frees_and_a_dry_run_the_same (added after the "
         "fourth pass).",
-    "cflpipe.fl.engine.x__state_folders":
-        "Equivalent: only the state file's folder is used (rows_folder takes the name's parent), so "
-        "`STATE.PT` gives the same folders.",
-    "cflpipe.fl.engine.x_clean_runs":
+    "cflpipe.fl.runs.x_clean_runs":
         "The lock's description (None) only reaches the message a second process prints; mutant 1 "
         "changes no line mutmut can show. `break` for a `continue` stops cleaning at the first run it "
         "skips, so later finished runs keep their models: a gap, left (the clean test's skipped run is "

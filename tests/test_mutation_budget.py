@@ -105,3 +105,31 @@ print(soft - used, mutant_cpu_limit(0.5))
                          env={"MUTANT_UNDER_TEST": "cflpipe.x_f__mutmut_1", "PATH": "/usr/bin:/bin"}).stdout.split()
     granted, expected = float(out[0]), float(out[1])
     assert expected == 12.0 and expected <= granted <= expected + 2, out
+
+
+def test_every_reviewed_survivor_names_a_function_that_exists():
+    """benchmarks/mutation_report.py's reasons are kept by mutmut's function name: one that names a
+    function no longer in the package (removed, or moved to another module) is a reason for nothing."""
+    import ast
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root / "benchmarks"))
+    try:
+        from mutation_report import REASONS
+    finally:
+        sys.path.remove(str(root / "benchmarks"))
+    missing = []
+    for key in REASONS:
+        module, _, mangled = key.rpartition(".")
+        name = mangled.split("ǁ")[1:] if mangled.startswith("xǁ") else [mangled[2:]]
+        path = root / (module.replace(".", "/") + ".py")
+        if not path.exists():
+            path = root / module.replace(".", "/") / "__init__.py"
+        node = ast.parse(path.read_text(encoding="utf-8")) if path.exists() else None
+        for part in name:
+            node = next((n for n in getattr(node, "body", []) if getattr(n, "name", None) == part), None)
+        if node is None:
+            missing.append(key)
+    assert not missing, f"reasons for functions that do not exist: {missing}"
