@@ -50,16 +50,9 @@ class CFL(ClusterModels):
     reference code's MNIST CNN: with them CFL did not split even two groups with fully permuted
     labels on digits in 30 rounds (it was FedAvg), while the relative defaults split them
     (../shared/tools/cluster-check; without the separation check both halves split again the
-    round after, cross similarity 0.57, 4 clusters for 2 groups). Norms scale with
-    lr, local steps and model; the scale removes most of that, though not all of it: it also
-    depends on the warm-up's length (updates shrink while FedAvg converges) and on the number of
-    sampled clients (the largest of more updates is larger). Not in the paper, which leaves the
-    calibration open. The default config uses relative eps1 0.5 / eps2 0.6 with 10 warm-up rounds
-    everywhere; measured there (seeds 0-2): digits-swap4 ARI 1, 1, 1 (4 clusters); digits-rot4
-    ARI 0.47, 0.70, 0.70 (5-6 clusters: it over-splits the four rotations); digits-dir01 (no true
-    groups) 3-4 clusters and accuracy 0.860 against FedAvg's 0.947; synthetic-swap2 6 clusters,
-    ARI ≈ 0. The absolute reference values never split there. eps1 decided little on digits-dir01
-    (a cluster's mean update stayed at 0.10-0.24 of the scale).
+    round after). Norms scale with lr, local steps and model; the scale removes most of that, not
+    all (the warm-up's length, the number of sampled clients). Not in the paper, which leaves the
+    calibration open; docs/robustness.md ("CFL's thresholds") has the measurements.
 
     `gamma_max` is the paper's separation check (Sattler et al., Algorithm 3 and the corollary
     before it): the bipartition is accepted only if γ_max < sqrt((1 − α_cross_max)/2), where
@@ -69,20 +62,10 @@ class CFL(ClusterModels):
     checked again every round. The reference code has no such check; its behaviour is
     gamma_max = 0 (every bipartition of non-identical updates is accepted), the default here.
     Every round writes the attempted splits' α_cross_max to rounds.parquet
-    (`cfl_cross_similarity`, by cluster; NaN where no split was attempted), so a run shows how
-    separated the halves it split, or refused to split, were. Measured on the default config
-    (γ_max 0.5, seeds 0-2): no split on digits-rot4 was refused, since the over-splits' α_cross_max
-    (0.03-0.23) were as low as the correct splits'; the over-splitting there comes from partial
-    participation: with all 20 clients every round (the paper's setting) the same thresholds
-    give 4 clusters and ARI 1.0 in all three seeds, with 10 of 20 per round 5-6 clusters.
-
-    `thresholds: absolute`'s eps1 = 0.4, eps2 = 1.6 and warmup 20 are the reference code's MNIST values. Both norms
-    scale with the learning rate, the number of local steps and the model, so they must be
-    calibrated per setting: every round writes each cluster's mean and max update norms to
-    rounds.parquet (`cfl_mean_norm`, `cfl_max_norm`, lists indexed by cluster) for that purpose.
-    With config.yaml's digits training block (mlp, lr 0.05, momentum 0.9, 10 local steps) the
-    FedAvg-phase norms are mean ≈ 0.5–0.9 and max ≈ 1.5–3 by rounds 10–20, so the defaults never
-    split there; eps1 = 1.0, eps2 = 2.0, warmup = 10 are what the scenario tests use.
+    (`cfl_cross_similarity`, by cluster; NaN where no split was attempted), and each cluster's mean
+    and max update norms (`cfl_mean_norm`, `cfl_max_norm`), so a run shows how separated its splits
+    were and how `thresholds: absolute` (the reference code's MNIST eps1 = 0.4, eps2 = 1.6, warmup
+    20) would have to be calibrated for it.
 
     Partial participation (the paper's experiments use all clients every round): members of a
     splitting cluster that were not sampled that round are sorted into a half later, following
