@@ -87,7 +87,7 @@ def test_a_pool_client_joins_by_mean_update_not_by_model_nor_the_last_cluster(tm
     (the last, FedRC's defect B) has the model most like that update (its defect C)."""
     icfl = make(tmp_path, eps1=100.0)
     p = icfl.centers.shape[1]
-    e = torch.eye(p)[:3]
+    e = torch.eye(3, p)  # three unit directions (torch.eye(p) would be p × p: 10 GB for this model)
     icfl.clusters[:] = [1, 2, 3, POOL, POOL, POOL]
     icfl.centers = torch.stack([icfl.centers[POOL], e[2], e[2], 5 * e[0] + e[2]])
     icfl.latest_update[:3] = e  # cluster 1 moved along e0, 2 along e1, 3 along e2
