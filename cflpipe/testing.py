@@ -27,6 +27,8 @@ MLP: seconds) and raises AssertionError with what went wrong:
 - check_k_rule: a number of clusters above the clients is refused in one line (methods with K)
 - check_batched_equals_sequential: the batched trainer trains what the sequential one trains
   (batchable methods)
+- check_new_clients_change_no_training: with new clients (scenario new_clients), placing them
+  changes no state of the method and no byte the participants train
 
 A method makes its mechanism act within those few rounds by returning hyper-parameters from
 `Method.check_hyperparams(params)` (cluster from round 1, split early; e.g. CFL's warm-up of 1).
@@ -374,13 +376,47 @@ def check_streamed_means_equal_held_updates(name: str, workdir: Path) -> None:
     same_bytes(reference_run(name), spec.run_dir("s", name, 0))
 
 
+def check_new_clients_change_no_training(name: str, workdir: Path) -> None:
+    """With new clients (scenario new_clients), placing them at each full evaluation changes no
+    state of the method and no byte of what the participants train: the run's outputs equal
+    those of the same run whose placements are skipped, new-client figures aside."""
+    raw = spec_dict(Path(workdir) / "placed", name)
+    raw["scenarios"]["s"]["new_clients"] = 0.34  # 2 of 6
+    spec = parse_spec(raw)
+    place = engine.newcomers.place
+    placed = []
+
+    def checked(method, newcomers, *args):
+        before = _server_state(method), {k: v.clone() for k, v in method.ctx.clients.state_dict().items()}
+        out = place(method, newcomers, *args)
+        placed.append(bool(out[1]))
+        _assert_state_equal(_server_state(method), before[0])
+        _assert_state_equal(method.ctx.clients.state_dict(), before[1])
+        return out
+
+    with _patched(engine.newcomers, "place", checked):
+        train_run(spec, "s", name, 0, progress=False)
+    raw["results_dir"] = str(Path(workdir) / "skipped")
+    skipped = parse_spec(raw)
+    with _patched(engine.newcomers, "place", lambda *args: ({}, {})):
+        train_run(skipped, "s", name, 0, progress=False)
+    a, b = spec.run_dir("s", name, 0), skipped.run_dir("s", name, 0)
+    assert placed and (all(placed) or not any(placed)), "placed at every full evaluation, or never (no rule)"
+    for f in ("metrics.parquet", "clusters.parquet", "plots.csv"):
+        assert (a / f).read_bytes() == (b / f).read_bytes(), f"{f} differs when new clients are placed"
+    ours, theirs = pd.read_parquet(a / "rounds.parquet"), pd.read_parquet(b / "rounds.parquet")
+    pd.testing.assert_frame_equal(ours[[c for c in ours if not c.startswith("new_")]], theirs)
+
+
 CHECKS: tuple[Callable[[str, Path], None], ...] = (
     check_k_rule, check_clients_use_only_what_they_were_sent, check_state_round_trip,
     check_batched_equals_sequential, check_determinism, check_resume, check_outputs_from_last_checkpoint,
-    check_evaluation_does_not_change_training, check_streamed_means_equal_held_updates)
+    check_evaluation_does_not_change_training, check_streamed_means_equal_held_updates,
+    check_new_clients_change_no_training)
 # Checks that train whole runs (seconds each): pytest's `slow` mark in parametrize_with_checks.
 SLOW_CHECKS = (check_determinism, check_resume, check_outputs_from_last_checkpoint,
-               check_evaluation_does_not_change_training, check_streamed_means_equal_held_updates)
+               check_evaluation_does_not_change_training, check_streamed_means_equal_held_updates,
+               check_new_clients_change_no_training)
 
 
 def check_method(name: str, workdir: Path) -> None:

@@ -90,6 +90,28 @@ def test_an_asked_client_that_writes_to_or_reads_the_servers_state_fails_the_con
         check_clients_use_only_what_they_were_sent("asked_reads_server", tmp_path / "reads")
 
 
+def test_a_placement_that_changes_the_method_fails_the_conformance_check(tmp_path, registry_copy):
+    """Placing new clients must leave the method as it was: an IFCA whose placement nudges its
+    cluster models fails, IFCA itself passes."""
+    from cflpipe.methods import register
+    from cflpipe.methods.catalog import IFCAParams
+    from cflpipe.methods.ifca import IFCA
+    from cflpipe.testing import check_new_clients_change_no_training
+
+    @register("places_and_moves", IFCAParams)
+    class PlacesAndMoves(IFCA):
+        """Places and moves: IFCA whose placement of new clients moves its cluster models."""
+
+        def place(self, newcomers):
+            placement = super().place(newcomers)
+            self.centers = self.centers + 1e-3
+            return placement
+
+    with pytest.raises(AssertionError):
+        check_new_clients_change_no_training("places_and_moves", tmp_path / "moves")
+    check_new_clients_change_no_training("ifca", tmp_path / "ifca")
+
+
 PROCESS_TRAINER = "process_trainer:ProcessTrainer"  # tests/process_trainer.py
 
 

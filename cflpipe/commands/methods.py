@@ -56,6 +56,9 @@ def cmd_methods(args) -> int:
     for field, f in fields.items():
         doc = f" — {f.description}" if f.description else ""
         print(f"  {field} = {f.default!r}{doc}")
+    rule = getattr(info.cls, "newcomer_rule", "")
+    print(f"new clients (scenario new_clients): {rule}" if rule else
+          "new clients (scenario new_clients): no rule; its new-client figures are NaN")
     for text in _papers(info):
         print(f"paper: {text}")
     example = next((f"{name}: {json.dumps(f.default)}" for name, f in fields.items()

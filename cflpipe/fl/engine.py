@@ -21,6 +21,7 @@ from cflpipe.errors import DivergenceError, SpecError
 from cflpipe.fl.checkpoint import STATE_HASH_FILE, adopt_previous, read_state, rows_folder, write_state
 from cflpipe.fl.data import FederatedData
 from cflpipe.fl.diagnosis import Degeneration, diagnose_clustering
+from cflpipe.fl import newcomers
 from cflpipe.fl.evaluation import evaluate, train_split_clients
 from cflpipe.fl.method import (Context, Method, Payload, Update, WeightedSum, divergence_error, client_update,
                                client_work, receive, streams_means)
@@ -163,6 +164,13 @@ class Run:
             # (it loads torch's compiler stack), so it is paid only where it matters.
             torch.use_deterministic_algorithms(True, warn_only=True)
         self.data: FederatedData = self.resolved.load_data(self.device)
+        # New clients (scenario new_clients) are held out of everything that trains: the method
+        # sees the participants alone; they are placed at full evaluations (fl/newcomers.py).
+        share = self.resolved.config["scenario_spec"].get("new_clients")
+        self.newcomer_ids = None if share is None else newcomers.choose(
+            self.data, max(1, round(share * self.data.num_clients)), self.seed)
+        if self.newcomer_ids is not None:
+            self.data, self.new_data = newcomers.split(self.data, self.newcomer_ids)
         torch.manual_seed(self.seed)
         model = build_model(self.training.model, self.data.input_shape, self.data.num_classes,
                             field_path="training.model")
@@ -181,6 +189,8 @@ class Run:
         self.training_clients = self.held_out_check(info)
         self.train_split_clients = train_split_clients(self.data, self.training, self.seed, self.training_clients)
         self.method: Method = info.cls(self.ctx)
+        if self.newcomer_ids is not None:
+            self.new_ctx = newcomers.sibling(self.ctx, self.new_data)
         self.trainer.took_measurement()  # what a method's setup trained is no round's warm-up
         self.tables: dict[str, dict[str, list]] = {n: defaultdict(list) for n in STANDARD_TABLES}
         self._warned_exploding = False
@@ -416,6 +426,13 @@ class Run:
             evaluated = np.arange(self.data.num_clients) if clients is None else clients
             read = evaluated if self.train_split_clients is None else np.intersect1d(evaluated, self.train_split_clients)
             result.figures["train_evaluated_clients"] = int((self.data.train.sizes()[read] > 0).sum())
+        if self.newcomer_ids is not None and clients is None:
+            figures, table = newcomers.place(self.method, self.new_ctx, self.ctx.round, round_number,
+                                             self.training.eval_batch_size, self.newcomer_ids)
+            result.figures.update(figures)
+            if table:
+                self.tables.setdefault("newcomers", defaultdict(list))
+                self.extend("newcomers", table)
         for name, columns in result.tables.items():
             self.extend(name, columns)
         for name, columns in result.method_tables.items():
@@ -531,6 +548,8 @@ class Run:
             "bytes_up_total": int(rounds["bytes_up"].sum()),
             "degenerate": None, "degenerate_kind": None,
         }
+        if self.newcomer_ids is not None:  # the participants are the others, numbered 0..clients-1 in id order
+            summary["new_clients"] = [int(c) for c in self.newcomer_ids]
         if (degeneration := self.degeneration(rounds)) is not None:
             summary.update(degeneration.as_summary())
             print(f"warning: {self.scenario}/{self.method_name}/seed{self.seed}: {self.method_name} "

@@ -18,7 +18,7 @@ from cflpipe.fl.data import FederatedData
 from cflpipe.fl.local import Anchor, LocalResult, steps_for
 from cflpipe.fl.params import ParamSpace
 from cflpipe.fl.plan import ClientPlan, Plans, Results, Trained
-from cflpipe.fl.predictors import Predictor
+from cflpipe.fl.predictors import Models, Predictor
 from cflpipe.fl.trainers import SequentialTrainer, Trainer
 from cflpipe.seeds import mix_seed, rng
 from cflpipe.fl.work import WorkItem
@@ -69,12 +69,22 @@ class ClientStore:
         self.num_clients = num_clients
         self.device = device
         self.tables: dict[str, torch.Tensor] = {}
+        self.defaults: dict[str, torch.Tensor] = {}
 
     def add(self, name: str, default: torch.Tensor) -> torch.Tensor:
         if name in self.tables:
             raise KeyError(f"client state {name!r} is already registered")
         self.tables[name] = default.detach().unsqueeze(0).repeat(self.num_clients, *([1] * default.dim()))
+        self.defaults[name] = default.detach().clone()
         return self.tables[name]
+
+    def fresh(self, num_clients: int) -> "ClientStore":
+        """A store of the same tables for other clients, every row at its registered default
+        (what a client that never trained keeps)."""
+        store = ClientStore(num_clients, self.device)
+        for name, default in self.defaults.items():
+            store.add(name, default)
+        return store
 
     def __getitem__(self, name: str) -> torch.Tensor:
         return self.tables[name]
@@ -249,6 +259,18 @@ class Context:
         return ClientView(client, self.round, self.hp, self.training, int(self._train_sizes[client]), self.space,
                           MappingProxyType(self.initial), self.data, self.clients, self.apply, self.seed)
 
+    def sibling(self, data: FederatedData, seed: int) -> "Context":
+        """A context over other clients (the new clients of `scenario.new_clients`) that shares
+        this one's networks, settings, trainer and client side, with its own seed (its clients'
+        randomness is their own) and a client store at the registered defaults: what a method's
+        `place` asks them through."""
+        other = Context(data, self.space, self.training, self.hp, seed, self.init, self.scenario, self.method,
+                        self.trainer)
+        other.spaces, other.initial, other._dropout = self.spaces, self.initial, self._dropout
+        other.clients = self.clients.fresh(data.num_clients)
+        other.client_side = self.client_side
+        return other
+
     def ask(self, payloads: dict[int, Payload]) -> dict[int, Update]:
         """Ask clients a question outside the round's training (all clients' models in a
         clustering round, pre-training, a loss or a descriptor of their data): each answers by the
@@ -292,6 +314,8 @@ def _losses(outcome: Results) -> float:
 
 # What an answer that trained nothing reports as its training (Context.ask).
 NOT_TRAINED = LocalResult(0.0, 0, 0)
+# The question that sends a new client what serves it (Method.served): it answers nothing.
+SERVE = "serve"
 
 
 @dataclass(frozen=True)
@@ -431,6 +455,16 @@ def divergence_error(round_index: int, client: int, method: str, loss: float) ->
                            f"{loss}; lower training.lr or set training.on_divergence: skip")
 
 
+@dataclass
+class Placement:
+    """Where a method places the clients that never trained (scenario `new_clients`) and what
+    serves them: `clusters[c]` new client c's cluster (−1: none), `predictor` what it predicts
+    with (fl/predictors.py, indexed by new client)."""
+
+    clusters: np.ndarray
+    predictor: Predictor
+
+
 class Method:
     """Base class. A built-in subclass is declared in cflpipe.methods.catalog and bound to its
     declaration as it is defined; a plugin's registers with cflpipe.methods.register and declares
@@ -507,6 +541,8 @@ class Method:
         """The client's answer to a question of the server's (Context.ask): view.update(tensors,
         trained) after training, view.answer(tensors) without. A method that asks more than one
         question tells them apart by the payload (its meta's "question")."""
+        if payload.meta.get("question") == SERVE:  # a new client receives what serves it
+            return view.answer({})
         raise NotImplementedError(f"{cls.__name__} asks its clients a question (Context.ask) but does not "
                                   f"answer it: define query(view, payload, trained, scratch)")
 
@@ -532,6 +568,25 @@ class Method:
 
     def round_start(self, sampled: np.ndarray) -> None:
         """Called before the sampled clients train (e.g. to re-cluster)."""
+
+    # --- new clients (scenario new_clients): at every full evaluation
+    # What the method does with a client it never trained with, in a sentence (`cflpipe methods`
+    # NAME); "" where it has no rule: its new-client figures are NaN and it is reported as such.
+    newcomer_rule: str = ""
+
+    def place(self, newcomers: Context) -> Placement | None:
+        """Place the new clients by the method's own rule: ask them (`newcomers.ask`: the sibling
+        context over their data; what they are sent and send back is counted apart, as
+        new_bytes_down/up) and say where each goes and what serves it (`served`). Must change no
+        state of the method (a conformance check). None: no rule."""
+        return None
+
+    @staticmethod
+    def served(newcomers: Context, clusters: np.ndarray, models: list[torch.Tensor], index: np.ndarray) -> Placement:
+        """The placement that serves new client c with models[index[c]], sent to it (counted)."""
+        newcomers.ask({c: Payload({"model": models[int(index[c])]}, {"question": SERVE})
+                       for c in range(newcomers.num_clients)})
+        return Placement(np.asarray(clusters, dtype=np.int64), Models(list(models), np.asarray(index, dtype=np.int64)))
 
     # --- evaluation
     def predictor(self, clients: np.ndarray | None = None) -> Predictor:

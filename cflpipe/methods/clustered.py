@@ -18,7 +18,8 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from cflpipe.fl.method import Capabilities, ClientView, Context, Method, Payload, Update, stack_updates
+from cflpipe.clustering import nearest_center
+from cflpipe.fl.method import Capabilities, ClientView, Context, Method, Payload, Placement, Update, stack_updates
 from cflpipe.fl.params import cluster_average
 from cflpipe.fl.plan import ClientPlan, Plans, Results
 from cflpipe.fl.predictors import Models, Selected
@@ -32,6 +33,9 @@ _TRAIN_MEAN, _TEST_MEAN = 0x3E, 0x3F
 # A client's cluster before it has one (FedGroup's clients until they are first sampled): its
 # uploads count towards no cluster.
 UNASSIGNED = -1
+# Questions to clients outside the round: train the model sent as in a round; a new client's
+# round of local steps from the model sent.
+ROUND, ADAPT = "round", "adapt"
 
 
 def mixture_table(weights: np.ndarray) -> dict[str, np.ndarray]:
@@ -126,12 +130,34 @@ class ClusterModels(Method):
         return ClientPlan(payload.tensors["model"], cls.client_anchors(view, payload)), None
 
     @classmethod
+    def query_plan(cls, view: ClientView, payload: Payload) -> tuple[Plans | None, Any]:
+        """Asked to train outside the round: as in a round ("round": FL+HC's clustering round,
+        FeSEM's initialization, its pull included), or, a new client, one round's local steps from
+        the model it is sent ("adapt"); `query` sends the trained model back."""
+        question = payload.meta.get("question")
+        if question == ROUND:
+            return cls.client_plan(view, payload)
+        if question == ADAPT:
+            return ClientPlan(payload.tensors["model"]), None
+        return super().query_plan(view, payload)
+
+    @classmethod
     def query(cls, view: ClientView, payload: Payload, trained: Results | None, scratch: Any) -> Update:
-        """A client asked to train outside the round (its query_plan: FL+HC's clustering round,
-        FeSEM's initialization, FedGroup's pre-training) sends the trained model back."""
         if trained is None:
             return super().query(view, payload, trained, scratch)
         return view.update({"model": trained.vector}, trained)
+
+    def place_nearest(self, newcomers: Context) -> Placement:
+        """A new client trains the mean of the cluster models for one round's local steps and
+        joins the cluster whose model is nearest (L2) to what it trained, whose model then serves
+        it; one whose training diverged is served the mean, in no cluster."""
+        n, start = newcomers.num_clients, self.centers.mean(0)
+        answers = newcomers.ask({c: Payload({"model": start}, {"question": ADAPT}) for c in range(n)})
+        clusters = np.full(n, UNASSIGNED, dtype=np.int64)
+        for c, answer in answers.items():
+            clusters[c] = int(nearest_center(answer.tensors["model"][None], self.centers)[0])
+        models = [*self.centers, start]
+        return self.served(newcomers, clusters, models, np.where(clusters >= 0, clusters, len(self.centers)))
 
     @classmethod
     def client_finish(cls, view: ClientView, payload: Payload, trained: Results, scratch: Any) -> Update:

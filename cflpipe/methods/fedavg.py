@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from cflpipe.fl.local import Anchor
-from cflpipe.fl.method import ClientView, Method, Payload, Update, average_updates
+from cflpipe.fl.method import ClientView, Context, Method, Payload, Placement, Update, average_updates
 from cflpipe.fl.plan import ClientPlan, Trained
 from cflpipe.fl.predictors import Models
 
@@ -48,3 +48,9 @@ class FedAvg(Method):
 
     def predictor(self, clients: np.ndarray | None = None) -> Models:
         return Models.shared(self.global_model, self.ctx.num_clients)
+
+    newcomer_rule = "served the global model as it is (one model for every client)"
+
+    def place(self, newcomers: Context) -> Placement:
+        shared = np.zeros(newcomers.num_clients, dtype=np.int64)
+        return self.served(newcomers, shared, [self.global_model], shared)

@@ -17,10 +17,13 @@ import numpy as np
 import torch
 
 from cflpipe.clustering import cosine_similarity_matrix, decomposed_cosine_similarity, kmeans
-from cflpipe.fl.method import ClientView, Context, Payload, Update
+from cflpipe.fl.method import ClientView, Context, Payload, Placement, Update
 from cflpipe.fl.plan import ClientPlan
 from cflpipe.methods.clustered import UNASSIGNED, ClusterModels
 from cflpipe.fl.params import cluster_average
+
+# The question of pre-training (the first groups' and a cold start's).
+PRETRAIN = "pretrain"
 
 
 class FedGroup(ClusterModels):
@@ -52,8 +55,7 @@ class FedGroup(ClusterModels):
     # ------------------------------------------------------------------ round start: pre-training
 
     def _pretrain(self, clients: np.ndarray) -> tuple[np.ndarray, torch.Tensor, torch.Tensor]:
-        payload = Payload({"model": self.ctx.init})
-        answers = self.ctx.ask({int(c): payload for c in clients})
+        answers = self._pretrained(self.ctx, clients)
         done = [int(c) for c in clients if int(c) in answers]
         vectors = [answers[c].tensors["model"] for c in done]
         if not vectors:
@@ -87,10 +89,31 @@ class FedGroup(ClusterModels):
                 similarity = cosine_similarity_matrix(deltas, self.directions)
                 self.clusters[clients] = similarity.argmax(dim=1).cpu().numpy()
 
+    @staticmethod
+    def _pretrained(ctx: Context, clients: np.ndarray) -> dict[int, Update]:
+        payload = Payload({"model": ctx.init}, {"question": PRETRAIN})
+        return ctx.ask({int(c): payload for c in clients})
+
     @classmethod
-    def query_plan(cls, view: ClientView, payload: Payload) -> tuple[ClientPlan, None]:
+    def query_plan(cls, view: ClientView, payload: Payload) -> tuple[ClientPlan | None, None]:
         """Pre-training: a few steps from the initial model it is sent (then query sends it back)."""
+        if payload.meta.get("question") != PRETRAIN:
+            return super().query_plan(view, payload)
         return ClientPlan(payload.tensors["model"], steps=view.hp.pretrain_steps), None
+
+    newcomer_rule = ("pre-trains the initial model for pretrain_steps and joins the group whose latest update "
+                     "direction is most cosine-similar to its update (FedGroup's cold start), served that group's model")
+
+    def place(self, newcomers: Context) -> Placement:
+        n = newcomers.num_clients
+        answers = self._pretrained(newcomers, np.arange(n))
+        clusters = np.full(n, UNASSIGNED, dtype=np.int64)
+        done = sorted(answers)
+        if done:
+            deltas = torch.stack([answers[c].tensors["model"] for c in done]) - newcomers.init
+            clusters[done] = cosine_similarity_matrix(deltas, self.directions).argmax(dim=1).cpu().numpy()
+        models = [*self.centers, self._auxiliary()]
+        return self.served(newcomers, clusters, models, np.where(clusters >= 0, clusters, len(self.centers)))
 
     # ------------------------------------------------------------------ training
 

@@ -84,7 +84,8 @@ class FedSoft(PersonalModels, Method):
         # The sampled clients get the centers in their payload this round anyway: only the others'
         # copies are traffic down; every client's weights go up (and it keeps them).
         chosen = set(int(c) for c in sampled)
-        answers = self.ctx.ask({c: Payload({"models": self.centers}, held=("models",) if c in chosen else ())
+        answers = self.ctx.ask({c: Payload({"models": self.centers}, {"question": "importance"},
+                                           held=("models",) if c in chosen else ())
                                 for c in range(self.ctx.num_clients)})
         for c, answer in answers.items():
             self.importance[c] = answer.tensors["importance"].cpu().numpy()
@@ -93,6 +94,8 @@ class FedSoft(PersonalModels, Method):
     def query(cls, view: ClientView, payload: Payload, trained: None, scratch: None) -> Update:
         """A client's importance weights u_i (importance_weights) from the S centers' losses on
         its training samples."""
+        if payload.meta.get("question") != "importance":
+            return super().query(view, payload, trained, scratch)
         centers = payload.tensors["models"]
         x, y = view.data()
         losses = sample_losses(view.apply, centers, x, y) if len(y) else np.zeros((len(centers), 0))

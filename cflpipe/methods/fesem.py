@@ -13,17 +13,13 @@ the one with the lowest intra-cluster distance.
 
 from __future__ import annotations
 
-
-from typing import Any
-
 import numpy as np
 import torch
 
 from cflpipe.clustering import kmeans, nearest_center
 from cflpipe.fl.local import Anchor
-from cflpipe.fl.method import ClientView, Context, Payload, Update, stack_updates
-from cflpipe.fl.plan import Plans
-from cflpipe.methods.clustered import ClusterModels
+from cflpipe.fl.method import ClientView, Context, Payload, Placement, Update, stack_updates
+from cflpipe.methods.clustered import ROUND, ClusterModels
 from cflpipe.fl.params import cluster_average
 
 
@@ -83,6 +79,12 @@ class FeSEM(ClusterModels):
     def client_anchors(cls, view: ClientView, payload: Payload) -> list[Anchor]:
         return [Anchor(payload.tensors["model"], payload.meta["pull"])]
 
+    def _asked(self, client: int) -> Payload:
+        """What a client not sampled in the first round is asked to train: its center, as in a round."""
+        payload = self.cluster_payload(client)
+        payload.meta["question"] = ROUND
+        return payload
+
     def pull_strength(self, client: int) -> float:
         """Gradient coefficient of the distance term: 2λ/m, divided by α_i = n_i/n under eq. 7."""
         strength = 2.0 * self.hp.lam / self.ctx.num_clients
@@ -96,13 +98,14 @@ class FeSEM(ClusterModels):
         if self.initialized:
             return
         chosen = set(int(c) for c in sampled)
-        answers = self.ctx.ask({c: self.cluster_payload(c) for c in range(self.ctx.num_clients) if c not in chosen})
+        answers = self.ctx.ask({c: self._asked(c) for c in range(self.ctx.num_clients) if c not in chosen})
         self._off_round = {c: answer.tensors["model"] for c, answer in answers.items()}
 
-    @classmethod
-    def query_plan(cls, view: ClientView, payload: Payload) -> tuple[Plans, Any]:
-        """Asked outside the round, the clients not sampled in the first round train their center as in a round (its pull included); ClusterModels.query sends the model back."""
-        return cls.client_plan(view, payload)
+    newcomer_rule = ("trains the mean of the centers for one round's local steps (no center to pull it yet) and "
+                     "joins the nearest center (L2: FeSEM's E-step), served that center's model")
+
+    def place(self, newcomers: Context) -> Placement:
+        return self.place_nearest(newcomers)
 
     def cluster_aggregate(self, updates: dict[int, Update]) -> None:
         if not self.initialized:

@@ -15,9 +15,8 @@ import numpy as np
 import torch
 
 from cflpipe.clustering import hierarchical_clusters
-from cflpipe.fl.method import ClientView, Payload, Update
-from cflpipe.fl.plan import Plans
-from cflpipe.methods.clustered import ClusterModels
+from cflpipe.fl.method import Context, Payload, Placement, Update
+from cflpipe.methods.clustered import ROUND, ClusterModels
 from cflpipe.fl.params import cluster_average
 
 # ---------------------------------------------------------------------------- FL+HC
@@ -65,14 +64,15 @@ class FLHC(ClusterModels):
             return
         # The clients not sampled train the global model as well (the paper clusters them all).
         chosen = set(int(c) for c in sampled)
-        payload = Payload({"model": self.centers[0]})
+        payload = Payload({"model": self.centers[0]}, {"question": ROUND})
         answers = self.ctx.ask({c: payload for c in range(self.ctx.num_clients) if c not in chosen})
         self._off_round = {c: answer.tensors["model"] for c, answer in answers.items()}
 
-    @classmethod
-    def query_plan(cls, view: ClientView, payload: Payload) -> tuple[Plans, Any]:
-        """Asked outside the round, the clients not sampled in the clustering round train the global model as in a round; ClusterModels.query sends the model back."""
-        return cls.client_plan(view, payload)
+    newcomer_rule = ("trains the mean of the cluster models for one round's local steps and joins the cluster whose "
+                     "model is nearest (L2) to what it trained, served that cluster's model")
+
+    def place(self, newcomers: Context) -> Placement:
+        return self.place_nearest(newcomers)
 
     def cluster_aggregate(self, updates: dict[int, Update]) -> None:
         if self.clustered or self.ctx.round != self.hp.cluster_round:

@@ -202,7 +202,10 @@ class FLUX(ClusterModels):
         """A client's answers: its count of training samples the model it holds predicts right
         ("accuracy"); the largest of its latent features ("largest"); its descriptor in the
         projection every client derives from the largest of all ("descriptor")."""
-        model, question = payload.tensors["model"], payload.meta["question"]
+        question = payload.meta.get("question")
+        if question not in ("accuracy", "largest", "descriptor"):
+            return super().query(view, payload, trained, scratch)
+        model = payload.tensors["model"]
         x, y = view.data()
         chunk = view.training.eval_batch_size
         if question == "accuracy":

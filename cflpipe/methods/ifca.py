@@ -14,9 +14,10 @@ import torch
 
 import torch.nn.functional as F
 from cflpipe.errors import SpecError
-from cflpipe.fl.method import ClientView, Context, Payload, Update, stack_updates
+from cflpipe.fl.method import ClientView, Context, Payload, Placement, Update, stack_updates
 from cflpipe.fl.params import cluster_average
 from cflpipe.fl.plan import ClientPlan, Trained
+from cflpipe.fl.predictors import Models
 from cflpipe.methods.clustered import ClusterModels
 from cflpipe.methods.catalog import AWCFLParams, MCFLParams
 from cflpipe.metrics import per_client_mean
@@ -181,6 +182,28 @@ class IFCA(ClusterModels):
         else:
             self.clusters[clients] = lowest(train_losses(self.ctx, models, clients))
         return list(models), self.clusters.copy()
+
+    newcomer_rule = ("receives the K cluster models, sends its training loss under each and is served the one of "
+                     "lowest loss (IFCA's own choice)")
+
+    def place(self, newcomers: Context) -> Placement:
+        models, n = self._best_models(), newcomers.num_clients
+        answers = newcomers.ask({c: Payload({"models": models}, {"question": "losses"}) for c in range(n)})
+        losses = np.full((n, len(models)), np.nan)
+        for c, answer in answers.items():
+            losses[c] = answer.tensors["losses"].double().cpu().numpy()
+        clusters = lowest(losses)
+        return Placement(clusters, Models(list(models), clusters))  # it holds all K: nothing more to send
+
+    @classmethod
+    def query(cls, view: ClientView, payload: Payload, trained: Trained | None, scratch: None) -> Update:
+        if payload.meta.get("question") != "losses":
+            return super().query(view, payload, trained, scratch)
+        models = payload.tensors["models"]
+        x, y = view.data()
+        if not len(y):
+            return view.answer({"losses": torch.full((len(models),), float("nan"))})
+        return view.answer({"losses": torch.from_numpy(sample_losses(view.apply, models, x, y).mean(1)).float()})
 
     def _best_models(self) -> torch.Tensor:
         k = self.hp.clusters

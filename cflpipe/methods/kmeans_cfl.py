@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from cflpipe.clustering import canonical_labels, kmeans, nearest_center
-from cflpipe.fl.method import Update
+from cflpipe.fl.method import Context, Placement, Update
 from cflpipe.methods.clustered import ClusterModels
 from cflpipe.fl.params import cluster_average
 
@@ -22,6 +22,12 @@ class KMeansCFL(ClusterModels):
     @classmethod
     def check_hyperparams(cls, params):
         return {"cluster_start": 1, "clusters": 2, "n_init": 2}
+
+    newcomer_rule = ("trains the mean of the cluster models for one round's local steps and joins the cluster whose "
+                     "model is nearest (L2) to what it trained, served that cluster's model")
+
+    def place(self, newcomers: Context) -> Placement:
+        return self.place_nearest(newcomers)
 
     checkpoint = (*ClusterModels.checkpoint, "latest", "seen")
     # The paper's standalone Algorithms 1 (AWCFL) and 2 (MCFL) are K-means CFL with the option.

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from cflpipe.fl.method import ClientView, Method, Payload, Update
+import numpy as np
+
+from cflpipe.fl.method import ClientView, Context, Method, Payload, Placement, Update
+from cflpipe.fl.predictors import Models
 from cflpipe.fl.plan import ClientPlan, Trained
 from cflpipe.methods.personal import PersonalModels
 
@@ -26,4 +29,23 @@ class Local(PersonalModels, Method):
 
     def aggregate(self, updates: dict[int, Update]) -> None:
         pass  # nothing reaches the server; the engine keeps each client's model in its store
+
+    newcomer_rule = "trains a model of its own from the initial model for one round's local steps (nothing is sent)"
+
+    def place(self, newcomers: Context) -> Placement:
+        n = newcomers.num_clients
+        newcomers.ask({c: Payload(meta={"question": "own"}) for c in range(n)})  # each keeps what it trained
+        return Placement(np.full(n, -1, dtype=np.int64), Models.own(newcomers.clients[self.personal_table]))
+
+    @classmethod
+    def query_plan(cls, view: ClientView, payload: Payload) -> tuple[ClientPlan | None, None]:
+        if payload.meta.get("question") != "own":
+            return super().query_plan(view, payload)
+        return ClientPlan(view.initial["model"]), None
+
+    @classmethod
+    def query(cls, view: ClientView, payload: Payload, trained: Trained | None, scratch: None) -> Update:
+        if trained is None:
+            return super().query(view, payload, trained, scratch)
+        return view.update({}, trained, keep={"model": trained.vector})
 

@@ -102,7 +102,7 @@ class PACFL(ClusterModels):
         self._angles = {}
         if self.clustered:
             return
-        answers = self.ctx.ask({client: Payload() for client in range(self.ctx.num_clients)})
+        answers = self.ctx.ask({client: Payload(meta={"question": "subspace"}) for client in range(self.ctx.num_clients)})
         # The server computes in float64 from what arrived.
         self.proximity = proximity_matrix([answers[c].tensors["basis"].to(torch.float64) for c in sorted(answers)])
         labels = self._cluster(self.proximity.cpu().numpy())
@@ -118,6 +118,8 @@ class PACFL(ClusterModels):
     def query(cls, view: ClientView, payload: Payload, trained: None, scratch: None) -> Update:
         """A client's answer in the clustering round: its data's subspace, sent as float32 like
         every upload."""
+        if payload.meta.get("question") != "subspace":
+            return super().query(view, payload, trained, scratch)
         return view.answer({"basis": client_subspace(view, view.hp.basis).to(torch.float32)})
 
     def _cluster(self, proximity: np.ndarray) -> np.ndarray:

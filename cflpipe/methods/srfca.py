@@ -160,14 +160,14 @@ class SRFCA(ClusterModels):
     def query_plan(cls, view: ClientView, payload: Payload) -> tuple[ClientPlan | None, None]:
         """INIT's local models: `init_steps` from the initial model it is sent (query sends the
         trained model back); asked for losses, a client trains nothing."""
-        if payload.meta.get("question") == "losses":
-            return None, None
+        if payload.meta.get("question") != "init":
+            return super().query_plan(view, payload)
         return ClientPlan(payload.tensors["model"].clone(), steps=view.hp.init_steps), None
 
     @classmethod
     def query(cls, view: ClientView, payload: Payload, trained: Trained | None, scratch: None) -> Update:
-        if trained is not None:
-            return view.update({"model": trained.vector}, trained)
+        if payload.meta.get("question") != "losses":
+            return super().query(view, payload, trained, scratch)
         models = payload.tensors["models"]
         x, y = view.data()
         if not len(y):
@@ -182,7 +182,7 @@ class SRFCA(ClusterModels):
 
     def _init(self) -> None:
         ctx = self.ctx
-        payload = Payload({"model": ctx.init})
+        payload = Payload({"model": ctx.init}, {"question": "init"})
         answers = ctx.ask({c: payload for c in range(ctx.num_clients)})
         clients = np.array(sorted(answers), dtype=np.int64)
         if len(clients):

@@ -78,7 +78,7 @@ class StoCFL(Method):
         self._united = 0
         new = [int(c) for c in sampled if not self.observed[c]]
         if new:
-            payload = Payload({"model": self.anchor})
+            payload = Payload({"model": self.anchor}, {"question": "observe"})
             for c, answer in self.ctx.ask({c: payload for c in new}).items():
                 self.psi[c] = answer.tensors["psi"]
                 self.observed[c] = True
@@ -122,12 +122,16 @@ class StoCFL(Method):
     def query_plan(cls, view: ClientView, payload: Payload) -> tuple[ClientPlan, None]:
         """A client's first sampling: `observe_epochs` passes from the anchor model it is sent
         (its own batch stream); query sends ψ = anchor − trained."""
+        if payload.meta.get("question") != "observe":
+            return super().query_plan(view, payload)
         t = view.training
         return ClientPlan(payload.tensors["model"], steps=steps_for(view.samples, t.batch_size, None, view.hp.observe_epochs),
                           stream=(0x0B5,)), None
 
     @classmethod
     def query(cls, view: ClientView, payload: Payload, trained: Trained | None, scratch: None) -> Update:
+        if trained is None:
+            return super().query(view, payload, trained, scratch)
         return view.update({"psi": payload.tensors["model"] - trained.vector}, trained)
 
     @classmethod

@@ -212,10 +212,14 @@ def _check_training(spec: Spec, data: dict, scenario: str, method: str | None) -
         where = next((w for w, layer in reversed(layers) if "full_eval_every" in layer), "training")
         return [f"{where}.full_eval_every: needs eval_clients (without a sample every evaluation is full), "
                 f"got {training.full_eval_every}"]
-    clients = spec.scenarios[scenario].clients
-    if training.clients_per_round > clients:
+    sc = spec.scenarios[scenario]
+    if sc.participants < 1:
+        return [f"scenarios.{scenario}.new_clients: {sc.new_clients} of {sc.clients} clients holds out "
+                f"{sc.new_client_count()}, leaving none to train; allowed: a share that leaves at least one"]
+    if training.clients_per_round > sc.participants:
         where = next((w for w, layer in reversed(layers) if "clients_per_round" in layer), "training")
-        return [f"{where}.clients_per_round: must be <= clients of scenario {scenario} ({clients}), "
+        of = f" less its {sc.new_client_count()} new clients" if sc.new_clients is not None else ""
+        return [f"{where}.clients_per_round: must be <= clients of scenario {scenario}{of} ({sc.participants}), "
                 f"got {training.clients_per_round}"]
     return []
 
@@ -266,12 +270,13 @@ def _check_method(spec: Spec, method: str) -> list[str]:
             if not spec.runs_on(method, scenario):
                 continue
             k = getattr(resolved_hyperparams(spec, scenario, method), capabilities.k_param)
-            if k is not None and k > sc.clients:
+            if k is not None and k > sc.participants:
                 param = capabilities.k_param
                 source = f"scenarios.{scenario}.hyperparams" \
                     if param in sc.hyperparams and param not in entry.hyperparams else where
-                return [f"{source}.{param}: must be <= clients of scenario {scenario} "
-                        f"({sc.clients}), got {k}"]
+                of = f" less its {sc.new_client_count()} new clients" if sc.new_clients is not None else ""
+                return [f"{source}.{param}: must be <= clients of scenario {scenario}{of} "
+                        f"({sc.participants}), got {k}"]
     for scenario, sc in spec.scenarios.items():
         if spec.runs_on(method, scenario):
             try:

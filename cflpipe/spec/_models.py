@@ -407,6 +407,10 @@ class Scenario(Strict):
         description="method hyper-parameters for every method of this scenario that has them, e.g. "
                     "`clusters: 4` (its number of true groups); a method entry's own value wins")
     public: PublicData | None = Field(None, description="unlabeled data held by the server (FedTSDP)")
+    new_clients: float | None = Field(
+        None, gt=0, lt=1, description="share of the clients held out as new clients (a seeded choice per run seed): "
+                                      "never sampled for training, never seen by the server; at every full "
+                                      "evaluation each method places them by its own rule (new_acc_macro, new_ari)")
 
     _label = field_validator("label")(classmethod(lambda cls, value: check_label(value)))
 
@@ -461,17 +465,28 @@ class Scenario(Strict):
                              f"clients; fewer groups, more clients, or a mixture step")
         return self
 
+    def new_client_count(self) -> int:
+        """How many clients `new_clients` holds out (at least one; 0 without it)."""
+        return 0 if self.new_clients is None else max(1, round(self.new_clients * self.clients))
+
+    @property
+    def participants(self) -> int:
+        """The clients that take part in training (all but the new clients)."""
+        return self.clients - self.new_client_count()
+
     def definition(self) -> dict[str, Any]:
         """The scenario as data, without its training and hyper-parameter overrides (they reach a
         run through its resolved training and hyperparams, not its partition) and without its
         `label` (cosmetic: a new label re-partitions and re-trains nothing); options added later
-        (`public`, `validation_fraction`, a natural step's `holdout`) only where they differ from their defaults, so that
+        (`public`, `validation_fraction`, `new_clients`, a natural step's `holdout`) only where they differ from their defaults, so that
         partitions and runs written before they existed keep their fingerprints."""
         data = self.model_dump(mode="json", exclude={"training", "hyperparams", "label"})
         if data.get("public") is None:
             data.pop("public", None)
         if data.get("validation_fraction") == 0:
             data.pop("validation_fraction", None)
+        if data.get("new_clients") is None:
+            data.pop("new_clients", None)
         for step in data["partition"]:
             for key, default in LATER_STEP_DEFAULTS.get(step.get("kind"), {}).items():
                 if step.get(key) == default:

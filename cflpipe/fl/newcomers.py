@@ -1,0 +1,88 @@
+"""New clients (scenario `new_clients`): a seeded share of the clients held out of training, never
+sampled and never seen by the server, placed at every full evaluation by each method's own rule
+(`Method.place`) and evaluated with what it serves them.
+
+The engine splits the scenario's data into the participants (what the method and every other
+part of a run see, numbered 0..m-1 in the scenario's order) and the new clients (a sibling
+context over their data, `Context.sibling`). What the placement asks of them and what they send is
+counted as new_bytes_down / new_bytes_up, apart from the training's traffic; the placement
+changes no state of the method, so a run with new clients trains the same bytes as one without
+them over the same participants."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from cflpipe.fl.data import FederatedData
+from cflpipe.fl.evaluation import evaluate
+from cflpipe.fl.method import Context, Method, Placement
+from cflpipe.fl.predictors import Predictor
+from cflpipe.seeds import mix_seed, rng
+
+# Purposes of the new clients' draws (their choice, their own randomness).
+_CHOICE, _THEIR_SEED = 0x4E43, 0x4E53
+# What a round reports of them (rounds.parquet, summary.json's final figures).
+FIGURES = ("new_acc_macro", "new_acc_worst10", "new_ari", "new_nmi", "new_placed", "new_bytes_down",
+           "new_bytes_up")
+
+
+def choose(data: FederatedData, count: int, seed: int) -> np.ndarray:
+    """The new clients (sorted ids): a seeded choice, by the run's seed, of `count` clients with
+    training samples (a new client adapts on its own training split)."""
+    candidates = np.flatnonzero(data.train.sizes() > 0)
+    return np.sort(rng(seed, _CHOICE).choice(candidates, size=min(count, len(candidates)), replace=False))
+
+
+def split(data: FederatedData, newcomers: np.ndarray) -> tuple[FederatedData, FederatedData]:
+    """(the participants' data, the new clients' data), each numbered from 0 in id order."""
+    participants = np.setdiff1d(np.arange(data.num_clients), newcomers)
+    return data.subset(participants), data.subset(newcomers)
+
+
+def sibling(ctx: Context, data: FederatedData) -> Context:
+    """The context the method asks its new clients through."""
+    return ctx.sibling(data, mix_seed(ctx.seed, _THEIR_SEED))
+
+
+class _Served:
+    """What evaluation reads of a method, for the new clients: the placement's predictor and
+    clusters."""
+
+    def __init__(self, placement: Placement):
+        self.placement = placement
+
+    def predictor(self, clients: np.ndarray | None = None) -> Predictor:
+        return self.placement.predictor
+
+    def assignment(self) -> np.ndarray:
+        return self.placement.clusters
+
+    def eval_tables(self) -> dict:
+        return {}
+
+
+def place(method: Method, newcomers: Context, round_index: int, round_number: int, eval_batch_size: int,
+          ids: np.ndarray) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """The round's new-client figures and its rows of newcomers.parquet (round, client by its
+    scenario id, cluster, true group, test accuracy and samples); NaN figures where the method has
+    no rule (and no rows)."""
+    newcomers.round = round_index
+    newcomers.extra_bytes_down = newcomers.extra_bytes_up = 0
+    placement = method.place(newcomers)
+    if placement is None:
+        return {name: float("nan") for name in FIGURES}, {}
+    data = newcomers.data
+    clusters = np.asarray(placement.clusters, dtype=np.int64)
+    result = evaluate(newcomers, _Served(placement), data, eval_batch_size, newcomers.seed, round_number,
+                      train_split=False)
+    f = result.figures
+    figures = {"new_acc_macro": f["acc_macro"], "new_acc_worst10": f["acc_worst10"], "new_ari": f["ari"],
+               "new_nmi": f["nmi"], "new_placed": float((clusters >= 0).mean()) if len(clusters) else float("nan"),
+               "new_bytes_down": float(newcomers.extra_bytes_down), "new_bytes_up": float(newcomers.extra_bytes_up)}
+    rows = result.tables["metrics"]
+    test = rows["split"] == "test"
+    table = {"round": np.full(len(clusters), round_number), "client": ids, "cluster": clusters,
+             "true_group": data.groups, "acc": rows["acc"][test], "n": rows["n"][test]}
+    return figures, table

@@ -1,0 +1,110 @@
+"""New clients (scenario new_clients): held out of training, placed at full evaluations by each
+method's own rule, reported apart; validate's lines for bad values."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from cflpipe.errors import SpecError
+from cflpipe.fl import engine
+from cflpipe.fl.engine import prepare_run, train_run
+from cflpipe.spec import parse_spec
+
+torch.set_num_threads(1)
+
+
+def spec(tmp_path, methods: dict, new_clients: float | None = 0.25, **training) -> object:
+    scenario = {"dataset": "digits", "clients": 12, "hyperparams": {"clusters": 3},
+                "partition": [{"kind": "iid"}, {"kind": "label_swap", "groups": 3}]}
+    if new_clients is not None:
+        scenario["new_clients"] = new_clients
+    return parse_spec({
+        "seeds": [0, 1],
+        "training": {"model": "mlp", "rounds": 10, "clients_per_round": 9, "local_steps": 10, "batch_size": 32,
+                     "lr": 0.05, "eval_every": 5, "trainer": "sequential", **training},
+        "scenarios": {"swap": scenario}, "methods": methods,
+        "results_dir": str(tmp_path / "results"), "data_dir": str(tmp_path / "data")})
+
+
+def test_new_clients_never_train_and_are_placed_at_full_evaluations(tmp_path, monkeypatch):
+    s = spec(tmp_path, {"ifca": {}, "cfl": {}})
+    run = prepare_run(s, "swap", "ifca", 0)
+    run.setup()
+    chosen = run.newcomer_ids
+    assert len(chosen) == 3 and run.data.num_clients == 9 and run.new_data.num_clients == 3
+    # the participants are the others, in id order: their rows are the scenario's clients' rows
+    sampled = np.concatenate([run.sample(r) for r in range(10)])
+    assert sampled.max() < 9  # drawn among the 9 participants only
+    result = train_run(s, "swap", "ifca", 0, progress=False)
+    summary = json.loads((result.run_dir / "summary.json").read_text())
+    assert summary["new_clients"] == chosen.tolist() and summary["clients"] == 9
+    assert summary["final"]["new_ari"] == 1.0 and summary["final"]["new_placed"] == 1.0
+    rows = pd.read_parquet(result.run_dir / "newcomers.parquet")
+    assert rows["round"].tolist() == [5] * 3 + [10] * 3 and rows["client"].tolist() == chosen.tolist() * 2
+    assert set(rows.columns) == {"round", "client", "cluster", "true_group", "acc", "n"}
+    rounds = pd.read_parquet(result.run_dir / "rounds.parquet").dropna(subset=["acc_macro"])
+    # IFCA's placement: 3 clients receive K = 3 models and send 3 losses each; nothing more
+    size = rounds["bytes_down"].iloc[0] / 9 / 3  # every sampled client receives the 3 models
+    assert (rounds["new_bytes_down"] == 3 * 3 * size).all() and (rounds["new_bytes_up"] == 3 * 3 * 4).all()
+    # a method without a rule: NaN figures, no rows
+    cfl = train_run(s, "swap", "cfl", 0, progress=False).run_dir
+    assert json.loads((cfl / "summary.json").read_text())["final"]["new_acc_macro"] is None  # NaN: null
+    assert not (cfl / "newcomers.parquet").exists()
+
+
+def test_the_new_clients_follow_the_seed_and_a_sampled_evaluation_places_none(tmp_path):
+    s = spec(tmp_path, {"fedavg": {}, "ifca": {}}, eval_clients=4, full_eval_every=10)
+    first, second = (prepare_run(s, "swap", "fedavg", seed) for seed in (0, 1))
+    first.setup()
+    second.setup()
+    assert not np.array_equal(first.newcomer_ids, second.newcomer_ids)
+    rounds = pd.read_parquet(train_run(s, "swap", "fedavg", 0, progress=False).run_dir / "rounds.parquet")
+    evaluated = rounds.dropna(subset=["acc_macro"]).set_index("round")
+    assert np.isnan(evaluated.loc[5, "new_acc_macro"]) and not np.isnan(evaluated.loc[10, "new_acc_macro"])
+
+
+def test_a_run_with_new_clients_resumes_to_the_same_bytes(tmp_path, monkeypatch):
+    s = spec(tmp_path, {"fedgroup": {}}, checkpoint_every=5)
+    reference = train_run(s, "swap", "fedgroup", 0, progress=False).run_dir
+    kept = {f.name: f.read_bytes() for f in reference.glob("*.parquet") if not f.name.startswith("timing")}
+    other = spec(tmp_path / "again", {"fedgroup": {}}, checkpoint_every=5)
+    save = engine.Run.save_state
+
+    class Killed(Exception):
+        pass
+
+    def save_then_die(self, round_number):
+        save(self, round_number)
+        if round_number == 5:
+            raise Killed
+
+    monkeypatch.setattr(engine.Run, "save_state", save_then_die)
+    with pytest.raises(Killed):
+        train_run(other, "swap", "fedgroup", 0, progress=False)
+    monkeypatch.undo()
+    again = train_run(other, "swap", "fedgroup", 0, progress=False).run_dir
+    for name, data in kept.items():
+        assert (again / name).read_bytes() == data, name
+
+
+@pytest.mark.parametrize("share, clusters, per_round, line", [
+    (1.5, 2, 3, "scenarios.a.new_clients: must be < 1, got 1.5"),
+    (0.0, 2, 3, "scenarios.a.new_clients: must be > 0, got 0.0"),
+    (0.5, 4, 3, "scenarios.a.hyperparams.clusters: must be <= clients of scenario a less its 3 new clients (3), got 4"),
+    (0.5, 2, 5, "training.clients_per_round: must be <= clients of scenario a less its 3 new clients (3), got 5"),
+    (0.95, 2, 1, "scenarios.a.new_clients: 0.95 of 6 clients holds out 6, leaving none to train"),
+])
+def test_bad_new_client_values_are_one_line_at_validate(share, clusters, per_round, line):
+    raw = {"seeds": [0], "training": {"model": "mlp", "rounds": 2, "clients_per_round": per_round},
+           "scenarios": {"a": {"dataset": "digits", "clients": 6, "new_clients": share,
+                               "hyperparams": {"clusters": clusters},
+                               "partition": [{"kind": "iid"}, {"kind": "label_swap", "groups": 2}]}},
+           "methods": {"ifca": {}}}
+    with pytest.raises(SpecError) as err:
+        parse_spec(raw)
+    assert line in str(err.value)
