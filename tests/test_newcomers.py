@@ -108,3 +108,28 @@ def test_bad_new_client_values_are_one_line_at_validate(share, clusters, per_rou
     with pytest.raises(SpecError) as err:
         parse_spec(raw)
     assert line in str(err.value)
+
+
+def test_a_subclass_whose_clients_differ_is_not_given_its_parents_rule():
+    """FedProx changes only its clients' pull and serves new clients as FedAvg does; a subclass
+    with clients of its own has no rule until it states one."""
+    from cflpipe.methods.fedavg import FedAvg
+    from cflpipe.methods.fedprox import FedProx
+
+    assert FedProx.place is FedAvg.place and FedProx.newcomer_rule == FedAvg.newcomer_rule
+
+    class OwnClients(FedAvg):
+        @classmethod
+        def client_plan(cls, view, payload):
+            return super().client_plan(view, payload)
+
+    assert OwnClients.newcomer_rule == "" and OwnClients.place(None, None) is None
+
+
+def test_ditto_and_per_fedavg_serve_a_new_client_a_model_of_its_own(tmp_path):
+    s = spec(tmp_path, {"ditto": {}, "perfedavg": {}, "fedavg": {}, "ifca": {}})
+    finals = {m: json.loads((train_run(s, "swap", m, 0, progress=False).run_dir / "summary.json").read_text())["final"]
+              for m in ("ditto", "perfedavg", "fedavg")}
+    # label-swapped new clients: the shared model serves them badly, a model adapted to their data well
+    assert finals["ditto"]["new_acc_macro"] > finals["fedavg"]["new_acc_macro"] + 0.2
+    assert finals["perfedavg"]["new_bytes_down"] == finals["fedavg"]["new_bytes_down"] > 0

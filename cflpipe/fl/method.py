@@ -387,6 +387,9 @@ class ClientView:
         return Update(tensors, self.samples, NOT_TRAINED, meta=meta, keep=keep or {})
 
 
+# Hooks whose override makes a class's clients or models its own: an inherited rule for new
+# clients (Method.place) then no longer applies.
+_WHAT_A_RULE_READS = ("client_plan", "client_finish", "predictor", "cluster_models", "cluster_client_finish")
 # The server-object client hooks of before the one client form (#45); a class defining one is refused.
 _REMOVED_CLIENT_HOOKS = ("plan", "finish", "start_client", "end_client", "local_update", "anchors", "cluster_finish")
 # Hooks of before #45 that became the engine's (receive, streams_means) or the registration's
@@ -504,6 +507,10 @@ class Method:
         if moved:
             raise TypeError(f"{cls.__module__}.{cls.__qualname__} defines {moved[0]}(), which is no longer a method "
                             f"hook: {_REMOVED_HOOKS[moved[0]]} (docs/extending.md)")
+        if "place" not in vars(cls) and any(hook in vars(cls) for hook in _WHAT_A_RULE_READS):
+            # Its clients or its models differ from its parent's: the parent's rule for new
+            # clients is not its rule, and no method is silently given another's.
+            cls.place, cls.newcomer_rule = Method.place, ""
         if "aggregate" in vars(cls) and "streamed_means" not in vars(cls):
             cls.streamed_means = ()  # its aggregate reads the round's updates: they are held for it
         bind_declared(cls)  # a built-in's name and capabilities, from its declaration in the catalog

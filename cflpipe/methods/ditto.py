@@ -25,7 +25,10 @@ from __future__ import annotations
 
 
 from cflpipe.fl.local import Anchor
-from cflpipe.fl.method import ClientView, Payload, Update
+import numpy as np
+
+from cflpipe.fl.method import ClientView, Context, Payload, Placement, Update
+from cflpipe.fl.predictors import Models
 from cflpipe.fl.plan import ClientPlan, Trained
 from cflpipe.methods.fedavg import FedAvg
 from cflpipe.methods.personal import PersonalModels
@@ -52,4 +55,26 @@ class Ditto(PersonalModels, FedAvg):
         record = personal if personal.diverged else trained["model"]
         # The personal model stays on the client: it is kept, not sent, so not counted.
         return view.update({"model": trained["model"].vector}, record, keep={"personal": personal.vector})
+
+    newcomer_rule = ("receives the global model and trains a personal model of its own from the initial one with "
+                     "Ditto's pull λ towards it, for one round (personal_steps), served that model")
+
+    def place(self, newcomers: Context) -> Placement:
+        n = newcomers.num_clients
+        payload = Payload({"model": self.global_model}, {"question": "personal"})
+        newcomers.ask({c: payload for c in range(n)})  # each keeps its personal model
+        return Placement(np.full(n, -1, dtype=np.int64), Models.own(newcomers.clients[self.personal_table]))
+
+    @classmethod
+    def query_plan(cls, view: ClientView, payload: Payload) -> tuple[ClientPlan | None, None]:
+        if payload.meta.get("question") != "personal":
+            return super().query_plan(view, payload)
+        return ClientPlan(view.kept("personal"), (Anchor(payload.tensors["model"], view.hp.lam),),
+                          steps=view.hp.personal_steps), None
+
+    @classmethod
+    def query(cls, view: ClientView, payload: Payload, trained: Trained | None, scratch: None) -> Update:
+        if trained is None:
+            return super().query(view, payload, trained, scratch)
+        return view.update({}, trained, keep={"personal": trained.vector})
 

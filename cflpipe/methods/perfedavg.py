@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from cflpipe.fl.local import FOMAMLStep
-from cflpipe.fl.method import ClientView, Payload, Update, stack_updates
+from cflpipe.fl.method import ClientView, Context, Payload, Placement, Update, stack_updates
 from cflpipe.fl.params import weighted_average
 from cflpipe.fl.plan import ClientPlan
 from cflpipe.fl.predictors import Models
@@ -67,6 +67,19 @@ class PerFedAvg(FedAvg):
         on a batch stream of its own, so evaluating never moves the training streams."""
         return ClientPlan(self.global_model, steps=self.hp.eval_steps, lr=self.alpha(), momentum=0.0,
                           weight_decay=0.0, stream=(_EVAL_STREAM,))
+
+    newcomer_rule = ("receives the global model and fine-tunes it as every client is evaluated (eval_steps SGD steps "
+                     "of size α on its own training data), served that model")
+
+    def place(self, newcomers: Context) -> Placement:
+        n = newcomers.num_clients
+        shared = np.zeros(n, dtype=np.int64)
+        placement = self.served(newcomers, shared, [self.global_model], shared)  # the global model, sent
+        if self.hp.eval_steps == 0:
+            return placement
+        plan = self.fine_tuning()  # evaluation's fine-tuning, as predictor() does it for every client
+        tuned = newcomers.run({c: plan for c in range(n)})
+        return Placement(shared, Models.own([tuned[c].vector for c in range(n)]))
 
     def predictor(self, clients: np.ndarray | None = None) -> Models:
         m = self.ctx.num_clients
