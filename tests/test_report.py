@@ -961,3 +961,20 @@ def test_the_setup_says_how_many_training_splits_evaluations_read():
     assert _evaluation_text(Training(eval_every=2, eval_train=False), 12, []) == "2 rounds (test splits only)"
     assert _evaluation_text(Training(eval_train=True), 12, _final_counts(runs.drop(columns="train_evaluated_clients"),
                                                                          "a")) == "5 rounds"
+
+
+def test_at_a_glance_says_a_tie_when_the_best_means_are_equal():
+    """ARI 1.00 in every seed for two methods is a tie, not a winner and a runner-up."""
+    from types import SimpleNamespace
+
+    from cflpipe.report.sections import Sections
+
+    per_seed = pd.DataFrame([{"scenario": "s", "method": m, "seed": k, "ari": v}
+                             for m, values in (("ifca", [1.0, 1.0, 1.0]), ("flhc", [1.0, 1.0, 1.0]),
+                                               ("cfl", [0.5, 0.6, 0.7])) for k, v in enumerate(values)])
+    sections = Sections.__new__(Sections)
+    sections.view = SimpleNamespace(per_seed=per_seed, label=str.upper)
+    tie = sections._leader("s", ["ifca", "flhc", "cfl"], "ari", 1.0, 2, "")
+    assert (tie["best"], tie["next"], tie["verdict"]) == ("IFCA and FLHC", "CFL", "tied: equal means over 3 seeds")
+    alone = sections._leader("s", ["ifca", "cfl"], "ari", 1.0, 2, "")
+    assert alone["best"] == "IFCA" and alone["verdict"].startswith("separated")

@@ -61,9 +61,12 @@ class Sections:
         rank = None
         if ranking is not None and len(ranking.average):
             order = ranking.average.sort_values(kind="stable")
-            rank = {"method": view.label(order.index[0]), "average": f"{order.iloc[0]:.2f}",
-                    "next": view.label(order.index[1]) if len(order) > 1 else None,
-                    "next_average": f"{order.iloc[1]:.2f}" if len(order) > 1 else None,
+            tied = [m for m in order.index if order[m] == order.iloc[0]]  # equal averages: a tie, said so
+            rest = order.drop(tied)
+            rank = {"method": _together([view.label(m) for m in tied]),
+                    "average": f"{order.iloc[0]:.2f}" + (", tied" if len(tied) > 1 else ""),
+                    "next": view.label(rest.index[0]) if len(rest) else None,
+                    "next_average": f"{rest.iloc[0]:.2f}" if len(rest) else None,
                     "scenarios": len(ranking.scenarios),
                     "test": (f"Friedman p = {ranking.p_value:.2g}" if ranking.tested else "not tested")}
         return {"rows": rows, "rank": rank, "grouped": any(r["ari"] is not None for r in rows)}
@@ -77,12 +80,17 @@ class Sections:
             return None
         order = sorted(means, key=lambda m: -means[m])  # stable: the spec's order on equal means
         best = order[0]
-        out = {"best": view.label(best), "value": f"{means[best] * scale:.{digits}f}{unit}", "next": None,
-               "next_value": None, "verdict": f"n = {len(values[best])}"}
-        if len(order) > 1:
-            second = order[1]
-            out.update(next=view.label(second), next_value=f"{means[second] * scale:.{digits}f}{unit}",
-                       verdict=verdict(values[best], values[second]))
+        tied = [m for m in order if means[m] == means[best]]  # equal means (ARI 1.00 in every seed): a tie
+        rest = [m for m in order if m not in tied]
+        out = {"best": _together([view.label(m) for m in tied]), "value": f"{means[best] * scale:.{digits}f}{unit}",
+               "next": None, "next_value": None,
+               "verdict": f"tied: equal means over {len(values[best])} seeds" if len(tied) > 1
+               else f"n = {len(values[best])}"}
+        if rest:
+            second = rest[0]
+            out.update(next=view.label(second), next_value=f"{means[second] * scale:.{digits}f}{unit}")
+            if len(tied) == 1:
+                out["verdict"] = verdict(values[best], values[second])
         return out
 
     def setup(self) -> dict[str, Any]:
@@ -501,3 +509,8 @@ def _utc(stamp: str) -> str:
 def _hp_text(hyperparams: str) -> str:
     hp = json.loads(hyperparams) if hyperparams else {}
     return ", ".join(f"{k}={v}" for k, v in hp.items()) or DASH
+
+
+def _together(labels: list[str]) -> str:
+    """"A", "A and B", "A, B and C"."""
+    return labels[0] if len(labels) == 1 else ", ".join(labels[:-1]) + " and " + labels[-1]

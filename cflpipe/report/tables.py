@@ -76,7 +76,7 @@ TIE_MARK = "≈"
 MIN_TEST_SEEDS = 3
 TEST_NOTE = (f"Bold: the best mean, separated from every other method by a two-sided paired t-test over "
              f"seeds (p < {ALPHA:g}); {TIE_MARK}: tied, the best and the methods it is not separated from "
-             f"(p ≥ {ALPHA:g}); nothing is marked with fewer than two seeds.")
+             f"(p ≥ {ALPHA:g}); nothing is marked with fewer than {MIN_TEST_SEEDS} seeds.")
 REFERENCE_NOTE = "reference: knows the true groups; never marked best."
 # Figures computed from clusters.parquet's assignment, which soft methods fill with each client's
 # largest share.
