@@ -32,7 +32,7 @@ def spec(tmp_path, methods: dict, new_clients: float | None = 0.25, **training) 
 
 
 def test_new_clients_never_train_and_are_placed_at_full_evaluations(tmp_path, monkeypatch):
-    s = spec(tmp_path, {"ifca": {}, "cfl": {}})
+    s = spec(tmp_path, {"ifca": {}, "flux": {}})
     run = prepare_run(s, "swap", "ifca", 0)
     run.setup()
     chosen = run.newcomer_ids
@@ -52,9 +52,9 @@ def test_new_clients_never_train_and_are_placed_at_full_evaluations(tmp_path, mo
     size = rounds["bytes_down"].iloc[0] / 9 / 3  # every sampled client receives the 3 models
     assert (rounds["new_bytes_down"] == 3 * 3 * size).all() and (rounds["new_bytes_up"] == 3 * 3 * 4).all()
     # a method without a rule: NaN figures, no rows
-    cfl = train_run(s, "swap", "cfl", 0, progress=False).run_dir
-    assert json.loads((cfl / "summary.json").read_text())["final"]["new_acc_macro"] is None  # NaN: null
-    assert not (cfl / "newcomers.parquet").exists()
+    flux = train_run(s, "swap", "flux", 0, progress=False).run_dir
+    assert json.loads((flux / "summary.json").read_text())["final"]["new_acc_macro"] is None  # NaN: null
+    assert not (flux / "newcomers.parquet").exists()
 
 
 def test_the_new_clients_follow_the_seed_and_a_sampled_evaluation_places_none(tmp_path):

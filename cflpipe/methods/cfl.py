@@ -18,9 +18,9 @@ import numpy as np
 import torch
 
 from cflpipe.clustering import cfl_bipartition, cosine_similarity_matrix
-from cflpipe.fl.method import ClientView, Context, Payload, Update, stack_updates
+from cflpipe.fl.method import ClientView, Context, Payload, Placement, Update, stack_updates
 from cflpipe.fl.plan import Trained
-from cflpipe.methods.clustered import ClusterModels
+from cflpipe.methods.clustered import ADAPT, ClusterModels
 from cflpipe.fl.params import cluster_average
 
 
@@ -125,8 +125,7 @@ class CFL(ClusterModels):
         similarity = cosine_similarity_matrix(update[None, :], self.split_directions[split])[0]
         cluster = int(self.split_clusters[split, int(similarity.argmax())])
         self.clusters[client] = cluster
-        later = np.nonzero((self.split_clusters[:, 0] == cluster) & (np.arange(len(self.split_clusters)) > split))[0]
-        self.pending[client] = int(later[0]) if len(later) else -1
+        self.pending[client] = self._next_split(cluster, split)
 
     def cluster_aggregate(self, updates: dict[int, Update]) -> None:
         routed = {c: u for c, u in updates.items() if u.meta["split"] >= 0}
@@ -188,6 +187,33 @@ class CFL(ClusterModels):
         for per_cluster in self._norms:
             per_cluster.append(float("nan"))
         return np.where(halves == 0, k, new).astype(np.int64)
+
+    newcomer_rule = ("descends CFL's parameter tree from the first cluster: at each split it trains the model the "
+                     "split was computed at for one round's local steps and follows the half whose mean update at the "
+                     "split is more cosine-similar to its update, served the model of the cluster it ends in")
+
+    def place(self, newcomers: Context) -> Placement:
+        n = newcomers.num_clients
+        clusters = np.zeros(n, dtype=np.int64)
+        at = {c: self._next_split(0, -1) for c in range(n)}
+        while any(s >= 0 for s in at.values()):
+            asked = {c: Payload({"model": self.split_models[s]}, {"question": ADAPT}) for c, s in at.items() if s >= 0}
+            answers = newcomers.ask(asked)
+            for c in list(asked):
+                split = at[c]
+                if c not in answers:  # its training diverged: it stays where it is
+                    at[c] = -1
+                    continue
+                update = answers[c].tensors["model"] - self.split_models[split]
+                similarity = cosine_similarity_matrix(update[None, :], self.split_directions[split])[0]
+                clusters[c] = int(self.split_clusters[split, int(similarity.argmax())])
+                at[c] = self._next_split(int(clusters[c]), split)
+        return self.served(newcomers, clusters, list(self.centers), clusters)
+
+    def _next_split(self, cluster: int, after: int) -> int:
+        """The first split of `cluster` made after split `after` (-1: none)."""
+        later = np.nonzero((self.split_clusters[:, 0] == cluster) & (np.arange(len(self.split_clusters)) > after))[0]
+        return int(later[0]) if len(later) else -1
 
     def round_metrics(self) -> dict[str, Any]:
         mean_norms, max_norms, cross = self._norms

@@ -147,6 +147,18 @@ class ClusterModels(Method):
             return super().query(view, payload, trained, scratch)
         return view.update({"model": trained.vector}, trained)
 
+    def place_by_loss(self, newcomers: Context, models: torch.Tensor) -> Placement:
+        """A new client receives the cluster models, sends its mean training loss under each (its
+        method's `query` answers the question "losses") and is served the one of lowest loss,
+        which it holds already; one without training data is served the first."""
+        n = newcomers.num_clients
+        answers = newcomers.ask({c: Payload({"models": models}, {"question": "losses"}) for c in range(n)})
+        losses = np.full((n, len(models)), np.nan)
+        for c, answer in answers.items():
+            losses[c] = answer.tensors["losses"].double().cpu().numpy()
+        clusters = np.argmin(np.where(np.isnan(losses), np.inf, losses), axis=1).astype(np.int64)
+        return Placement(clusters, Models(list(models), clusters))
+
     def place_nearest(self, newcomers: Context) -> Placement:
         """A new client trains the mean of the cluster models for one round's local steps and
         joins the cluster whose model is nearest (L2) to what it trained, whose model then serves

@@ -17,7 +17,6 @@ from cflpipe.errors import SpecError
 from cflpipe.fl.method import ClientView, Context, Payload, Placement, Update, stack_updates
 from cflpipe.fl.params import cluster_average
 from cflpipe.fl.plan import ClientPlan, Trained
-from cflpipe.fl.predictors import Models
 from cflpipe.methods.clustered import ClusterModels
 from cflpipe.methods.catalog import AWCFLParams, MCFLParams
 from cflpipe.metrics import per_client_mean
@@ -187,13 +186,7 @@ class IFCA(ClusterModels):
                      "lowest loss (IFCA's own choice)")
 
     def place(self, newcomers: Context) -> Placement:
-        models, n = self._best_models(), newcomers.num_clients
-        answers = newcomers.ask({c: Payload({"models": models}, {"question": "losses"}) for c in range(n)})
-        losses = np.full((n, len(models)), np.nan)
-        for c, answer in answers.items():
-            losses[c] = answer.tensors["losses"].double().cpu().numpy()
-        clusters = lowest(losses)
-        return Placement(clusters, Models(list(models), clusters))  # it holds all K: nothing more to send
+        return self.place_by_loss(newcomers, self._best_models())
 
     @classmethod
     def query(cls, view: ClientView, payload: Payload, trained: Trained | None, scratch: None) -> Update:

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from cflpipe.fl.method import ClientView, Payload, Update, stack_updates
+from cflpipe.fl.method import ClientView, Context, Payload, Placement, Update, stack_updates
 from cflpipe.fl.plan import ClientPlan, Trained
 from cflpipe.methods.clustered import ClusterModels
 
@@ -155,6 +155,12 @@ class SRFCA(ClusterModels):
         for client, answer in answers.items():
             out[:, client] = answer.tensors["losses"].double().cpu().numpy()
         return out
+
+    newcomer_rule = ("receives the cluster models, sends its training cross-entropy under each (the losses SR-FCA "
+                     "clusters by) and is served the one of lowest loss")
+
+    def place(self, newcomers: Context) -> Placement:
+        return self.place_by_loss(newcomers, self.centers)
 
     @classmethod
     def query_plan(cls, view: ClientView, payload: Payload) -> tuple[ClientPlan | None, None]:

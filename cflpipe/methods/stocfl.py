@@ -20,7 +20,7 @@ import torch
 
 from cflpipe.clustering import canonical_labels
 from cflpipe.fl.local import Anchor, steps_for
-from cflpipe.fl.method import ClientView, Context, Method, Payload, Update
+from cflpipe.fl.method import ClientView, Context, Method, Payload, Placement, Update
 from cflpipe.fl.plan import ClientPlan, Trained
 from cflpipe.fl.predictors import Models
 
@@ -165,6 +165,33 @@ class StoCFL(Method):
 
     def assignment(self) -> np.ndarray:
         return canonical_labels(self.cluster_of)
+
+    newcomer_rule = ("trains the anchor model for observe_epochs and sends ψ = anchor − trained; it joins the cluster "
+                     "whose mean ψ over its observed members is the most cosine-similar, at least τ (StoCFL's own "
+                     "uniting rule), served that cluster's model (or the global model where it has none), else "
+                     "stays a cluster of its own, served the global model")
+
+    def place(self, newcomers: Context) -> Placement:
+        n = newcomers.num_clients
+        answers = newcomers.ask({c: Payload({"model": self.anchor}, {"question": "observe"}) for c in range(n)})
+        seen = np.flatnonzero(self.observed)
+        named = sorted({int(self.cluster_of[c]) for c in seen})
+        clusters, models, index = np.full(n, -1, dtype=np.int64), [self.global_model], np.zeros(n, dtype=np.int64)
+        if named and answers:
+            members = {k: seen[self.cluster_of[seen] == k] for k in named}
+            directions = torch.stack([self.psi[members[k]].mean(0) for k in named])
+            done = sorted(answers)
+            psi = torch.stack([answers[c].tensors["psi"] for c in done])
+            similarity = cosine_matrix(torch.cat([psi, directions]))[:len(done), len(done):].cpu().numpy()
+            for row, c in enumerate(done):
+                best = int(np.argmax(similarity[row]))
+                if similarity[row, best] >= self.hp.tau:
+                    k = named[best]
+                    clusters[c] = k
+                    if self.has_model[k]:
+                        models.append(self.models[k])
+                        index[c] = len(models) - 1
+        return self.served(newcomers, clusters, models, index)
 
     def round_metrics(self) -> dict[str, Any]:
         return {"stocfl_united": float(self._united), "stocfl_observed": float(self.observed.sum())}
