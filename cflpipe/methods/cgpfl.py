@@ -42,9 +42,10 @@ import numpy as np
 import torch
 
 from cflpipe.fl.local import MoreauStep
-from cflpipe.fl.method import ClientView, Method, Payload, Update, stack_updates
+from cflpipe.fl.method import ClientView, Context, Method, Payload, Placement, Update, stack_updates
 from cflpipe.fl.params import cluster_average
 from cflpipe.fl.plan import ClientPlan, Trained
+from cflpipe.fl.predictors import Models
 from cflpipe.methods.personal import PersonalModels
 
 _SEEDING = 0xC6  # purpose of the server randomness that seeds the generalized models
@@ -130,3 +131,29 @@ class CGPFL(PersonalModels, Method):
 
     def assignment(self) -> np.ndarray | None:
         return self.clusters.copy()
+
+    newcomer_rule = ("receives the generalized model nearest its (initial) local model, trains its personalized model "
+                     "θ and local model w as a client does in a round, keeps θ (what serves it) and joins the "
+                     "generalized model nearest the w it sends")
+
+    def place(self, newcomers: Context) -> Placement:
+        n = newcomers.num_clients
+        start = int(nearest(newcomers.init[None], self.centers)[0])
+        payload = Payload({"model": self.centers[start]}, {"question": "round"})
+        answers = newcomers.ask({c: payload for c in range(n)})
+        clusters = np.full(n, -1, dtype=np.int64)
+        for c, answer in answers.items():
+            clusters[c] = int(nearest(answer.tensors["model"][None], self.centers)[0])
+        return Placement(clusters, Models.own(newcomers.clients[self.personal_table]))
+
+    @classmethod
+    def query_plan(cls, view: ClientView, payload: Payload) -> tuple[ClientPlan | None, None]:
+        if payload.meta.get("question") != "round":
+            return super().query_plan(view, payload)
+        return cls.client_plan(view, payload)
+
+    @classmethod
+    def query(cls, view: ClientView, payload: Payload, trained: Trained | None, scratch: None) -> Update:
+        if trained is None:
+            return super().query(view, payload, trained, scratch)
+        return cls.client_finish(view, payload, trained, scratch)

@@ -52,7 +52,7 @@ import torch
 
 from cflpipe.clustering import PCAProjection, cosine_similarity_matrix, fit_pca, pairwise_sq_distances
 from cflpipe.fl.local import Anchor
-from cflpipe.fl.method import ClientView, Method, Payload, Update
+from cflpipe.fl.method import ClientView, Context, Method, Payload, Placement, Update
 from cflpipe.fl.params import cluster_average
 from cflpipe.fl.plan import ClientPlan, Trained
 from cflpipe.fl.predictors import Models
@@ -276,6 +276,40 @@ class FedAC(Method):
 
     def assignment(self) -> np.ndarray | None:
         return self.clusters.copy()
+
+    newcomer_rule = ("trains its personalized model ω from the initial model for one round, pulled by μ to the mean "
+                     "of the cluster centers and by λ to Φ, sends it (with M·ω) and is assigned by FedAC's E-step "
+                     "(LrCos, or L2); served its own ω")
+
+    def place(self, newcomers: Context) -> Placement:
+        n = newcomers.num_clients
+        tensors = {"center": self.centers.mean(0), "phi": self.phi[self.ctx.space.body]}
+        if self.pca is not None:  # a new client holds no M yet
+            tensors.update(pca_components=self.pca.components, pca_mean=self.pca.mean)
+        payload = Payload(tensors, meta={"pca": self.pca, "question": "round"})
+        answers = newcomers.ask({c: payload for c in range(n)})  # each keeps its ω
+        clusters = np.full(n, -1, dtype=np.int64)
+        done = sorted(answers)
+        if done:
+            vectors = torch.stack([answers[c].tensors["model"] for c in done])
+            no_map = self.hp.similarity == "lrcos" and self.pca is None  # before the first PCA: by L2
+            clusters[done] = pairwise_sq_distances(vectors, self.centers).argmin(1).cpu().numpy() if no_map \
+                else self._assign_rows(vectors, self.centers)
+        return Placement(clusters, Models.own(newcomers.clients["model"]))
+
+    @classmethod
+    def query_plan(cls, view: ClientView, payload: Payload) -> tuple[ClientPlan | None, None]:
+        if payload.meta.get("question") != "round":
+            return super().query_plan(view, payload)
+        return cls.client_plan(view, payload)
+
+    @classmethod
+    def query(cls, view: ClientView, payload: Payload, trained: Trained | None, scratch: None) -> Update:
+        if trained is None:
+            return super().query(view, payload, trained, scratch)
+        update = cls.client_finish(view, payload, trained, scratch)
+        update.keep["model"] = trained.vector
+        return update
 
     def round_metrics(self) -> dict[str, Any]:
         finite = [float(g) if np.isfinite(g) else None for g in self.g_values]

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from cflpipe.fl.method import ClientView, Method, Payload, Update, stack_updates
+from cflpipe.fl.method import ClientView, Context, Method, Payload, Placement, Update, stack_updates
 from cflpipe.fl.plan import ClientPlan, Trained
 from cflpipe.fl.predictors import Models
 from cflpipe.fl.params import weighted_average
@@ -62,10 +62,33 @@ class FedPer(Method):
 
     # --- evaluation: the global body with the client's own head (a client never sampled still
     # has the initial, untrained head, so its accuracy is that of a random decision layer)
-    def client_models(self) -> torch.Tensor:
-        models = self.global_model.repeat(self.ctx.num_clients, 1)
-        models[:, self.head_mask] = self.ctx.clients["head"]
+    def client_models(self, clients: Context | None = None) -> torch.Tensor:
+        """The global body with each client's own head (of `clients`' store: the participants' by default)."""
+        clients = clients or self.ctx
+        models = self.global_model.repeat(clients.num_clients, 1)
+        models[:, self.head_mask] = clients.clients["head"]
         return models
+
+    newcomer_rule = ("receives the shared body and trains body and its own head as a client does in a round, then "
+                     "keeps the head: served the shared body with that head")
+
+    def place(self, newcomers: Context) -> Placement:
+        n = newcomers.num_clients
+        payload = Payload({"body": self.global_model[self.body_mask]}, {"question": "round"})
+        newcomers.ask({c: payload for c in range(n)})  # each keeps the head it trained
+        return Placement(np.full(n, -1, dtype=np.int64), Models.own(self.client_models(newcomers)))
+
+    @classmethod
+    def query_plan(cls, view: ClientView, payload: Payload) -> tuple[ClientPlan | None, None]:
+        if payload.meta.get("question") != "round":
+            return super().query_plan(view, payload)
+        return cls.client_plan(view, payload)
+
+    @classmethod
+    def query(cls, view: ClientView, payload: Payload, trained: Trained | None, scratch: None) -> Update:
+        if trained is None:
+            return super().query(view, payload, trained, scratch)
+        return view.update({}, trained, keep={"head": trained.vector[view.space.head]})
 
     def predictor(self, clients: np.ndarray | None = None) -> Models:
         return Models.own(self.client_models())
