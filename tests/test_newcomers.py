@@ -44,6 +44,7 @@ def test_new_clients_never_train_and_are_placed_at_full_evaluations(tmp_path, mo
     summary = json.loads((result.run_dir / "summary.json").read_text())
     assert summary["new_clients"] == chosen.tolist() and summary["clients"] == 9
     assert summary["final"]["new_ari"] == 1.0 and summary["final"]["new_placed"] == 1.0
+    assert summary["final"]["new_joined"] == 1.0  # each with the participants of its group
     rows = pd.read_parquet(result.run_dir / "newcomers.parquet")
     assert rows["round"].tolist() == [5] * 3 + [10] * 3 and rows["client"].tolist() == chosen.tolist() * 2
     assert set(rows.columns) == {"round", "client", "cluster", "true_group", "acc", "n"}

@@ -24,7 +24,7 @@ from cflpipe.seeds import mix_seed, rng
 # Purposes of the new clients' draws (their choice, their own randomness).
 _CHOICE, _THEIR_SEED = 0x4E43, 0x4E53
 # What a round reports of them (rounds.parquet, summary.json's final figures).
-FIGURES = ("new_acc_macro", "new_acc_worst10", "new_ari", "new_nmi", "new_placed", "new_bytes_down",
+FIGURES = ("new_acc_macro", "new_acc_worst10", "new_ari", "new_nmi", "new_placed", "new_joined", "new_bytes_down",
            "new_bytes_up")
 
 
@@ -44,6 +44,23 @@ def split(data: FederatedData, newcomers: np.ndarray) -> tuple[FederatedData, Fe
 def sibling(ctx: Context, data: FederatedData) -> Context:
     """The context the method asks its new clients through."""
     return ctx.sibling(data, mix_seed(ctx.seed, _THEIR_SEED))
+
+
+def joined(method: Method, clusters: np.ndarray, groups: np.ndarray) -> float:
+    """The share of the new clients placed in the cluster that holds most of the participants of
+    their true group (new_ari compares the new clients' placements with each other only); NaN
+    without true groups, for a method without clusters, or where no participant shares a group."""
+    held, theirs = method.assignment(), method.ctx.data.groups
+    if held is None or not method.ctx.data.has_groups or not len(groups) or (groups < 0).any():
+        return float("nan")
+    held = np.asarray(held)
+    hits = []
+    for cluster, group in zip(clusters, groups):
+        members = held[theirs == group]
+        if len(members):
+            values, counts = np.unique(members, return_counts=True)
+            hits.append(cluster == values[np.argmax(counts)])
+    return float(np.mean(hits)) if hits else float("nan")
 
 
 class _Served:
@@ -70,6 +87,9 @@ def place(method: Method, newcomers: Context, round_index: int, round_number: in
     no rule (and no rows)."""
     newcomers.round = round_index
     newcomers.extra_bytes_down = newcomers.extra_bytes_up = 0
+    # Every placement starts from clients that keep nothing: nothing carries over from one
+    # evaluation to the next, so a resumed run places as an uninterrupted one does.
+    newcomers.clients = method.ctx.clients.fresh(newcomers.num_clients)
     placement = method.place(newcomers)
     if placement is None:
         return {name: float("nan") for name in FIGURES}, {}
@@ -80,6 +100,7 @@ def place(method: Method, newcomers: Context, round_index: int, round_number: in
     f = result.figures
     figures = {"new_acc_macro": f["acc_macro"], "new_acc_worst10": f["acc_worst10"], "new_ari": f["ari"],
                "new_nmi": f["nmi"], "new_placed": float((clusters >= 0).mean()) if len(clusters) else float("nan"),
+               "new_joined": joined(method, clusters, data.groups),
                "new_bytes_down": float(newcomers.extra_bytes_down), "new_bytes_up": float(newcomers.extra_bytes_up)}
     rows = result.tables["metrics"]
     test = rows["split"] == "test"

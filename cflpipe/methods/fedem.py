@@ -17,7 +17,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from cflpipe.fl.method import ClientView, Context, Method, Payload, Update, stack_updates
+from cflpipe.fl.method import ClientView, Context, Method, Payload, Placement, Update, stack_updates
 from cflpipe.fl.params import weighted_average
 from cflpipe.fl.plan import ClientPlan, Trained
 from cflpipe.fl.predictors import Mixture
@@ -147,6 +147,30 @@ class FedEM(Method):
         """Each client's mixture weights π_i, long format: client, cluster, weight."""
         return {"mixture": mixture_table(self.mixture())}
 
+    newcomer_rule = ("receives the K component models (FedRC: and the clusters' label distributions), computes its "
+                     "responsibilities on its training samples from uniform weights (one E-step, as in a round) and "
+                     "keeps their mean as its π: served that mixture, in the cluster of its largest weight")
+
+    def place(self, newcomers: Context) -> Placement:
+        n = newcomers.num_clients
+        payload = self.payload(0)
+        payload.meta["question"] = "weights"
+        newcomers.ask({c: payload for c in range(n)})  # each keeps its π
+        weights = newcomers.clients["pi"].cpu().numpy()
+        return Placement(lowest(-weights), Mixture(list(self.models), weights))
+
+    @classmethod
+    def query(cls, view: ClientView, payload: Payload, trained: Any, scratch: Any) -> Update:
+        if payload.meta.get("question") != "weights":
+            return super().query(view, payload, trained, scratch)
+        x, y = view.data()
+        pi = view.kept("pi")
+        if not len(y):
+            return view.answer({})
+        q = cls.responsibilities_of(payload, pi.cpu().numpy(), sample_losses(view.apply, payload.tensors["models"], x, y),
+                                    y.cpu().numpy())
+        return view.answer({}, keep={"pi": torch.as_tensor(q.mean(axis=1), dtype=pi.dtype, device=pi.device)})
+
 
 # ---------------------------------------------------------------------------- FedRC
 
@@ -181,6 +205,8 @@ class FedRC(FedEM):
     P(y | x), not by P(y). Evaluation, the mixture table and the rest are FedEM's."""
 
     checkpoint = ("models", "counts", "prior")
+    # FedEM's rule for new clients, with FedRC's E-step (responsibilities_of) and its prior sent
+    place, newcomer_rule = FedEM.place, FedEM.newcomer_rule
 
     def __init__(self, ctx: Context):
         super().__init__(ctx)
