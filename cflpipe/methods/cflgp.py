@@ -17,8 +17,8 @@ import numpy as np
 import torch
 
 from cflpipe.clustering import kmeans
-from cflpipe.fl.method import Context, Update
-from cflpipe.methods.clustered import ClusterModels
+from cflpipe.fl.method import Context, Payload, Placement, Update
+from cflpipe.methods.clustered import ADAPT, ClusterModels
 
 # Purpose of the server randomness that seeds the k-means.
 _KMEANS = 0xC6
@@ -105,6 +105,30 @@ class CFLGP(ClusterModels):
         self._singular = s[:k].cpu().tolist()
         labels = kmeans(reduced, k, seed=self.ctx.rng(_KMEANS), init="k-means++").labels
         self.clusters[known] = match_labels(np.asarray(labels, dtype=np.int64), self.clusters[known], k)
+
+    newcomer_rule = ("trains cluster 0's model for one round's local steps (where every client starts); its update, "
+                     "as a profile, is projected on the K leading singular directions of the participants' profiles "
+                     "and joins the cluster whose members' projections are nearest on average; served its model")
+
+    def place(self, newcomers: Context) -> Placement:
+        n = newcomers.num_clients
+        known = np.nonzero(self.profiled)[0]
+        clusters = np.zeros(n, dtype=np.int64)
+        k = self.hp.clusters
+        answers = newcomers.ask({c: Payload({"model": self.centers[0]}, {"question": ADAPT}) for c in range(n)})
+        done = sorted(answers)
+        if len(known) >= k and done:
+            profiles = self.profile[known].to(torch.float64)
+            u, s, vh = torch.linalg.svd(profiles, full_matrices=False)
+            reduced = (u[:, :k] * s[:k]).cpu().numpy()
+            labels = self.clusters[known]
+            present = [j for j in range(k) if (labels == j).any()]
+            centroids = np.stack([reduced[labels == j].mean(0) for j in present])
+            deltas = torch.stack([answers[c].tensors["model"] for c in done]) - self.centers[0]
+            theirs = (deltas.to(torch.float64) @ vh[:k].T).cpu().numpy()
+            nearest = ((theirs[:, None, :] - centroids[None]) ** 2).sum(-1).argmin(1)
+            clusters[done] = np.asarray(present)[nearest]
+        return self.served(newcomers, clusters, list(self.centers), clusters)
 
     def round_metrics(self) -> dict[str, Any]:
         metrics = super().round_metrics()

@@ -24,9 +24,9 @@ from sklearn.cluster import KMeans
 
 from cflpipe.clustering import cosine_similarity_matrix
 from cflpipe.errors import SpecError
-from cflpipe.fl.method import Context, Payload, Update, stack_updates
+from cflpipe.fl.method import Context, Payload, Placement, Update, stack_updates
 from cflpipe.fl.params import cluster_average, weighted_average
-from cflpipe.methods.clustered import ClusterModels
+from cflpipe.methods.clustered import ADAPT, ClusterModels
 from cflpipe.seeds import seed32
 
 POOL = 0  # the cluster of the clients not clustered yet; its model is the global model θ_0
@@ -126,13 +126,34 @@ class ICFL(ClusterModels):
         to its own (defects B, C and D fixed)."""
         if not len(pool_clients):
             return
+        rows = self.latest_update[torch.from_numpy(pool_clients).to(self.held.device)]
+        self.clusters[pool_clients] = self._nearest_direction(rows)
+
+    def _nearest_direction(self, updates: torch.Tensor) -> np.ndarray:
+        """The cluster (not the pool) whose members' mean latest update is the most cosine-similar
+        to each of `updates`."""
         device = self.held.device
         known = np.nonzero(self.has_update)[0]
         means, _ = cluster_average(self.latest_update[torch.from_numpy(known).to(device)],
                                    torch.from_numpy(self.clusters[known]), torch.ones(len(known), device=device),
                                    self.num_clusters)
-        similarity = cosine_similarity_matrix(self.latest_update[torch.from_numpy(pool_clients).to(device)], means[1:])
-        self.clusters[pool_clients] = 1 + similarity.argmax(dim=1).cpu().numpy()
+        return 1 + cosine_similarity_matrix(updates, means[1:]).argmax(dim=1).cpu().numpy()
+
+    newcomer_rule = ("trains the model a client holds before it takes part (the initial one) for one round's local "
+                     "steps and, once clusters exist, joins the one whose members' mean latest update is the most "
+                     "cosine-similar to its update, as ICFL's pool clients do; served that cluster's model, else "
+                     "the pool's")
+
+    def place(self, newcomers: Context) -> Placement:
+        n = newcomers.num_clients
+        clusters = np.full(n, POOL, dtype=np.int64)
+        if self.num_clusters > 1:
+            answers = newcomers.ask({c: Payload({"model": newcomers.init}, {"question": ADAPT}) for c in range(n)})
+            done = sorted(answers)
+            if done:
+                updates = torch.stack([answers[c].tensors["model"] for c in done]) - newcomers.init
+                clusters[done] = self._nearest_direction(updates)
+        return self.served(newcomers, clusters, list(self.centers), clusters)
 
     def _split_test(self, k: int, members: np.ndarray) -> None:
         affinity = cosine_similarity_matrix(self.latest_update[torch.from_numpy(members).to(self.held.device)])
