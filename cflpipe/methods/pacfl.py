@@ -19,7 +19,7 @@ import torch
 
 from cflpipe.clustering import cut_dendrogram
 from cflpipe.fl.diagnosis import SINGLETONS
-from cflpipe.fl.method import ClientView, Payload, Update
+from cflpipe.fl.method import ClientView, Context, Payload, Placement, Update
 from cflpipe.methods.clustered import ClusterModels
 
 # The authors' linkage names and scipy's: their "average" replaces the two merged rows by their
@@ -85,7 +85,8 @@ class PACFL(ClusterModels):
     only in which label an input has (label swap, concept shift) hold the same input subspaces
     and are not told apart (they end in one cluster): PACFL addresses label and feature skew."""
 
-    checkpoint = (*ClusterModels.checkpoint, "clustered", "proximity")
+    # The participants' bases, side by side, and each one's width: what a new client is compared with.
+    checkpoint = (*ClusterModels.checkpoint, "clustered", "proximity", "bases", "widths")
 
     @classmethod
     def check_hyperparams(cls, params):
@@ -97,6 +98,8 @@ class PACFL(ClusterModels):
         self.proximity = torch.full((ctx.num_clients, ctx.num_clients), float("nan"), dtype=torch.float64,
                                     device=ctx.device)
         self._angles: dict[str, float] = {}
+        self.bases = torch.zeros(int(np.prod(ctx.data.input_shape)), 0, dtype=torch.float64, device=ctx.device)
+        self.widths = np.zeros(ctx.num_clients, dtype=np.int64)
 
     def round_start(self, sampled: np.ndarray) -> None:
         self._angles = {}
@@ -104,7 +107,9 @@ class PACFL(ClusterModels):
             return
         answers = self.ctx.ask({client: Payload(meta={"question": "subspace"}) for client in range(self.ctx.num_clients)})
         # The server computes in float64 from what arrived.
-        self.proximity = proximity_matrix([answers[c].tensors["basis"].to(torch.float64) for c in sorted(answers)])
+        bases = [answers[c].tensors["basis"].to(torch.float64) for c in sorted(answers)]
+        self.proximity = proximity_matrix(bases)
+        self.bases, self.widths = torch.cat(bases, dim=1), np.array([b.shape[1] for b in bases], dtype=np.int64)
         labels = self._cluster(self.proximity.cpu().numpy())
         self.centers = self.ctx.init.repeat(int(labels.max()) + 1, 1)
         self.clusters = labels
@@ -113,6 +118,23 @@ class PACFL(ClusterModels):
         if len(off):
             self._angles = {"pacfl_angle_min": float(off.min()), "pacfl_angle_median": float(off.median()),
                             "pacfl_angle_max": float(off.max())}
+
+    newcomer_rule = ("sends the subspace of its data, as every client did in the clustering round, and joins the "
+                     "cluster of the smallest mean proximity (principal angle) to its members; served that cluster's "
+                     "model")
+
+    def place(self, newcomers: Context) -> Placement:
+        n = newcomers.num_clients
+        answers = newcomers.ask({c: Payload(meta={"question": "subspace"}) for c in range(n)})
+        clusters = np.zeros(n, dtype=np.int64)
+        if self.clustered:
+            theirs = list(torch.split(self.bases, self.widths.tolist(), dim=1))
+            for c, answer in answers.items():
+                angles = proximity_matrix([answer.tensors["basis"].to(torch.float64), *theirs])[0, 1:].cpu().numpy()
+                means = [angles[self.clusters == k].mean() if (self.clusters == k).any() else np.inf
+                         for k in range(self.num_clusters)]
+                clusters[c] = int(np.argmin(means))
+        return self.served(newcomers, clusters, list(self.centers), clusters)
 
     @classmethod
     def query(cls, view: ClientView, payload: Payload, trained: None, scratch: None) -> Update:
