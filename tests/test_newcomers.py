@@ -134,3 +134,21 @@ def test_ditto_and_per_fedavg_serve_a_new_client_a_model_of_its_own(tmp_path):
     # label-swapped new clients: the shared model serves them badly, a model adapted to their data well
     assert finals["ditto"]["new_acc_macro"] > finals["fedavg"]["new_acc_macro"] + 0.1  # 0.37 against 0.17
     assert finals["perfedavg"]["new_bytes_down"] == finals["fedavg"]["new_bytes_down"] > 0
+
+
+def test_the_report_tables_what_each_method_serves_new_clients(tmp_path):
+    from cflpipe.report.aggregate import aggregate
+    from cflpipe.report.build import build_report
+
+    s = spec(tmp_path, {"fedavg": {}, "ifca": {}, "flux": {}}, rounds=5)
+    for method in ("fedavg", "ifca", "flux"):
+        for seed in (0, 1):
+            train_run(s, "swap", method, seed, progress=False)
+    aggregate(s)
+    report = build_report(s)
+    md = (report.parent / "tables" / "summary.md").read_text()
+    table = md[md.index("**New clients, never trained with"):]
+    table = table[:table.index("\n\n", table.index("| method"))]
+    rows = {line.split("|")[1].strip(): line.split("|")[2].strip() for line in table.splitlines()[3:]}
+    assert rows["flux"] == "—" and rows["ifca"] != "—" and rows["fedavg"] != "—"  # no rule: no figure
+    assert "New clients placed in the cluster" in md

@@ -15,8 +15,8 @@ from cflpipe.partition import small_test_sets, small_validation_sets
 from cflpipe.report.figures import FigureBuilder
 from cflpipe.report.ranks import q_alpha, rank_methods
 from cflpipe.report.styles import FAMILY_TITLES
-from cflpipe.report.tables import (DASH, PaperTable, format_mean_std, is_reference, mark_best, paper_tables,
-                                   seed_values, table_specs, verdict)
+from cflpipe.report.tables import (DASH, NEW_CLIENT_TABLES, PaperTable, format_mean_std, is_reference, mark_best,
+                                   paper_tables, seed_values, table_specs, verdict)
 from cflpipe.report.view import RANK_FIGURE, RANK_FIGURE_TITLE, AggregateView, find_sweeps
 from cflpipe.spec import TRAINING_KEYS, Training, spec_sha256
 
@@ -219,8 +219,11 @@ class Sections:
 
     def comparison(self) -> tuple[list[PaperTable], list[dict[str, Any]]]:
         view = self.view
+        specs = table_specs(view.spec.report.tables)
+        if any(sc.new_clients is not None for sc in view.spec.scenarios.values()):
+            specs += NEW_CLIENT_TABLES
         tables = paper_tables(view.per_seed, list(view.spec.scenarios), view.methods, view.method_types,
-                              ari_methods=view.clustering_methods(), tables=table_specs(view.spec.report.tables),
+                              ari_methods=view.clustering_methods(), tables=specs,
                               method_labels=view.method_labels, scenario_labels=view.scenario_labels,
                               protocol=protocol_caption(view.spec))
         details = []

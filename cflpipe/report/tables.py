@@ -99,6 +99,13 @@ class TableSpec:
 
 ACCURACY = TableSpec("accuracy", "Personalized accuracy (%)", "acc_macro", 100.0, 1)
 ARI = TableSpec("ari", "Adjusted Rand index of the clustering vs the ground-truth groups", "ari", 1.0, 2)
+# Where a scenario holds new clients out (scenario new_clients): what each method serves them,
+# and whether it places them with their group ("—": the method has no rule for them).
+NEW_CLIENT_TABLES = (
+    TableSpec("new_accuracy", "New clients, never trained with: personalized accuracy (%) of what each method serves "
+                              "them", "new_acc_macro", 100.0, 1),
+    TableSpec("new_joined", "New clients placed in the cluster of most of their true group's participants (share)",
+              "new_joined", 1.0, 2))
 HEADLINE_TABLES = (
     ACCURACY,
     TableSpec("global_accuracy", "Global accuracy (%): every model on all clients' test data", "global_acc_mean",
