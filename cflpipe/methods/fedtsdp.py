@@ -94,7 +94,7 @@ import torch
 
 from cflpipe.clustering import canonical_labels, dbscan_precomputed, hopkins, js_divergence_matrix
 from cflpipe.errors import SpecError
-from cflpipe.fl.method import ClientView, Context, Method, Payload, Update, stack_updates
+from cflpipe.fl.method import ClientView, Context, Method, Payload, Placement, Update, stack_updates
 from cflpipe.fl.params import cluster_average
 from cflpipe.fl.plan import ClientPlan, Trained
 from cflpipe.fl.predictors import Models
@@ -337,6 +337,38 @@ class FedTSDP(Method):
 
     def assignment(self) -> np.ndarray | None:
         return self.clusters.copy()
+
+    newcomer_rule = ("receives the shared layers of the clusters' mean model and trains as a client does in a round; "
+                     "its model's outputs on the server's public data join the cluster whose model's outputs are the "
+                     "nearest in Jensen–Shannon divergence (FedTSDP's first stage); served that cluster's shared "
+                     "layers with its own personalization layers")
+
+    def place(self, newcomers: Context) -> Placement:
+        n, mask = newcomers.num_clients, self.shared_mask()
+        payload = Payload({"shared": self.centers.mean(0)[mask]}, {"shared": mask, "question": "round"})
+        answers = newcomers.ask({c: payload for c in range(n)})  # each keeps its model
+        clusters = np.zeros(n, dtype=np.int64)
+        done = sorted(answers)
+        if done:
+            vectors = torch.stack([answers[c].tensors["model"] for c in done])
+            outputs = self._outputs(torch.cat([vectors, self.centers]), self.public)
+            divergence = js_divergence_matrix(outputs)[:len(done), len(done):]
+            clusters[done] = divergence.argmin(axis=1)
+        models = newcomers.clients["model"].clone()
+        models[:, mask] = self.centers[torch.from_numpy(clusters).to(self.centers.device)][:, mask]
+        return Placement(clusters, Models.own(models))
+
+    @classmethod
+    def query_plan(cls, view: ClientView, payload: Payload) -> tuple[ClientPlan | None, None]:
+        if payload.meta.get("question") != "round":
+            return super().query_plan(view, payload)
+        return cls.client_plan(view, payload)
+
+    @classmethod
+    def query(cls, view: ClientView, payload: Payload, trained: Trained | None, scratch: None) -> Update:
+        if trained is None:
+            return super().query(view, payload, trained, scratch)
+        return cls.client_finish(view, payload, trained, scratch)
 
     def round_metrics(self) -> dict[str, float]:
         return {"hopkins": self.last_hopkins, "clustering_ran": self.last_clustered,
