@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from sklearn.cluster import KMeans
 
-from cflpipe.fl.method import ClientView, Context, Method, Payload, Update, stack_updates
+from cflpipe.fl.method import ClientView, Context, Method, Payload, Placement, Update, stack_updates
 from cflpipe.fl.params import weighted_average
 from cflpipe.fl.plan import ClientPlan, Trained
 from cflpipe.fl.predictors import Mixture
@@ -164,11 +164,7 @@ class FedGMM(Method):
         m1, m2 = pi.shape
         flat = x.reshape(len(x), -1)
         if len(y):
-            z = embed(flat, payload.tensors["embedding"])
-            log_density = gaussian_log_density(z, means, covs)
-            with np.errstate(divide="ignore"):  # a pair the client's EM gave up on: log 0 = −inf, weight 0
-                log_pi = np.log(pi.cpu().numpy())
-            r = joint_responsibilities(log_pi, log_density.cpu().numpy(), sample_losses(view.apply, models, x, y))
+            z, r = cls.e_step(view, payload)
             new_pi = torch.as_tensor(r.mean(axis=2), dtype=pi.dtype, device=pi.device)
             statistics = _gaussian_statistics(z, torch.as_tensor(r.sum(axis=1), dtype=z.dtype, device=z.device))
             weights = r.sum(axis=0)  # (M2 × rows)
@@ -183,6 +179,40 @@ class FedGMM(Method):
                  for j in range(m2)}
         masses = torch.as_tensor(weights.sum(axis=1), dtype=torch.float64, device=pi.device)
         return plans, (new_pi, statistics, masses)
+
+    @classmethod
+    def e_step(cls, view: ClientView, payload: Payload) -> tuple[torch.Tensor, np.ndarray]:
+        """The client's embedded inputs z and its joint responsibilities r (M1 × M2 × rows) from its
+        kept π, the input components and the classifiers' losses on its training samples."""
+        x, y = view.data()
+        z = embed(x.reshape(len(x), -1), payload.tensors["embedding"])
+        log_density = gaussian_log_density(z, payload.tensors["gmm_means"], payload.tensors["gmm_covs"])
+        with np.errstate(divide="ignore"):  # a pair the client's EM gave up on: log 0 = −inf, weight 0
+            log_pi = np.log(view.kept("pi").cpu().numpy())
+        losses = sample_losses(view.apply, payload.tensors["models"], x, y)
+        return z, joint_responsibilities(log_pi, log_density.cpu().numpy(), losses)
+
+    newcomer_rule = ("receives the classifiers and the input components, computes its joint responsibilities on its "
+                     "training samples from uniform weights (one E-step, as in a round) and keeps their mean as its "
+                     "π: served that mixture (per input, as every client), in the cluster of its largest share")
+
+    def place(self, newcomers: Context) -> Placement:
+        n = newcomers.num_clients
+        payload = self.payload(0)
+        payload.meta["question"] = "weights"
+        newcomers.ask({c: payload for c in range(n)})  # each keeps its π
+        shares = newcomers.clients["pi"].cpu().numpy().sum(axis=1)
+        return Placement(lowest(-shares), Mixture(list(self.models), shares, self.row_weights_of(newcomers)))
+
+    @classmethod
+    def query(cls, view: ClientView, payload: Payload, trained: Any, scratch: Any) -> Update:
+        if payload.meta.get("question") != "weights":
+            return super().query(view, payload, trained, scratch)
+        if not len(view.data()[1]):
+            return view.answer({})
+        pi = view.kept("pi")
+        _, r = cls.e_step(view, payload)
+        return view.answer({}, keep={"pi": torch.as_tensor(r.mean(axis=2), dtype=pi.dtype, device=pi.device)})
 
     @classmethod
     def client_finish(cls, view: ClientView, payload: Payload, trained: dict[str, Trained], scratch: Any) -> Update:
@@ -231,7 +261,13 @@ class FedGMM(Method):
     def row_weights(self, x: torch.Tensor, clients: np.ndarray) -> torch.Tensor:
         """(rows × classifiers) weights of each input row of the given clients: the posterior of
         its client's input components."""
-        pi = self.ctx.clients["pi"]
+        return self.row_weights_of(self.ctx)(x, clients)
+
+    def row_weights_of(self, owners: Context):
+        """row_weights over the π kept by `owners`' clients (the participants', or new clients')."""
+        return lambda x, clients: self._row_weights(owners.clients["pi"], x, clients)
+
+    def _row_weights(self, pi: torch.Tensor, x: torch.Tensor, clients: np.ndarray) -> torch.Tensor:
         rows = torch.as_tensor(clients, device=pi.device)
         return torch.cat([input_weights(torch.log(pi[rows[i:i + ROWS_AT_ONCE]]),
                                         gaussian_log_density(embed(x[i:i + ROWS_AT_ONCE], self.embedding),
