@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from cflpipe.fl.method import ClientView, Payload, Update
+from cflpipe.fl.method import ClientView, Context, Payload, Placement, Update
 from cflpipe.methods.clustered import ClusterModels
 
 # The authors' fixed seed of the random points the shared projection is fitted on: every
@@ -56,13 +56,15 @@ def descriptor(z: np.ndarray, y: np.ndarray, classes: int) -> np.ndarray:
     return np.concatenate([z.mean(0), z.std(0), per_mean.ravel(), per_std.ravel()])
 
 
-def scale_groups(descriptors: np.ndarray, group: int) -> np.ndarray:
+def scale_groups(descriptors: np.ndarray, group: int, reference: np.ndarray | None = None) -> np.ndarray:
     """Min-max scaling of each run of `group` consecutive columns, with one minimum and one
-    maximum pooled over every client and column of the run (the authors' scaling 1)."""
+    maximum pooled over every client and column of the run (the authors' scaling 1); those of
+    `reference`'s clients where given (a new client scaled as the participants were)."""
+    reference = descriptors if reference is None else reference
     out = np.empty_like(descriptors)
     for start in range(0, descriptors.shape[1], group):
-        block = descriptors[:, start:start + group]
-        low, high = block.min(), block.max()
+        block, pooled = descriptors[:, start:start + group], reference[:, start:start + group]
+        low, high = pooled.min(), pooled.max()
         out[:, start:start + group] = (block - low) / (high - low) if high > low else 0.0
     return out
 
@@ -129,7 +131,8 @@ class FLUX(ClusterModels):
     - Test-time assignment of unseen clients (the code's nearest centroid on the label-free
       half of the descriptor) has no use here: every client of a run is known and clustered."""
 
-    checkpoint = (*ClusterModels.checkpoint, "clustered", "trend")
+    # descriptors, descriptor_model, largest: the clustering round's, what a new client is placed by
+    checkpoint = (*ClusterModels.checkpoint, "clustered", "trend", "descriptors", "descriptor_model", "largest")
 
     @classmethod
     def check_hyperparams(cls, params):
@@ -139,6 +142,9 @@ class FLUX(ClusterModels):
         super().__init__(ctx, 1, np.zeros(ctx.num_clients, dtype=np.int64))
         self.clustered = False
         self.trend = np.zeros(0, dtype=np.float64)  # the weighted accuracy measured at each round's start
+        self.descriptors = np.zeros((0, 0), dtype=np.float64)
+        self.descriptor_model = ctx.init.clone()
+        self.largest = float("nan")
         self._metrics: dict[str, float] = {}
 
     def round_start(self, sampled: np.ndarray) -> None:
@@ -189,13 +195,35 @@ class FLUX(ClusterModels):
         answers = ctx.ask({c: payload for c in range(ctx.num_clients)})
         descriptors = np.stack([answers[c].tensors["descriptor"].double().cpu().numpy() for c in range(ctx.num_clients)])
         # A descriptor is 2C + 2·classes·C long (`descriptor`): C, the projection's width, from it.
-        scaled = scale_groups(descriptors, descriptors.shape[1] // (2 * (int(ctx.data.num_classes) + 1)))
+        scaled = scale_groups(descriptors, self._width(descriptors))
+        self.descriptors, self.descriptor_model, self.largest = descriptors, model.clone(), float(largest[0])
         eps = knee_radius(scaled, self.hp.eps_scaling)
         labels = dbscan_clusters(scaled, eps)
         self.clusters = labels
         self.centers = model.repeat(int(labels.max()) + 1, 1)
         self.clustered = True
         self._metrics.update(flux_eps=eps, flux_singletons=float(np.sum(np.bincount(labels) == 1)))
+
+    def _width(self, descriptors: np.ndarray) -> int:
+        return descriptors.shape[1] // (2 * (int(self.ctx.data.num_classes) + 1))
+
+    newcomer_rule = ("before the clustering, served the global model; after it, computes its descriptor under the "
+                     "model the clustering round used (in the projection of that round's largest feature) and joins "
+                     "the cluster of the participant whose descriptor, scaled as theirs were, is nearest")
+
+    def place(self, newcomers: Context) -> Placement:
+        n = newcomers.num_clients
+        clusters = np.zeros(n, dtype=np.int64)
+        if self.clustered and len(self.descriptors):
+            largest = torch.tensor([self.largest], dtype=torch.float32)
+            payload = Payload({"model": self.descriptor_model, "largest": largest}, {"question": "descriptor"})
+            answers = newcomers.ask({c: payload for c in range(n)})
+            width = self._width(self.descriptors)
+            reference = scale_groups(self.descriptors, width)
+            for c, answer in answers.items():
+                theirs = scale_groups(answer.tensors["descriptor"].double().cpu().numpy()[None], width, self.descriptors)
+                clusters[c] = int(self.clusters[int(np.argmin(((reference - theirs) ** 2).sum(axis=1)))])
+        return self.served(newcomers, clusters, list(self.centers), clusters)
 
     @classmethod
     def query(cls, view: ClientView, payload: Payload, trained: None, scratch: None) -> Update:
