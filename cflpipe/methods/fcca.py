@@ -47,7 +47,7 @@ from torch import nn
 
 from cflpipe.clustering import canonical_labels, fcca_similarity, kmeans
 from cflpipe.fl.local import KEPT_MOMENTS, AdamStep, Anchor, SGDStep, steps_for
-from cflpipe.fl.method import ClientView, Context, Method, Payload, Update, stack_updates
+from cflpipe.fl.method import SERVE, ClientView, Context, Method, Payload, Placement, Update, stack_updates
 from cflpipe.fl.params import cluster_average, weighted_average
 from cflpipe.fl.plan import ClientPlan, Trained
 from cflpipe.fl.predictors import Models
@@ -332,6 +332,49 @@ class FCCA(_FCCAVariants, Method):
 
     def assignment(self) -> np.ndarray | None:
         return self.assign.copy()
+
+    newcomer_rule = ("receives the global encoder and the mean of the cluster classifiers and trains as a client does "
+                     "in a round (its classifier, then its cINN), sending its cINN; the server's similarity D between "
+                     "it and the participants it has heard from (Eq. 4, on fresh noise) joins it to the cluster of the "
+                     "highest mean similarity; served that cluster's classifier on the global encoder (FCCA+Per: its "
+                     "own classifier)")
+
+    def place(self, newcomers: Context) -> Placement:
+        n = newcomers.num_clients
+        payload = Payload({"body": self.global_model[self.body_mask], "head": self.heads.mean(0)}, {"question": "round"})
+        answers = newcomers.ask({c: payload for c in range(n)})  # each keeps its cINN (and FCCA+Per its head)
+        clusters = np.zeros(n, dtype=np.int64)
+        known, done = np.nonzero(self.heard)[0], sorted(answers)
+        if len(known) and done:
+            flows = torch.cat([torch.stack([answers[c].tensors["flow"] for c in done]),
+                               self.flows[torch.from_numpy(known).to(self.flows.device)]])
+            generator = torch.Generator().manual_seed(mix_seed(newcomers.seed, newcomers.round, _NOISE))
+            first, second = reconstructions(partial(self.ctx.apply, space="flow"), self.flow_space.model, flows,
+                                            self.hp.server_samples, generator)
+            similarity = fcca_similarity(first, second, cosine=self.hp.cosine)[:len(done), len(done):].cpu().numpy()
+            held = self.assign[known]
+            means = np.stack([similarity[:, held == k].mean(axis=1) if (held == k).any() else
+                              np.full(len(done), -np.inf) for k in range(self.hp.clusters)], axis=1)
+            clusters[done] = means.argmax(axis=1)
+        if self.hp.personal:
+            models = self.global_model.repeat(n, 1)
+            models[:, self.head_mask] = newcomers.clients["head"]
+            return Placement(clusters, Models.own(models))
+        # it holds the encoder: its cluster's classifier is what is sent
+        newcomers.ask({c: Payload({"head": self.heads[clusters[c]]}, {"question": SERVE}) for c in range(n)})
+        return Placement(clusters, Models([self.cluster_model(k) for k in range(self.hp.clusters)], clusters))
+
+    @classmethod
+    def query_plan(cls, view: ClientView, payload: Payload) -> tuple[ClientPlan | None, None]:
+        if payload.meta.get("question") != "round":
+            return super().query_plan(view, payload)
+        return cls.client_plan(view, payload)
+
+    @classmethod
+    def query(cls, view: ClientView, payload: Payload, trained: Trained | None, scratch: None) -> Update:
+        if trained is None:
+            return super().query(view, payload, trained, scratch)
+        return cls.client_finish(view, payload, trained, scratch)
 
     def round_metrics(self) -> dict[str, float]:
         """The mean cINN training loss (Eq. 3) of the round's clients."""
