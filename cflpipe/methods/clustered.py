@@ -19,7 +19,8 @@ import numpy as np
 import torch
 
 from cflpipe.clustering import nearest_center
-from cflpipe.fl.method import Capabilities, ClientView, Context, Method, Payload, Placement, Update, stack_updates
+from cflpipe.fl.method import (SERVE, Capabilities, ClientView, Context, Method, Payload, Placement, Update,
+                               stack_updates)
 from cflpipe.fl.params import cluster_average
 from cflpipe.fl.plan import ClientPlan, Plans, Results
 from cflpipe.fl.predictors import Models, Selected
@@ -157,7 +158,20 @@ class ClusterModels(Method):
         for c, answer in answers.items():
             losses[c] = answer.tensors["losses"].double().cpu().numpy()
         clusters = np.argmin(np.where(np.isnan(losses), np.inf, losses), axis=1).astype(np.int64)
+        if self.mcfl:  # MCFL's selection by the data, as for the participants
+            return Placement(clusters, Selected(list(models), clusters, self.nearest_feature_mean))
         return Placement(clusters, Models(list(models), clusters))
+
+    def served(self, newcomers: Context, clusters: np.ndarray, models: list[torch.Tensor],
+               index: np.ndarray) -> Placement:
+        """Method.served; with MCFL every new client receives every model (counted) and is
+        evaluated by MCFL's selection by the data, as the participants are."""
+        if not self.mcfl:
+            return super().served(newcomers, clusters, models, index)
+        every = torch.stack(list(models))
+        newcomers.ask({c: Payload({"models": every}, {"question": SERVE}) for c in range(newcomers.num_clients)})
+        return Placement(np.asarray(clusters, dtype=np.int64),
+                         Selected(list(models), np.asarray(index, dtype=np.int64), self.nearest_feature_mean))
 
     def place_nearest(self, newcomers: Context) -> Placement:
         """A new client trains the mean of the cluster models for one round's local steps and
