@@ -32,7 +32,7 @@ def spec(tmp_path, methods: dict, new_clients: float | None = 0.25, **training) 
 
 
 def test_new_clients_never_train_and_are_placed_at_full_evaluations(tmp_path, monkeypatch):
-    s = spec(tmp_path, {"ifca": {}, "flux": {}})
+    s = spec(tmp_path, {"ifca": {}})
     run = prepare_run(s, "swap", "ifca", 0)
     run.setup()
     chosen = run.newcomer_ids
@@ -52,10 +52,6 @@ def test_new_clients_never_train_and_are_placed_at_full_evaluations(tmp_path, mo
     # IFCA's placement: 3 clients receive K = 3 models and send 3 losses each; nothing more
     size = rounds["bytes_down"].iloc[0] / 9 / 3  # every sampled client receives the 3 models
     assert (rounds["new_bytes_down"] == 3 * 3 * size).all() and (rounds["new_bytes_up"] == 3 * 3 * 4).all()
-    # a method without a rule: NaN figures, no rows
-    flux = train_run(s, "swap", "flux", 0, progress=False).run_dir
-    assert json.loads((flux / "summary.json").read_text())["final"]["new_acc_macro"] is None  # NaN: null
-    assert not (flux / "newcomers.parquet").exists()
 
 
 def test_the_new_clients_follow_the_seed_and_a_sampled_evaluation_places_none(tmp_path):
@@ -136,12 +132,35 @@ def test_ditto_and_per_fedavg_serve_a_new_client_a_model_of_its_own(tmp_path):
     assert finals["perfedavg"]["new_bytes_down"] == finals["fedavg"]["new_bytes_down"] > 0
 
 
-def test_the_report_tables_what_each_method_serves_new_clients(tmp_path):
+def _no_rule():
+    """A plugin's FedAvg whose clients are its own and which states no rule for new clients."""
+    from cflpipe.methods import HyperParams, register
+    from cflpipe.methods.fedavg import FedAvg
+
+    @register("own_clients", HyperParams)
+    class OwnClients(FedAvg):
+        """Own clients: FedAvg whose client side is its own."""
+
+        @classmethod
+        def client_plan(cls, view, payload):
+            return super().client_plan(view, payload)
+
+
+def test_a_method_without_a_rule_reports_nan_and_no_rows(tmp_path, registry_copy):
+    _no_rule()
+    s = spec(tmp_path, {"own_clients": {}, "ifca": {}})
+    run = train_run(s, "swap", "own_clients", 0, progress=False).run_dir
+    assert json.loads((run / "summary.json").read_text())["final"]["new_acc_macro"] is None  # NaN: null
+    assert not (run / "newcomers.parquet").exists()
+
+
+def test_the_report_tables_what_each_method_serves_new_clients(tmp_path, registry_copy):
     from cflpipe.report.aggregate import aggregate
     from cflpipe.report.build import build_report
 
-    s = spec(tmp_path, {"fedavg": {}, "ifca": {}, "flux": {}}, rounds=5)
-    for method in ("fedavg", "ifca", "flux"):
+    _no_rule()
+    s = spec(tmp_path, {"fedavg": {}, "ifca": {}, "own_clients": {}}, rounds=5)
+    for method in ("fedavg", "ifca", "own_clients"):
         for seed in (0, 1):
             train_run(s, "swap", method, seed, progress=False)
     aggregate(s)
@@ -150,5 +169,5 @@ def test_the_report_tables_what_each_method_serves_new_clients(tmp_path):
     table = md[md.index("**New clients, never trained with"):]
     table = table[:table.index("\n\n", table.index("| method"))]
     rows = {line.split("|")[1].strip(): line.split("|")[2].strip() for line in table.splitlines()[3:]}
-    assert rows["flux"] == "—" and rows["ifca"] != "—" and rows["fedavg"] != "—"  # no rule: no figure
+    assert rows["own_clients"] == "—" and rows["ifca"] != "—" and rows["fedavg"] != "—"  # no rule: no figure
     assert "New clients placed in the cluster" in md
