@@ -171,3 +171,16 @@ def test_the_report_tables_what_each_method_serves_new_clients(tmp_path, registr
     rows = {line.split("|")[1].strip(): line.split("|")[2].strip() for line in table.splitlines()[3:]}
     assert rows["own_clients"] == "—" and rows["ifca"] != "—" and rows["fedavg"] != "—"  # no rule: no figure
     assert "New clients placed in the cluster" in md
+
+
+def test_docs_state_every_methods_rule_as_its_code_does():
+    """docs/new-clients.md has one row per built-in method with the rule its class states."""
+    from pathlib import Path
+
+    import cflpipe.methods.catalog  # noqa: F401 (declares the built-ins)
+    from cflpipe.registry import DECLARED
+
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "new-clients.md").read_text()
+    for name, info in DECLARED.items():
+        if info.base is None:
+            assert f"| `{name}` | {info.cls.newcomer_rule} |" in docs, name

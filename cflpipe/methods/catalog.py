@@ -530,10 +530,10 @@ FEDTSDP_MIN_LOCAL_STEPS = 20
 
 def _fedtsdp_premises(hp: FedTSDPParams, training: Any, scenario: Any) -> list[tuple[str, str]]:
     found = []
-    if training.clients_per_round < scenario.clients:
+    if training.clients_per_round < scenario.participants:
         found.append(("", f"its Hopkins gate and clustering read only the round's {training.clients_per_round} of "
-                          f"{scenario.clients} clients (the paper samples all of them); with half of them it recovered the "
-                          f"groups in none of the robustness map's 12 cells (docs/robustness.md)"))
+                          f"{scenario.participants} clients (the paper samples all of them); with half of them it "
+                          f"recovered the groups in none of the robustness map's 12 cells (docs/robustness.md)"))
     if training.local_steps is not None and training.local_steps < FEDTSDP_MIN_LOCAL_STEPS:
         found.append(("", f"it clusters by how far one round's local training moves each client's outputs from the "
                           f"shared model (the paper trains 2 local epochs); with all clients every round it recovered "

@@ -341,7 +341,8 @@ class FCCA(_FCCAVariants, Method):
 
     def place(self, newcomers: Context) -> Placement:
         n = newcomers.num_clients
-        payload = Payload({"body": self.global_model[self.body_mask], "head": self.heads.mean(0)}, {"question": "round"})
+        payload = Payload({"body": self.global_model[self.body_mask], "head": self.heads.mean(0)},
+                          {"question": "round"})
         answers = newcomers.ask({c: payload for c in range(n)})  # each keeps its cINN (and FCCA+Per its head)
         clusters = np.zeros(n, dtype=np.int64)
         known, done = np.nonzero(self.heard)[0], sorted(answers)
