@@ -388,10 +388,27 @@ def check_new_clients_change_no_training(name: str, workdir: Path) -> None:
 
     def checked(method, newcomers, *args):
         before = _server_state(method), {k: v.clone() for k, v in method.ctx.clients.state_dict().items()}
-        out = place(method, newcomers, *args)
+        ask = newcomers.ask
+
+        def poisoned_ask(payloads):  # new clients, too, use only what they are sent
+            with _poisoned(method, f"a new client asked in round {newcomers.round + 1}"):
+                answers = ask(payloads)
+            for c, answer in answers.items():
+                _assert_finite(answer, f"new client {c} asked in round {newcomers.round + 1}",
+                               newcomers.train_sizes()[c])
+            return answers
+
+        newcomers.ask = poisoned_ask
+        try:
+            out = place(method, newcomers, *args)
+        finally:
+            del newcomers.ask
         placed.append(bool(out[1]))
-        _assert_state_equal(_server_state(method), before[0])
-        _assert_state_equal(method.ctx.clients.state_dict(), before[1])
+        try:
+            _assert_state_equal(_server_state(method), before[0])
+            _assert_state_equal(method.ctx.clients.state_dict(), before[1])
+        except AssertionError:
+            raise AssertionError("placing new clients changed the method's state") from None
         return out
 
     with _patched(engine.newcomers, "place", checked):

@@ -107,7 +107,7 @@ def test_a_placement_that_changes_the_method_fails_the_conformance_check(tmp_pat
             self.centers = self.centers + 1e-3
             return placement
 
-    with pytest.raises(AssertionError):
+    with pytest.raises(AssertionError, match="placing new clients changed the method's state"):
         check_new_clients_change_no_training("places_and_moves", tmp_path / "moves")
     check_new_clients_change_no_training("ifca", tmp_path / "ifca")
 

@@ -184,3 +184,32 @@ def test_docs_state_every_methods_rule_as_its_code_does():
     for name, info in DECLARED.items():
         if info.base is None:
             assert f"| `{name}` | {info.cls.newcomer_rule} |" in docs, name
+
+
+def test_a_group_whose_every_client_is_new_is_served_without_a_cluster(tmp_path):
+    """Oracle has a model for each group its participants hold: a new client of a group held out
+    entirely is served the groups' mean, in no cluster (seed 9 draws both clients of group 2)."""
+    s = parse_spec({
+        "seeds": [9], "training": {"model": "mlp", "rounds": 2, "clients_per_round": 4, "local_steps": 2,
+                                   "eval_every": 1, "trainer": "sequential"},
+        "scenarios": {"s": {"dataset": "digits", "clients": 6, "new_clients": 0.34,
+                            "partition": [{"kind": "iid"}, {"kind": "label_swap", "groups": 3}]}},
+        "methods": {"oracle": {}}, "results_dir": str(tmp_path / "results"), "data_dir": str(tmp_path / "data")})
+    run = train_run(s, "s", "oracle", 9, progress=False).run_dir
+    rows = pd.read_parquet(run / "newcomers.parquet")
+    last = rows[rows["round"] == rows["round"].max()]
+    assert (last["true_group"] == 2).all() and (last["cluster"] == -1).all()
+    assert json.loads((run / "summary.json").read_text())["final"]["new_placed"] == 0.0
+
+
+def test_stocfl_places_new_clients_under_the_numbers_its_participants_carry(tmp_path):
+    """StoCFL names a cluster by a member's id; its placements are numbered as clusters.parquet's."""
+    s = spec(tmp_path, {"stocfl": {}, "ifca": {}}, rounds=15)
+    run = train_run(s, "swap", "stocfl", 0, progress=False).run_dir
+    final = json.loads((run / "summary.json").read_text())["final"]
+    rows = pd.read_parquet(run / "newcomers.parquet")
+    clusters = pd.read_parquet(run / "clusters.parquet")
+    last = clusters[clusters["round"] == clusters["round"].max()]
+    placed = rows[rows["round"] == rows["round"].max()]
+    assert set(placed["cluster"]) <= set(last["cluster"])
+    assert final["new_ari"] == 1.0 and final["new_joined"] == 1.0

@@ -90,3 +90,13 @@ def test_the_threshold_decides_the_number_of_clusters(tmp_path):
     assert len(set(one)) == 1
     angles = run.method.round_metrics()
     assert 0 < angles["pacfl_angle_min"] <= angles["pacfl_angle_median"] <= angles["pacfl_angle_max"] <= 90
+
+
+def test_a_new_clients_proximity_row_is_the_matrix_row():
+    from cflpipe.methods.pacfl import proximity_matrix, proximity_to
+
+    g = torch.Generator().manual_seed(0)
+    bases = [torch.linalg.qr(torch.randn(20, k, generator=g, dtype=torch.float64))[0] for k in (3, 0, 5, 2)]
+    row = proximity_to(bases[0], torch.cat(bases[1:], dim=1), np.array([0, 5, 2]))
+    np.testing.assert_allclose(row, proximity_matrix(bases).numpy()[0, 1:], rtol=1e-12)
+    assert row[0] == 90.0  # a client without a basis: at 90° from everything

@@ -261,11 +261,14 @@ class Context:
 
     def sibling(self, data: FederatedData, seed: int) -> "Context":
         """A context over other clients (the new clients of `scenario.new_clients`) that shares
-        this one's networks, settings, trainer and client side, with its own seed (its clients'
-        randomness is their own) and a client store at the registered defaults: what a method's
-        `place` asks them through."""
-        other = Context(data, self.space, self.training, self.hp, seed, self.init, self.scenario, self.method,
-                        self.trainer)
+        this one's networks, settings and client side, with its own seed (its clients' randomness is
+        their own) and a client store at the registered defaults: what a method's `place` asks them
+        through. A new client that diverges is left out, never the run's end (on_divergence skip);
+        under `trainer: auto` they train sequentially, so that their plans are never timed and
+        recorded as choices the participants' training would then follow."""
+        training = self.training.model_copy(update={"on_divergence": "skip"})
+        trainer = SequentialTrainer() if self.trainer.name == "auto" else self.trainer
+        other = Context(data, self.space, training, self.hp, seed, self.init, self.scenario, self.method, trainer)
         other.spaces, other.initial, other._dropout = self.spaces, self.initial, self._dropout
         other.clients = self.clients.fresh(data.num_clients)
         other.client_side = self.client_side

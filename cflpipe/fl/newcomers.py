@@ -7,7 +7,8 @@ part of a run see, numbered 0..m-1 in the scenario's order) and the new clients 
 context over their data, `Context.sibling`). What the placement asks of them and what they send is
 counted as new_bytes_down / new_bytes_up, apart from the training's traffic; the placement
 changes no state of the method, so a run with new clients trains the same bytes as one without
-them over the same participants."""
+them over the same participants (a conformance check). Its time is part of the round's
+eval_seconds."""
 
 from __future__ import annotations
 
@@ -48,16 +49,17 @@ def sibling(ctx: Context, data: FederatedData) -> Context:
 
 def joined(method: Method, clusters: np.ndarray, groups: np.ndarray) -> float:
     """The share of the new clients placed in the cluster that holds most of the participants of
-    their true group (new_ari compares the new clients' placements with each other only); NaN
-    without true groups, for a method without clusters, or where no participant shares a group."""
+    their true group (new_ari compares the new clients' placements with each other only), among
+    those placed in a cluster; NaN without true groups, for a method without clusters, or where no
+    placed new client has a clustered participant of its group."""
     held, theirs = method.assignment(), method.ctx.data.groups
     if held is None or not method.ctx.data.has_groups or not len(groups) or (groups < 0).any():
         return float("nan")
     held = np.asarray(held)
     hits = []
     for cluster, group in zip(clusters, groups):
-        members = held[theirs == group]
-        if len(members):
+        members = held[(theirs == group) & (held >= 0)]  # -1: in no cluster
+        if len(members) and cluster >= 0:
             values, counts = np.unique(members, return_counts=True)
             hits.append(cluster == values[np.argmax(counts)])
     return float(np.mean(hits)) if hits else float("nan")

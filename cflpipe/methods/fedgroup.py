@@ -106,13 +106,15 @@ class FedGroup(ClusterModels):
 
     def place(self, newcomers: Context) -> Placement:
         n = newcomers.num_clients
-        answers = self._pretrained(newcomers, np.arange(n))
         clusters = np.full(n, UNASSIGNED, dtype=np.int64)
+        models = [*self.centers, self._auxiliary()]
+        if not self.initialized:  # no group has a direction yet: served the groups' mean
+            return self.served(newcomers, clusters, models, np.full(n, len(self.centers)))
+        answers = self._pretrained(newcomers, np.arange(n))
         done = sorted(answers)
         if done:
             deltas = torch.stack([answers[c].tensors["model"] for c in done]) - newcomers.init
             clusters[done] = cosine_similarity_matrix(deltas, self.directions).argmax(dim=1).cpu().numpy()
-        models = [*self.centers, self._auxiliary()]
         return self.served(newcomers, clusters, models, np.where(clusters >= 0, clusters, len(self.centers)))
 
     # ------------------------------------------------------------------ training

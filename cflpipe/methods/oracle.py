@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from cflpipe.errors import SpecError
 from cflpipe.fl.method import Context, Placement
 from cflpipe.methods.clustered import ClusterModels
@@ -20,5 +22,10 @@ class Oracle(ClusterModels):
     newcomer_rule = "served its true group's model (Oracle is told the groups)"
 
     def place(self, newcomers: Context) -> Placement:
+        """A group no participant holds (all of its clients new) has no model: its new clients are
+        served the mean of the groups' models, in no cluster."""
         groups = newcomers.data.groups
-        return self.served(newcomers, groups, list(self.centers), groups)
+        known = groups < len(self.centers)
+        clusters = np.where(known, groups, -1)
+        models = [*self.centers, self.centers.mean(0)]
+        return self.served(newcomers, clusters, models, np.where(known, groups, len(self.centers)))

@@ -59,6 +59,17 @@ def proximity_matrix(bases: list[torch.Tensor]) -> torch.Tensor:
     return torch.rad2deg(torch.arccos(largest.clamp(0.0, 1.0)))
 
 
+def proximity_to(basis: torch.Tensor, others: torch.Tensor, widths: np.ndarray) -> np.ndarray:
+    """One client's row of proximity_matrix against clients whose bases stand side by side in
+    `others` (`widths` columns each): the smallest angle (degrees) between a vector of its basis and
+    one of each other's."""
+    largest = torch.zeros(len(widths), dtype=torch.float64, device=others.device)
+    if basis.shape[1] and others.shape[1]:
+        owner = torch.repeat_interleave(torch.arange(len(widths)), torch.as_tensor(widths)).to(others.device)
+        largest.scatter_reduce_(0, owner, (basis.T @ others).abs().amax(dim=0), reduce="amax")
+    return torch.rad2deg(torch.arccos(largest.clamp(0.0, 1.0))).cpu().numpy()
+
+
 class PACFL(ClusterModels):
     """PACFL: clients clustered once, before training, by the principal angles between their data subspaces.
 
@@ -98,7 +109,7 @@ class PACFL(ClusterModels):
         self.proximity = torch.full((ctx.num_clients, ctx.num_clients), float("nan"), dtype=torch.float64,
                                     device=ctx.device)
         self._angles: dict[str, float] = {}
-        self.bases = torch.zeros(int(np.prod(ctx.data.input_shape)), 0, dtype=torch.float64, device=ctx.device)
+        self.bases = torch.zeros(int(np.prod(ctx.data.input_shape)), 0, dtype=torch.float32, device=ctx.device)
         self.widths = np.zeros(ctx.num_clients, dtype=np.int64)
 
     def round_start(self, sampled: np.ndarray) -> None:
@@ -107,9 +118,9 @@ class PACFL(ClusterModels):
             return
         answers = self.ctx.ask({client: Payload(meta={"question": "subspace"}) for client in range(self.ctx.num_clients)})
         # The server computes in float64 from what arrived.
-        bases = [answers[c].tensors["basis"].to(torch.float64) for c in sorted(answers)]
-        self.proximity = proximity_matrix(bases)
-        self.bases, self.widths = torch.cat(bases, dim=1), np.array([b.shape[1] for b in bases], dtype=np.int64)
+        sent = [answers[c].tensors["basis"] for c in sorted(answers)]
+        self.proximity = proximity_matrix([b.to(torch.float64) for b in sent])
+        self.bases, self.widths = torch.cat(sent, dim=1), np.array([b.shape[1] for b in sent], dtype=np.int64)
         labels = self._cluster(self.proximity.cpu().numpy())
         self.centers = self.ctx.init.repeat(int(labels.max()) + 1, 1)
         self.clusters = labels
@@ -128,9 +139,9 @@ class PACFL(ClusterModels):
         answers = newcomers.ask({c: Payload(meta={"question": "subspace"}) for c in range(n)})
         clusters = np.zeros(n, dtype=np.int64)
         if self.clustered:
-            theirs = list(torch.split(self.bases, self.widths.tolist(), dim=1))
+            theirs = self.bases.to(torch.float64)
             for c, answer in answers.items():
-                angles = proximity_matrix([answer.tensors["basis"].to(torch.float64), *theirs])[0, 1:].cpu().numpy()
+                angles = proximity_to(answer.tensors["basis"].to(torch.float64), theirs, self.widths)
                 means = [angles[self.clusters == k].mean() if (self.clusters == k).any() else np.inf
                          for k in range(self.num_clusters)]
                 clusters[c] = int(np.argmin(means))

@@ -176,7 +176,11 @@ class StoCFL(Method):
         answers = newcomers.ask({c: Payload({"model": self.anchor}, {"question": "observe"}) for c in range(n)})
         seen = np.flatnonzero(self.observed)
         named = sorted({int(self.cluster_of[c]) for c in seen})
-        clusters, models, index = np.full(n, -1, dtype=np.int64), [self.global_model], np.zeros(n, dtype=np.int64)
+        # as assignment() numbers them; a new client that joins none is a cluster of its own
+        numbered = {int(raw): int(c) for raw, c in zip(self.cluster_of, canonical_labels(self.cluster_of))}
+        own = max(numbered.values(), default=-1) + 1
+        clusters = np.arange(own, own + n, dtype=np.int64)
+        models, index = [self.global_model], np.zeros(n, dtype=np.int64)
         if named and answers:
             members = {k: seen[self.cluster_of[seen] == k] for k in named}
             directions = torch.stack([self.psi[members[k]].mean(0) for k in named])
@@ -187,7 +191,7 @@ class StoCFL(Method):
                 best = int(np.argmax(similarity[row]))
                 if similarity[row, best] >= self.hp.tau:
                     k = named[best]
-                    clusters[c] = k
+                    clusters[c] = numbered[k]
                     if self.has_model[k]:
                         models.append(self.models[k])
                         index[c] = len(models) - 1
