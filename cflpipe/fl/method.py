@@ -319,6 +319,8 @@ def _losses(outcome: Results) -> float:
 NOT_TRAINED = LocalResult(0.0, 0, 0)
 # The question that sends a new client what serves it (Method.served): it answers nothing.
 SERVE = "serve"
+# The question "do what a sampled client does in a round" (Method.query_plan, Method.query).
+ROUND = "round"
 
 
 @dataclass(frozen=True)
@@ -543,7 +545,10 @@ class Method:
     @classmethod
     def query_plan(cls, view: ClientView, payload: Payload) -> tuple[Plans | None, Any]:
         """The local work a client's answer to a question needs, as client_plan's (plans for the
-        trainer, and scratch for query); (None, None) where the answer trains nothing."""
+        trainer, and scratch for query); (None, None) where the answer trains nothing. Asked
+        ROUND, a client does what a sampled client does in a round (client_plan)."""
+        if payload.meta.get("question") == ROUND:
+            return cls.client_plan(view, payload)
         return None, None
 
     @classmethod
@@ -553,6 +558,8 @@ class Method:
         question tells them apart by the payload (its meta's "question")."""
         if payload.meta.get("question") == SERVE:  # a new client receives what serves it
             return view.answer({})
+        if payload.meta.get("question") == ROUND and trained is not None:  # as in a round
+            return cls.client_finish(view, payload, trained, scratch)
         raise NotImplementedError(f"{cls.__name__} asks its clients a question (Context.ask) but does not "
                                   f"answer it: define query(view, payload, trained, scratch)")
 

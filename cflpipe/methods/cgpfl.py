@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from cflpipe.fl.local import MoreauStep
-from cflpipe.fl.method import ClientView, Context, Method, Payload, Placement, Update, stack_updates
+from cflpipe.fl.method import ROUND, ClientView, Context, Method, Payload, Placement, Update, stack_updates
 from cflpipe.fl.params import cluster_average
 from cflpipe.fl.plan import ClientPlan, Trained
 from cflpipe.fl.predictors import Models
@@ -139,21 +139,9 @@ class CGPFL(PersonalModels, Method):
     def place(self, newcomers: Context) -> Placement:
         n = newcomers.num_clients
         start = int(nearest(newcomers.init[None], self.centers)[0])
-        payload = Payload({"model": self.centers[start]}, {"question": "round"})
+        payload = Payload({"model": self.centers[start]}, {"question": ROUND})
         answers = newcomers.ask({c: payload for c in range(n)})
         clusters = np.full(n, -1, dtype=np.int64)
         for c, answer in answers.items():
             clusters[c] = int(nearest(answer.tensors["model"][None], self.centers)[0])
         return Placement(clusters, Models.own(newcomers.clients[self.personal_table]))
-
-    @classmethod
-    def query_plan(cls, view: ClientView, payload: Payload) -> tuple[ClientPlan | None, None]:
-        if payload.meta.get("question") != "round":
-            return super().query_plan(view, payload)
-        return cls.client_plan(view, payload)
-
-    @classmethod
-    def query(cls, view: ClientView, payload: Payload, trained: Trained | None, scratch: None) -> Update:
-        if trained is None:
-            return super().query(view, payload, trained, scratch)
-        return cls.client_finish(view, payload, trained, scratch)

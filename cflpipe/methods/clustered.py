@@ -34,9 +34,8 @@ _TRAIN_MEAN, _TEST_MEAN = 0x3E, 0x3F
 # A client's cluster before it has one (FedGroup's clients until they are first sampled): its
 # uploads count towards no cluster.
 UNASSIGNED = -1
-# Questions to clients outside the round: train the model sent as in a round; a new client's
-# round of local steps from the model sent.
-ROUND, ADAPT = "round", "adapt"
+# A new client's round of local steps from the model it is sent (ROUND, Method's: as in a round).
+ADAPT = "adapt"
 
 
 def mixture_table(weights: np.ndarray) -> dict[str, np.ndarray]:
@@ -135,12 +134,9 @@ class ClusterModels(Method):
         """Asked to train outside the round: as in a round ("round": FL+HC's clustering round,
         FeSEM's initialization, its pull included), or, a new client, one round's local steps from
         the model it is sent ("adapt"); `query` sends the trained model back."""
-        question = payload.meta.get("question")
-        if question == ROUND:
-            return cls.client_plan(view, payload)
-        if question == ADAPT:
+        if payload.meta.get("question") == ADAPT:
             return ClientPlan(payload.tensors["model"]), None
-        return super().query_plan(view, payload)
+        return super().query_plan(view, payload)  # ROUND: client_plan
 
     @classmethod
     def query(cls, view: ClientView, payload: Payload, trained: Results | None, scratch: Any) -> Update:

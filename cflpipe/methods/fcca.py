@@ -47,7 +47,7 @@ from torch import nn
 
 from cflpipe.clustering import canonical_labels, fcca_similarity, kmeans
 from cflpipe.fl.local import KEPT_MOMENTS, AdamStep, Anchor, SGDStep, steps_for
-from cflpipe.fl.method import SERVE, ClientView, Context, Method, Payload, Placement, Update, stack_updates
+from cflpipe.fl.method import ROUND, SERVE, ClientView, Context, Method, Payload, Placement, Update, stack_updates
 from cflpipe.fl.params import cluster_average, weighted_average
 from cflpipe.fl.plan import ClientPlan, Trained
 from cflpipe.fl.predictors import Models
@@ -342,7 +342,7 @@ class FCCA(_FCCAVariants, Method):
     def place(self, newcomers: Context) -> Placement:
         n = newcomers.num_clients
         payload = Payload({"body": self.global_model[self.body_mask], "head": self.heads.mean(0)},
-                          {"question": "round"})
+                          {"question": ROUND})
         answers = newcomers.ask({c: payload for c in range(n)})  # each keeps its cINN (and FCCA+Per its head)
         clusters = np.zeros(n, dtype=np.int64)
         known, done = np.nonzero(self.heard)[0], sorted(answers)
@@ -364,18 +364,6 @@ class FCCA(_FCCAVariants, Method):
         # it holds the encoder: its cluster's classifier is what is sent
         newcomers.ask({c: Payload({"head": self.heads[clusters[c]]}, {"question": SERVE}) for c in range(n)})
         return Placement(clusters, Models([self.cluster_model(k) for k in range(self.hp.clusters)], clusters))
-
-    @classmethod
-    def query_plan(cls, view: ClientView, payload: Payload) -> tuple[ClientPlan | None, None]:
-        if payload.meta.get("question") != "round":
-            return super().query_plan(view, payload)
-        return cls.client_plan(view, payload)
-
-    @classmethod
-    def query(cls, view: ClientView, payload: Payload, trained: Trained | None, scratch: None) -> Update:
-        if trained is None:
-            return super().query(view, payload, trained, scratch)
-        return cls.client_finish(view, payload, trained, scratch)
 
     def round_metrics(self) -> dict[str, float]:
         """The mean cINN training loss (Eq. 3) of the round's clients."""

@@ -52,7 +52,7 @@ import torch
 
 from cflpipe.clustering import PCAProjection, cosine_similarity_matrix, fit_pca, pairwise_sq_distances
 from cflpipe.fl.local import Anchor
-from cflpipe.fl.method import ClientView, Context, Method, Payload, Placement, Update
+from cflpipe.fl.method import ROUND, ClientView, Context, Method, Payload, Placement, Update
 from cflpipe.fl.params import cluster_average
 from cflpipe.fl.plan import ClientPlan, Trained
 from cflpipe.fl.predictors import Models
@@ -286,7 +286,7 @@ class FedAC(Method):
         tensors = {"center": self.centers.mean(0), "phi": self.phi[self.ctx.space.body]}
         if self.pca is not None:  # a new client holds no M yet
             tensors.update(pca_components=self.pca.components, pca_mean=self.pca.mean)
-        payload = Payload(tensors, meta={"pca": self.pca, "question": "round"})
+        payload = Payload(tensors, meta={"pca": self.pca, "question": ROUND})
         answers = newcomers.ask({c: payload for c in range(n)})  # each keeps its ω
         clusters = np.full(n, -1, dtype=np.int64)
         done = sorted(answers)
@@ -296,12 +296,6 @@ class FedAC(Method):
             clusters[done] = pairwise_sq_distances(vectors, self.centers).argmin(1).cpu().numpy() if no_map \
                 else self._assign_rows(vectors, self.centers)
         return Placement(clusters, Models.own(newcomers.clients["model"]))
-
-    @classmethod
-    def query_plan(cls, view: ClientView, payload: Payload) -> tuple[ClientPlan | None, None]:
-        if payload.meta.get("question") != "round":
-            return super().query_plan(view, payload)
-        return cls.client_plan(view, payload)
 
     @classmethod
     def query(cls, view: ClientView, payload: Payload, trained: Trained | None, scratch: None) -> Update:

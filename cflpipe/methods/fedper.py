@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from cflpipe.fl.method import ClientView, Context, Method, Payload, Placement, Update, stack_updates
+from cflpipe.fl.method import ROUND, ClientView, Context, Method, Payload, Placement, Update, stack_updates
 from cflpipe.fl.plan import ClientPlan, Trained
 from cflpipe.fl.predictors import Models
 from cflpipe.fl.params import weighted_average
@@ -74,15 +74,9 @@ class FedPer(Method):
 
     def place(self, newcomers: Context) -> Placement:
         n = newcomers.num_clients
-        payload = Payload({"body": self.global_model[self.body_mask]}, {"question": "round"})
+        payload = Payload({"body": self.global_model[self.body_mask]}, {"question": ROUND})
         newcomers.ask({c: payload for c in range(n)})  # each keeps the head it trained
         return Placement(np.full(n, -1, dtype=np.int64), Models.own(self.client_models(newcomers)))
-
-    @classmethod
-    def query_plan(cls, view: ClientView, payload: Payload) -> tuple[ClientPlan | None, None]:
-        if payload.meta.get("question") != "round":
-            return super().query_plan(view, payload)
-        return cls.client_plan(view, payload)
 
     @classmethod
     def query(cls, view: ClientView, payload: Payload, trained: Trained | None, scratch: None) -> Update:

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from cflpipe.fl.local import Anchor
-from cflpipe.fl.method import ClientView, Context, Method, Payload, Placement, Update, stack_updates
+from cflpipe.fl.method import ROUND, ClientView, Context, Method, Payload, Placement, Update, stack_updates
 from cflpipe.fl.plan import ClientPlan, Trained
 from cflpipe.fl.predictors import Models
 from cflpipe.methods.clustered import mixture_table
@@ -95,7 +95,7 @@ class FedSoft(PersonalModels, Method):
     def query(cls, view: ClientView, payload: Payload, trained: None, scratch: None) -> Update:
         """A client's importance weights u_i (importance_weights) from the S centers' losses on
         its training samples."""
-        if payload.meta.get("question") == "round" and trained is not None:  # a new client keeps its model
+        if payload.meta.get("question") == ROUND and trained is not None:  # a new client keeps its model
             return view.update({}, trained, keep={cls.personal_table: trained.vector})
         if payload.meta.get("question") != "importance":
             return super().query(view, payload, trained, scratch)
@@ -141,17 +141,11 @@ class FedSoft(PersonalModels, Method):
     def place(self, newcomers: Context) -> Placement:
         n = newcomers.num_clients
         answers = newcomers.ask({c: Payload({"models": self.centers}, {"question": "importance"}) for c in range(n)})
-        newcomers.ask({c: Payload({"models": self.centers}, {"question": "round"}, held=("models",)) for c in range(n)})
+        newcomers.ask({c: Payload({"models": self.centers}, {"question": ROUND}, held=("models",)) for c in range(n)})
         clusters = np.full(n, -1, dtype=np.int64)
         for c, answer in answers.items():
             clusters[c] = int(lowest(-answer.tensors["importance"].cpu().numpy()[None])[0])
         return Placement(clusters, Models.own(newcomers.clients[self.personal_table]))
-
-    @classmethod
-    def query_plan(cls, view: ClientView, payload: Payload) -> tuple[ClientPlan | None, None]:
-        if payload.meta.get("question") != "round":
-            return super().query_plan(view, payload)
-        return cls.client_plan(view, payload)
 
     def mixture(self) -> np.ndarray:
         return self.importance / self.importance.sum(axis=1, keepdims=True)

@@ -94,7 +94,7 @@ import torch
 
 from cflpipe.clustering import canonical_labels, dbscan_precomputed, hopkins, js_divergence_matrix
 from cflpipe.errors import SpecError
-from cflpipe.fl.method import ClientView, Context, Method, Payload, Placement, Update, stack_updates
+from cflpipe.fl.method import ROUND, ClientView, Context, Method, Payload, Placement, Update, stack_updates
 from cflpipe.fl.params import cluster_average
 from cflpipe.fl.plan import ClientPlan, Trained
 from cflpipe.fl.predictors import Models
@@ -345,7 +345,7 @@ class FedTSDP(Method):
 
     def place(self, newcomers: Context) -> Placement:
         n, mask = newcomers.num_clients, self.shared_mask()
-        payload = Payload({"shared": self.centers.mean(0)[mask]}, {"shared": mask, "question": "round"})
+        payload = Payload({"shared": self.centers.mean(0)[mask]}, {"shared": mask, "question": ROUND})
         answers = newcomers.ask({c: payload for c in range(n)})  # each keeps its model
         clusters = np.zeros(n, dtype=np.int64)
         done = sorted(answers)
@@ -357,18 +357,6 @@ class FedTSDP(Method):
         models = newcomers.clients["model"].clone()
         models[:, mask] = self.centers[torch.from_numpy(clusters).to(self.centers.device)][:, mask]
         return Placement(clusters, Models.own(models))
-
-    @classmethod
-    def query_plan(cls, view: ClientView, payload: Payload) -> tuple[ClientPlan | None, None]:
-        if payload.meta.get("question") != "round":
-            return super().query_plan(view, payload)
-        return cls.client_plan(view, payload)
-
-    @classmethod
-    def query(cls, view: ClientView, payload: Payload, trained: Trained | None, scratch: None) -> Update:
-        if trained is None:
-            return super().query(view, payload, trained, scratch)
-        return cls.client_finish(view, payload, trained, scratch)
 
     def round_metrics(self) -> dict[str, float]:
         return {"hopkins": self.last_hopkins, "clustering_ran": self.last_clustered,

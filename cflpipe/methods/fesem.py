@@ -18,8 +18,8 @@ import torch
 
 from cflpipe.clustering import kmeans, nearest_center
 from cflpipe.fl.local import Anchor
-from cflpipe.fl.method import ClientView, Context, Payload, Placement, Update, stack_updates
-from cflpipe.methods.clustered import ROUND, ClusterModels
+from cflpipe.fl.method import ROUND, ClientView, Context, Payload, Placement, Update, stack_updates
+from cflpipe.methods.clustered import ClusterModels
 from cflpipe.fl.params import cluster_average
 
 

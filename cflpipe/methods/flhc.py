@@ -15,8 +15,8 @@ import numpy as np
 import torch
 
 from cflpipe.clustering import hierarchical_clusters
-from cflpipe.fl.method import Context, Payload, Placement, Update
-from cflpipe.methods.clustered import ROUND, ClusterModels
+from cflpipe.fl.method import ROUND, Context, Payload, Placement, Update
+from cflpipe.methods.clustered import ClusterModels
 from cflpipe.fl.params import cluster_average
 
 # ---------------------------------------------------------------------------- FL+HC
