@@ -981,3 +981,18 @@ def test_at_a_glance_says_a_tie_when_the_best_means_are_equal():
     assert (tie["best"], tie["next"], tie["verdict"]) == ("IFCA and FLHC", "CFL", "tied: equal means over 3 seeds")
     alone = sections._leader("s", ["ifca", "cfl"], "ari", 1.0, 2, "")
     assert alone["best"] == "IFCA" and alone["verdict"].startswith("separated")
+
+
+def test_at_a_glance_names_no_best_clustering_where_none_recovered_the_groups():
+    from types import SimpleNamespace
+
+    from cflpipe.report.sections import RECOVERED_ARI, Sections
+
+    per_seed = pd.DataFrame([{"scenario": "s", "method": m, "seed": k, "ari": v}
+                             for m, values in (("fedac", [0.03, 0.02, 0.01]), ("cfl", [0.0, 0.01, 0.0]))
+                             for k, v in enumerate(values)])
+    sections = Sections.__new__(Sections)
+    sections.view = SimpleNamespace(per_seed=per_seed, label=str.upper)
+    none = sections._leader("s", ["fedac", "cfl"], "ari", 1.0, 2, "")
+    assert none["best"] == "none recovered the groups" and none["value"] == "(highest: FEDAC 0.02)"
+    assert none["next"] is None and str(RECOVERED_ARI) in none["verdict"]

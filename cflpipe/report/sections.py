@@ -36,6 +36,11 @@ DETAIL_COLUMNS = (
 )
 
 
+# Below this mean ARI no method is named best at clustering in "At a glance": an ARI of 0.5 is
+# about the agreement of a clustering that gets half of the groups' pairs right beyond chance,
+# and a "best ARI 0.02" in bold reads as a result where there is none.
+RECOVERED_ARI = 0.5
+
 class Sections:
     """The sections of one report. Figures are numbered in the order they are built: render_report
     (report/page.py) calls the sections in one fixed order, so one aggregate gives one page."""
@@ -80,6 +85,10 @@ class Sections:
             return None
         order = sorted(means, key=lambda m: -means[m])  # stable: the spec's order on equal means
         best = order[0]
+        if figure == "ari" and means[best] < RECOVERED_ARI:  # nobody recovered the groups: no winner
+            return {"best": "none recovered the groups",
+                    "value": f"(highest: {view.label(best)} {means[best] * scale:.{digits}f}{unit})",
+                    "next": None, "next_value": None, "verdict": f"every mean ARI below {RECOVERED_ARI:g}"}
         tied = [m for m in order if means[m] == means[best]]  # equal means (ARI 1.00 in every seed): a tie
         rest = [m for m in order if m not in tied]
         out = {"best": _together([view.label(m) for m in tied]), "value": f"{means[best] * scale:.{digits}f}{unit}",
