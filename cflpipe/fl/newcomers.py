@@ -50,12 +50,15 @@ def sibling(ctx: Context, data: FederatedData) -> Context:
 def joined(method: Method, clusters: np.ndarray, groups: np.ndarray) -> float:
     """The share of the new clients placed in the cluster that holds most of the participants of
     their true group (new_ari compares the new clients' placements with each other only), among
-    those placed in a cluster; NaN without true groups, for a method without clusters, or where no
-    placed new client has a clustered participant of its group."""
+    those placed in a cluster; NaN without true groups, for a method without clusters or whose
+    participants are all in one, or where no placed new client has a clustered participant of its
+    group."""
     held, theirs = method.assignment(), method.ctx.data.groups
     if held is None or not method.ctx.data.has_groups or not len(groups) or (groups < 0).any():
         return float("nan")
     held = np.asarray(held)
+    if len(np.unique(held[held >= 0])) < 2:  # one cluster for all: joining it says nothing
+        return float("nan")
     hits = []
     for cluster, group in zip(clusters, groups):
         members = held[(theirs == group) & (held >= 0)]  # -1: in no cluster
