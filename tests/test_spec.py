@@ -428,3 +428,23 @@ def test_scenario_hyperparams_with_method_entries(hyperparams, methods, line):
     with pytest.raises(SpecError) as err:
         parse_spec(data)
     assert str(err.value).splitlines() == [line]
+
+
+def test_validate_reports_structural_and_cross_field_errors_in_one_pass():
+    """A misspelt kind no longer hides the scenario's two label splits or a clients_per_round
+    above its clients: one `validate` names all of them."""
+    raw = {"seeds": 3, "training": {"model": "mlp", "rounds": 2, "clients_per_round": 50},
+           "scenarios": {"a": {"dataset": "digits", "clients": 6,
+                               "partition": [{"kind": "dirichlet", "alpha": 1.0},
+                                             {"kind": "pathological", "labels_per_client": 2},
+                                             {"kind": "label_swapp", "groups": 2}]}},
+           "methods": {"fedavg": {}}}
+    with pytest.raises(SpecError) as err:
+        parse_spec(raw)
+    lines = str(err.value).splitlines()
+    assert "seeds: must be a list, got 3" in lines
+    assert any(line.startswith("scenarios.a.partition[2].kind: must be one of") for line in lines)
+    assert "scenarios.a: partition has more than one label split (dirichlet, pathological); use one of iid, " \
+           "dirichlet, pathological, natural" in lines
+    assert "training.clients_per_round: must be <= clients of scenario a (6), got 50" in lines
+    assert len(lines) == len(set(lines))

@@ -28,7 +28,9 @@ def parse_spec(data: Any, *, check_methods: bool = True, check_datasets: bool = 
     try:
         spec = Spec(**data)
     except ValidationError as exc:
-        raise SpecError("\n".join(_sweep_paths(errors_to_lines(exc, data, model=Spec), origins))) from None
+        lines = errors_to_lines(exc, data, model=Spec)
+        lines += [line for line in _raw_cross_field(data) if line not in lines]
+        raise SpecError("\n".join(_sweep_paths(lines, origins))) from None
     spec._sweeps = origins
     problems: list[str] = _check_labels(spec)
     for name, scenario in spec.scenarios.items():
@@ -55,6 +57,33 @@ def parse_spec(data: Any, *, check_methods: bool = True, check_datasets: bool = 
         # A bad scenario override would otherwise be reported once per method.
         raise SpecError("\n".join(_sweep_paths(problems, origins)))
     return spec
+
+
+def _raw_cross_field(data: dict) -> list[str]:
+    """The rules across fields that the models check only once every field is valid, read from
+    the raw spec where its parts can be read, so that one `validate` reports them beside the
+    structural errors (a scenario with two label splits, clients_per_round above its clients)."""
+    from cflpipe.spec._models import LABEL_SPLITS
+
+    lines = []
+    scenarios = data.get("scenarios") if isinstance(data.get("scenarios"), dict) else {}
+    training = data.get("training") if isinstance(data.get("training"), dict) else {}
+    for name, sc in scenarios.items():
+        if not isinstance(sc, dict):
+            continue
+        steps = sc.get("partition") if isinstance(sc.get("partition"), list) else []
+        splits = [s.get("kind") for s in steps if isinstance(s, dict) and s.get("kind") in LABEL_SPLITS]
+        if len(splits) > 1:
+            lines.append(f"scenarios.{name}: partition has more than one label split ({', '.join(splits)}); "
+                         f"use one of {', '.join(LABEL_SPLITS)}")
+        own = sc.get("training") if isinstance(sc.get("training"), dict) else {}
+        per_round, clients = own.get("clients_per_round", training.get("clients_per_round")), sc.get("clients")
+        if isinstance(per_round, int) and isinstance(clients, int) and not isinstance(clients, bool) \
+                and per_round > clients >= 1:
+            where = f"scenarios.{name}.training" if "clients_per_round" in own else "training"
+            lines.append(f"{where}.clients_per_round: must be <= clients of scenario {name} ({clients}), "
+                         f"got {per_round}")
+    return lines
 
 
 def _check_models(spec: Spec) -> list[str]:
