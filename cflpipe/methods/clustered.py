@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from cflpipe.clustering import nearest_center
 from cflpipe.fl.method import (SERVE, Capabilities, ClientView, Context, Method, Payload, Placement, Update,
@@ -36,6 +37,9 @@ _TRAIN_MEAN, _TEST_MEAN = 0x3E, 0x3F
 UNASSIGNED = -1
 # A new client's round of local steps from the model it is sent (ROUND, Method's: as in a round).
 ADAPT = "adapt"
+# Asked with the cluster models, a client sends each one's mean loss on its training data
+# (SR-FCA's clustering, IFCA's and SR-FCA's placement of new clients).
+LOSSES = "losses"
 
 
 def mixture_table(weights: np.ndarray) -> dict[str, np.ndarray]:
@@ -140,6 +144,14 @@ class ClusterModels(Method):
 
     @classmethod
     def query(cls, view: ClientView, payload: Payload, trained: Results | None, scratch: Any) -> Update:
+        if payload.meta.get("question") == LOSSES:  # each model's mean training cross-entropy
+            models = payload.tensors["models"]
+            x, y = view.data()
+            if not len(y):
+                return view.answer({"losses": torch.full((len(models),), float("nan"))})
+            logits = view.apply(models, x, chunk=view.training.eval_batch_size).float()  # (models × n × classes)
+            per_sample = F.cross_entropy(logits.flatten(0, 1), y.repeat(len(models)), reduction="none")
+            return view.answer({"losses": per_sample.view(len(models), -1).mean(1)})
         if trained is None:
             return super().query(view, payload, trained, scratch)
         return view.update({"model": trained.vector}, trained)
@@ -149,7 +161,7 @@ class ClusterModels(Method):
         method's `query` answers the question "losses") and is served the one of lowest loss,
         which it holds already; one without training data is served the first."""
         n = newcomers.num_clients
-        answers = newcomers.ask({c: Payload({"models": models}, {"question": "losses"}) for c in range(n)})
+        answers = newcomers.ask({c: Payload({"models": models}, {"question": LOSSES}) for c in range(n)})
         losses = np.full((n, len(models)), np.nan)
         for c, answer in answers.items():
             losses[c] = answer.tensors["losses"].double().cpu().numpy()

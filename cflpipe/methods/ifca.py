@@ -188,16 +188,6 @@ class IFCA(ClusterModels):
     def place(self, newcomers: Context) -> Placement:
         return self.place_by_loss(newcomers, self._best_models())
 
-    @classmethod
-    def query(cls, view: ClientView, payload: Payload, trained: Trained | None, scratch: None) -> Update:
-        if payload.meta.get("question") != "losses":
-            return super().query(view, payload, trained, scratch)
-        models = payload.tensors["models"]
-        x, y = view.data()
-        if not len(y):
-            return view.answer({"losses": torch.full((len(models),), float("nan"))})
-        return view.answer({"losses": torch.from_numpy(sample_losses(view.apply, models, x, y).mean(1)).float()})
-
     def _best_models(self) -> torch.Tensor:
         k = self.hp.clusters
         return self.centers[self.best_track * k:(self.best_track + 1) * k]

@@ -19,11 +19,10 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from cflpipe.fl.method import ClientView, Context, Payload, Placement, Update, stack_updates
-from cflpipe.fl.plan import ClientPlan, Trained
-from cflpipe.methods.clustered import ClusterModels
+from cflpipe.fl.plan import ClientPlan
+from cflpipe.methods.clustered import LOSSES, ClusterModels
 
 # Purposes of the server randomness: the pivots of the start's and of each merge's clustering.
 _PIVOTS_INIT, _PIVOTS_MERGE = 0x5A, 0x5B
@@ -149,7 +148,7 @@ class SRFCA(ClusterModels):
         """(models × clients) mean training cross-entropy of each model on each client's data
         (NaN for a client without training data); each client receives the models and sends one
         loss per model."""
-        payload = Payload({"models": models}, {"question": "losses"})
+        payload = Payload({"models": models}, {"question": LOSSES})
         answers = self.ctx.ask({client: payload for client in range(self.ctx.num_clients)})
         out = np.full((len(models), self.ctx.num_clients), np.nan)
         for client, answer in answers.items():
@@ -169,18 +168,6 @@ class SRFCA(ClusterModels):
         if payload.meta.get("question") != "init":
             return super().query_plan(view, payload)
         return ClientPlan(payload.tensors["model"].clone(), steps=view.hp.init_steps), None
-
-    @classmethod
-    def query(cls, view: ClientView, payload: Payload, trained: Trained | None, scratch: None) -> Update:
-        if payload.meta.get("question") != "losses":
-            return super().query(view, payload, trained, scratch)
-        models = payload.tensors["models"]
-        x, y = view.data()
-        if not len(y):
-            return view.answer({"losses": torch.full((len(models),), float("nan"))})
-        logits = view.apply(models, x, chunk=view.training.eval_batch_size).float()  # (models × n × classes)
-        per_sample = F.cross_entropy(logits.flatten(0, 1), y.repeat(len(models)), reduction="none")
-        return view.answer({"losses": per_sample.view(len(models), -1).mean(1)})
 
     def pair_distances(self) -> np.ndarray:
         """d(i, j) = (L[i, j] + L[j, i]) / 2 (NaN where a model or a loss is missing)."""
