@@ -587,7 +587,7 @@ REASONS: dict[str, str] = {
     "cflpipe.methods.ifca.xǁIFCAǁ__init__":
         "Equivalent: the purpose constant 0x1FCA renumbered: another valid seeded stream of random "
         "initial models.",
-    "cflpipe.methods.catalog.xǁFLHCParamsǁcut":
+    "cflpipe.methods.flhc_params.xǁFLHCParamsǁcut":
         "An absolute threshold scaled by 2: killed by test_flhc_absolute_threshold_is_the_distance_itself"
         " (added after the pass).",
     "cflpipe.methods.flhc.xǁFLHCǁ__init__":

@@ -3,8 +3,9 @@ import: the engine, the spec checks and the report ask it, never the methods pac
 hyper-parameters (validated up front, like scikit-learn's estimators), so `cflpipe validate` and
 `cflpipe methods` know every method without running it.
 
-The built-in methods are declared in `catalog` (their hyper-parameters, capabilities, variants
-and the round their clustering may start in), a module without torch: validating a spec reads
+The built-in methods are declared each beside its module, in `methods/X_params.py` (their
+hyper-parameters, capabilities, variants, premises and the round their clustering may start in),
+modules without torch that `catalog` imports: validating a spec reads
 the declarations and imports no method's implementation. A declared method's class is imported
 the first time something asks for it (`MethodInfo.cls`: a run, `cflpipe methods NAME`), and
 binds to its declaration as it is defined (`bind_declared`): the declaration is the one place that
@@ -167,7 +168,7 @@ class MethodInfo:
         return None
 
 
-# The built-in methods' package: its `catalog` declares them, its modules implement them.
+# The built-in methods' package: its `catalog` imports their declarations (`X_params.py`), its modules implement them.
 BUILTIN_PACKAGE = "cflpipe.methods"
 
 METHODS: dict[str, MethodInfo] = {}
@@ -262,7 +263,7 @@ def register(name: str, params: type[HyperParams] = HyperParams, *, starts: Clus
     same class with the variant's hyper-parameters added, so they exist whatever order the
     modules are imported in.
 
-    The built-in methods do not register: `catalog` declares each one, and its class is bound to
+    The built-in methods do not register: each is declared in its module's `X_params.py`, and its class is bound to
     the declaration when it is defined (`bind_declared`)."""
 
     def decorate(cls: type) -> type:
@@ -270,7 +271,7 @@ def register(name: str, params: type[HyperParams] = HyperParams, *, starts: Clus
         where = f"{cls.__module__}:{cls.__qualname__}"
         declared = DECLARED.get(name)
         if declared is not None and declared.implementation == where:
-            raise ValueError(f"method {name!r}: {where} is declared in {BUILTIN_PACKAGE}.catalog; "
+            raise ValueError(f"method {name!r}: {where} is declared in {cls.__module__}_params; "
                              f"the declaration is the one place that names it (remove @register)")
         cls.name = name
         description = first_paragraph(inspect.getdoc(cls) or "")
@@ -288,7 +289,7 @@ def register(name: str, params: type[HyperParams] = HyperParams, *, starts: Clus
 
 
 def bind_declared(cls: type) -> None:  # pragma: no mutate block
-    """Bind a class being defined to the catalog's declaration that names it as a method's
+    """Bind a class being defined to the declaration (`X_params.py`) that names it as a method's
     implementation (its name and capabilities come from there); other classes are left alone.
     Called by the method base class for every subclass, so a built-in needs no decorator."""
     _load_all()
@@ -301,7 +302,7 @@ def bind_declared(cls: type) -> None:  # pragma: no mutate block
            if key in vars(cls) and vars(cls)[key] is not bound.get(key)]
     if own:
         raise ValueError(f"method {declared.name!r}: {where} sets {own[0]!r}, which its declaration in "
-                         f"{BUILTIN_PACKAGE}.catalog holds")
+                         f"{cls.__module__}_params holds")
     cls.name = declared.name
     cls.capabilities = declared.capabilities
     _CLASSES[where] = cls

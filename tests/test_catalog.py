@@ -1,4 +1,4 @@
-"""The built-in methods' declarations (cflpipe/methods/catalog.py): validating a spec reads them
+"""The built-in methods' declarations (cflpipe/methods/*_params.py, imported by catalog.py): validating a spec reads them
 without importing torch, and every implementation agrees with its declaration."""
 
 from __future__ import annotations
@@ -28,7 +28,10 @@ def test_validating_the_default_spec_warns_of_nothing_and_imports_neither_torch_
     assert "config/config.yaml: ok" in out.stdout
     # The default runs every method where its premises hold: no premise, budget or degeneration warning.
     assert "warning" not in out.stderr, out.stderr
-    assert out.stdout.strip().splitlines()[-1] == "cflpipe.methods.catalog"
+    loaded = out.stdout.strip().splitlines()[-1].split()
+    assert "torch" not in loaded and "cflpipe.methods.catalog" in loaded, loaded
+    # only the declarations, each beside the module that implements it
+    assert all(m == "cflpipe.methods.catalog" or m.endswith("_params") for m in loaded), loaded
 
 
 @pytest.mark.parametrize("name", BUILT_IN)
@@ -42,17 +45,18 @@ def test_every_built_in_implementation_agrees_with_its_declaration(name):
 
 
 def test_a_built_in_is_named_once_by_its_declaration_and_cannot_register_too(registry_copy):
-    from cflpipe.methods.catalog import CFLParams
+    from cflpipe.methods.cfl_params import CFLParams
     from cflpipe.methods.cfl import CFL
 
     before = dict(registry.METHODS)
-    with pytest.raises(ValueError, match="declared in cflpipe.methods.catalog.*remove @register"):
+    with pytest.raises(ValueError, match="declared in cflpipe.methods.cfl_params.*remove @register"):
         register("cfl", CFLParams)(CFL)
     assert registry.METHODS == before and CFL.capabilities is registry.DECLARED["cfl"].capabilities
 
 
 def test_a_plugin_subclass_inherits_its_ancestors_clustering_start(registry_copy):
-    from cflpipe.methods.catalog import CFLParams, FLHCParams
+    from cflpipe.methods.cfl_params import CFLParams
+    from cflpipe.methods.flhc_params import FLHCParams
     from cflpipe.methods.cfl import CFL
 
     Sub = type("Sub", (CFL,), {"__module__": __name__, "__qualname__": "Sub", "__doc__": "Sub: a CFL."})
@@ -132,7 +136,7 @@ def test_a_declared_method_whose_module_registers_nothing_says_so(registry_copy)
 
 
 def test_a_plugin_subclass_of_fcca_gets_its_variants_under_its_own_name(registry_copy):
-    from cflpipe.methods.catalog import FCCAParams
+    from cflpipe.methods.fcca_params import FCCAParams
     from cflpipe.methods.fcca import FCCA
 
     Sub = type("Sub", (FCCA,), {"__module__": __name__, "__qualname__": "Sub", "__doc__": "Sub: an FCCA."})
@@ -148,7 +152,7 @@ def test_a_plugin_subclass_of_fcca_gets_its_variants_under_its_own_name(registry
 def test_fcca_variants_keep_their_defaults_over_a_plugins_own_parameters(registry_copy):
     """A plugin's parameters that subclass FCCA's inherit FCCA's personal=False and mu=0; the
     variant's own defaults must still win, or each variant would train as plain FCCA."""
-    from cflpipe.methods.catalog import FCCAParams
+    from cflpipe.methods.fcca_params import FCCAParams
     from cflpipe.methods.fcca import FCCA
 
     SubParams = type("SubParams", (FCCAParams,), {"__annotations__": {"knob": int}, "knob": 3})
@@ -173,7 +177,7 @@ def test_a_methods_family_is_declared_once_or_read_from_a_plugins_capabilities(r
                                         "capabilities": Capabilities(clustered=True)})
     register("plugin_family", Declared)(Plugin)
     assert registry.METHODS["plugin_family"].family == "clustered"
-    from cflpipe.methods.catalog import IFCAParams
+    from cflpipe.methods.ifca_params import IFCAParams
     from cflpipe.methods.ifca import IFCA
 
     Mine = type("Mine", (IFCA,), {"__module__": __name__, "__qualname__": "Mine"})
@@ -198,6 +202,7 @@ def test_a_built_in_is_described_by_its_class_docstring_read_without_importing_i
             assert info.description == first_paragraph(inspect.getdoc(info.cls)), name
     code = ("import sys; import cflpipe.methods.catalog; from cflpipe.registry import DECLARED; "
             "print(len({info.description for info in DECLARED.values()})); "
-            "print(sorted(m for m in sys.modules if m.startswith(('torch', 'cflpipe.methods.'))))")
+            "print(sorted(m for m in sys.modules if m.startswith(('torch', 'cflpipe.methods.'))"
+            " and not m.endswith('_params')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split("\n")[:2] == [str(len(DECLARED)), "['cflpipe.methods.catalog']"]

@@ -59,7 +59,7 @@ def test_an_asked_client_that_writes_to_or_reads_the_servers_state_fails_the_con
     ones are: one that writes to the model it was sent (a view of the server's) or answers with
     what the server holds rather than what it was sent fails."""
     from cflpipe.methods import register
-    from cflpipe.methods.catalog import FLHCParams
+    from cflpipe.methods.flhc_params import FLHCParams
     from cflpipe.methods.flhc import FLHC
     from cflpipe.testing import check_clients_use_only_what_they_were_sent
 
@@ -94,7 +94,7 @@ def test_a_placement_that_changes_the_method_fails_the_conformance_check(tmp_pat
     """Placing new clients must leave the method as it was: an IFCA whose placement nudges its
     cluster models fails, IFCA itself passes."""
     from cflpipe.methods import register
-    from cflpipe.methods.catalog import IFCAParams
+    from cflpipe.methods.ifca_params import IFCAParams
     from cflpipe.methods.ifca import IFCA
     from cflpipe.testing import check_new_clients_change_no_training
 

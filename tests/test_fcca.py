@@ -587,7 +587,7 @@ def test_the_readings_of_k_pass_the_conformance_checks_and_train_what_they_say(r
     moments kept by the client across rounds) pass every conformance check (resume, determinism,
     state round trip, batched = sequential, …) as a plugin subclass that turns them on. A client's
     plan trains ceil(epochs · n / batch) steps, and its kept step count grows by them each round."""
-    from cflpipe.methods.catalog import FCCAParams
+    from cflpipe.methods.fcca_params import FCCAParams
     from cflpipe.methods.fcca import FCCA
     from cflpipe.registry import register
     from cflpipe.testing import check_method
@@ -619,7 +619,7 @@ def test_the_cinns_budget_is_passes_or_steps_and_both_are_refused():
     the run's local steps or epochs; both given contradict each other."""
     from pydantic import ValidationError
 
-    from cflpipe.methods.catalog import FCCAParams
+    from cflpipe.methods.fcca_params import FCCAParams
 
     assert (FCCAParams().flow_epochs, FCCAParams().flow_steps) == (20.0, None)
     assert (FCCAParams(flow_steps=20).flow_epochs, FCCAParams(flow_steps=20).flow_steps) == (None, 20)
@@ -636,7 +636,7 @@ def test_the_cinns_budget_is_passes_or_steps_and_both_are_refused():
 def test_kept_moments_where_they_would_do_nothing_are_refused(setting):
     from pydantic import ValidationError
 
-    from cflpipe.methods.catalog import FCCAParams
+    from cflpipe.methods.fcca_params import FCCAParams
 
     with pytest.raises(ValidationError, match="flow_moments: 'keep'"):
         FCCAParams(flow_moments="keep", **setting)

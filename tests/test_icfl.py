@@ -138,7 +138,7 @@ def test_a_subclass_with_the_cluster_base_variants_is_refused_in_one_line(tmp_pa
     clients hold the model broadcast to them, which neither option can reach."""
     from cflpipe.errors import SpecError
     from cflpipe.methods import register
-    from cflpipe.methods.catalog import ICFLParams
+    from cflpipe.methods.icfl_params import ICFLParams
     from cflpipe.methods.icfl import ICFL
 
     Sub = type("Sub", (ICFL,), {"__module__": __name__, "__qualname__": "Sub", "__doc__": "Sub: an ICFL."})

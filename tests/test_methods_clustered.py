@@ -20,7 +20,11 @@ from cflpipe.fl.local import LocalResult
 from cflpipe.fl.method import ClientView, Context, local_update, receive, Update
 from cflpipe.fl.plan import Trained
 from cflpipe.registry import all_methods
-from cflpipe.methods.catalog import CFLParams, FedGroupParams, FeSEMParams, FLHCParams, KMeansCFLParams
+from cflpipe.methods.cfl_params import CFLParams
+from cflpipe.methods.fedgroup_params import FedGroupParams
+from cflpipe.methods.fesem_params import FeSEMParams
+from cflpipe.methods.flhc_params import FLHCParams
+from cflpipe.methods.kmeans_cfl_params import KMeansCFLParams
 from cflpipe.methods.cfl import CFL
 from cflpipe.methods.fedgroup import FedGroup
 from cflpipe.methods.fesem import FeSEM

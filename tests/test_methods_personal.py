@@ -22,7 +22,7 @@ from cflpipe.fl.method import Context, local_update, receive, Update
 from cflpipe.seeds import mix_seed as _mix
 from cflpipe.fl.params import ParamSpace
 from cflpipe.registry import method_info
-from cflpipe.methods.catalog import CGPFLParams
+from cflpipe.methods.cgpfl_params import CGPFLParams
 from cflpipe.methods.cgpfl import nearest
 from cflpipe.models import LayeredModel, build_model
 from cflpipe.spec import Training, parse_spec

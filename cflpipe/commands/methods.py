@@ -73,7 +73,7 @@ def _papers(info) -> list[str]:
     reference code) it follows."""
     import textwrap
 
-    from cflpipe.methods.catalog import AWCFLParams, MCFLParams
+    from cflpipe.methods.intercluster_params import AWCFLParams, MCFLParams
 
     options = {AWCFLParams: "cflpipe.methods.intercluster", MCFLParams: "cflpipe.methods.intercluster"}
     modules = [info.cls.__module__] + [options[c] for c in info.params.__mro__ if c in options]

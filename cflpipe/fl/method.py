@@ -474,7 +474,7 @@ class Placement:
 
 
 class Method:
-    """Base class. A built-in subclass is declared in cflpipe.methods.catalog and bound to its
+    """Base class. A built-in subclass is declared beside its module (`X_params.py`) and bound to its
     declaration as it is defined; a plugin's registers with cflpipe.methods.register and declares
     its capabilities. Each names the server attributes to checkpoint and overrides the hooks. A round, as the engine drives it:
 
@@ -518,7 +518,7 @@ class Method:
             cls.place, cls.newcomer_rule = Method.place, ""
         if "aggregate" in vars(cls) and "streamed_means" not in vars(cls):
             cls.streamed_means = ()  # its aggregate reads the round's updates: they are held for it
-        bind_declared(cls)  # a built-in's name and capabilities, from its declaration in the catalog
+        bind_declared(cls)  # a built-in's name and capabilities, from its declaration
 
     def __init__(self, ctx: Context):
         self.ctx = ctx

@@ -9,7 +9,7 @@ the options the variant's hyper-parameters ask for:
                                    sampled training inputs, and any test data is evaluated with
                                    the cluster model whose members' feature mean is nearest (L2)
 Every cluster method has its `<name>_awcfl` and `<name>_mcfl` variants: the built-ins' are
-declared in `catalog`, a plugin's subclass registers them with itself (see `variants`)."""
+declared in `intercluster_params` for each, a plugin's subclass registers them with itself (see `variants`)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from cflpipe.fl.params import cluster_average
 from cflpipe.fl.plan import ClientPlan, Plans, Results
 from cflpipe.fl.predictors import Models, Selected
 from cflpipe.fl.local import Anchor
-from cflpipe.methods.catalog import AWCFLParams, MCFLParams, cluster_options
+from cflpipe.methods.intercluster_params import AWCFLParams, MCFLParams, cluster_options
 from cflpipe.methods.intercluster import awcfl_mix, sample_mean
 
 # Purposes of the server randomness that samples MCFL's feature means.
@@ -67,7 +67,7 @@ class ClusterModels(Method):
     # The family (registry.FAMILIES) of the AWCFL and MCFL variants a plugin's subclass gets.
     variant_family: ClassVar[str] = "modifier"
 
-    # A plugin's subclass gets its variants here (the built-ins' are declared in the catalog).
+    # A plugin's subclass gets its variants here (the built-ins' are declared with them, `X_params.py`).
     # Called by @register while the class is being defined, before mutmut's trampoline exists.
     @classmethod
     def variants(cls, name: str) -> tuple:  # pragma: no mutate block

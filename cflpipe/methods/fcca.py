@@ -52,7 +52,7 @@ from cflpipe.fl.params import cluster_average, weighted_average
 from cflpipe.fl.plan import ClientPlan, Trained
 from cflpipe.fl.predictors import Models
 from cflpipe.seeds import mix_seed
-from cflpipe.methods.catalog import fcca_options
+from cflpipe.methods.fcca_params import fcca_options
 
 # Purposes of the seeded randomness (server noise, k-means, the clients' z' draws, the flow's
 # batch stream and its initialization).
@@ -168,8 +168,8 @@ def reconstructions(apply: Callable[..., torch.Tensor], module: "ConditionalFlow
 
 class _FCCAVariants:
     """A plugin's subclass of FCCA gets +Per, +Prox and +Per+Prox under its own name (@register
-    reads them here, as ClusteredMethod's AWCFL/MCFL; the built-in FCCA's are declared in the
-    catalog, and a declared class may not state them itself)."""
+    reads them here, as ClusteredMethod's AWCFL/MCFL; the built-in FCCA's are declared in
+    `fcca_params`, and a declared class may not state them itself)."""
 
     # Called by @register while the class is being defined, before mutmut's trampoline exists.
     @classmethod

@@ -18,7 +18,7 @@ from cflpipe.fl.method import ClientView, Context, Payload, Placement, Update, s
 from cflpipe.fl.params import cluster_average
 from cflpipe.fl.plan import ClientPlan, Trained
 from cflpipe.methods.clustered import ClusterModels
-from cflpipe.methods.catalog import AWCFLParams, MCFLParams
+from cflpipe.methods.intercluster_params import AWCFLParams, MCFLParams
 from cflpipe.metrics import per_client_mean
 from cflpipe.models import build_model
 from cflpipe.seeds import seed32

@@ -1,0 +1,21 @@
+"""CFL-GP: hyper-parameters and declaration, torch-free so that `validate` and `cflpipe methods` read
+them without importing `cflpipe.methods.cflgp`, which implements it."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from cflpipe.methods.intercluster_params import cluster_options
+from cflpipe.registry import Capabilities, HyperParams, declare
+
+
+class CFLGPParams(HyperParams):
+    clusters: int = Field(4, ge=1, description="K: cluster models (the authors' default 4)")
+    period: int = Field(2, ge=1, description="rounds between two profile updates and clusterings (the authors' "
+                                             "clustering_period: 2)")
+    stop_after: int = Field(10, ge=1, description="no clustering from this round on (the authors' "
+                                                  "clustering_termination_threshold: 10)")
+
+
+declare("cflgp", CFLGPParams, "cflpipe.methods.cflgp:CFLGP",
+        Capabilities(clustered=True, k_param="clusters"), variants=cluster_options("cflgp"), family="clustered", variant_family="modifier")

@@ -1,0 +1,23 @@
+"""The AWCFL and MCFL options every cluster-model method has (`intercluster.py` implements them,
+`clustered.py` gives them to a method): their hyper-parameters and the variants' declarations,
+torch-free."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from cflpipe.registry import HyperParams
+
+
+class AWCFLParams(HyperParams):
+    beta: float = Field(0.5, ge=0, le=1, description="AWCFL weight of the other clusters (paper's best: 0.5)")
+
+
+class MCFLParams(HyperParams):
+    feature_samples: int = Field(100, ge=1, description="MCFL: inputs averaged into a feature mean (n)")
+
+
+def cluster_options(name: str, awcfl: str = "{name}_awcfl", mcfl: str = "{name}_mcfl") -> tuple:
+    """The AWCFL and MCFL variants every cluster-model method has (methods/clustered.py), ICFL aside."""
+    return ((awcfl.format(name=name), AWCFLParams, "AWCFL inter-cluster aggregation (β)"),
+            (mcfl.format(name=name), MCFLParams, "MCFL multi-model selection by feature means"))
