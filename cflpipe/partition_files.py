@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from cflpipe.data import load_dataset
-from cflpipe.partition import PUBLIC_FILE, build_partition, write_partition
+from cflpipe.partition import DRIFT_FILE, PUBLIC_FILE, build_partition, write_partition
 from cflpipe.spec import Spec
 from cflpipe.store import sha256_of, write_text
 
@@ -56,7 +56,7 @@ def partition_scenario(spec: Spec, scenario: str, force: bool = False) -> Path:
     dataset = load_dataset(sc.dataset.name, sc.dataset.params, spec.data_dir)
     (out / DIGESTS).unlink(missing_ok=True)
     write_partition(build_partition(sc, dataset, where=f"scenarios.{scenario}"), out)
-    names = [name for name in (*PARTITION_FILES[:2], PUBLIC_FILE) if (out / name).exists()]
+    names = [name for name in (*PARTITION_FILES[:2], PUBLIC_FILE, DRIFT_FILE) if (out / name).exists()]
     write_text(out / DIGESTS, "".join(f"{sha256_of(out / name)}  {name}\n" for name in names))
     write_text(current, fingerprint)
     return out

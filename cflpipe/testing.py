@@ -29,6 +29,8 @@ MLP: seconds) and raises AssertionError with what went wrong:
   (batchable methods)
 - check_new_clients_change_no_training: with new clients (scenario new_clients), placing them
   changes no state of the method and no byte the participants train
+- check_drift_resumes: with groups that change (scenario drift, two clients moved in round 3),
+  a run interrupted just before or just after the move resumes to byte-identical outputs
 
 A method makes its mechanism act within those few rounds by returning hyper-parameters from
 `Method.check_hyperparams(params)` (cluster from round 1, split early; e.g. CFL's warm-up of 1).
@@ -425,15 +427,46 @@ def check_new_clients_change_no_training(name: str, workdir: Path) -> None:
     pd.testing.assert_frame_equal(ours[[c for c in ours if not c.startswith("new_")]], theirs)
 
 
+def check_drift_resumes(name: str, workdir: Path) -> None:
+    """With scenario drift (two of the six clients move to the other group in round 3), a run
+    killed after the checkpoint of round 2 or of round 3 (by the method's name) resumes to the
+    bytes of an uninterrupted one: the moves of the rounds already trained are applied again."""
+    def with_drift(folder: str) -> Any:
+        raw = spec_dict(Path(workdir) / folder, name)
+        raw["scenarios"]["s"]["drift"] = [{"round": 3, "fraction": 0.34}]
+        return parse_spec(raw)
+
+    whole = with_drift("whole")
+    train_run(whole, "s", name, 0, progress=False)
+    stop_after = 2 + int(np.random.default_rng(list(name.encode())).integers(0, 2))
+    save = engine.Run.save_state
+
+    def save_then_die(self, round_number):
+        save(self, round_number)
+        if round_number == stop_after:
+            raise _Killed
+
+    killed = with_drift("killed")
+    with _patched(engine.Run, "save_state", save_then_die):
+        try:
+            train_run(killed, "s", name, 0, progress=False)
+        except _Killed:
+            pass
+        else:
+            raise AssertionError("the interruption did not happen")
+    train_run(killed, "s", name, 0, progress=False)
+    same_bytes(whole.run_dir("s", name, 0), killed.run_dir("s", name, 0))  # drift.parquet among the tables
+
+
 CHECKS: tuple[Callable[[str, Path], None], ...] = (
     check_k_rule, check_clients_use_only_what_they_were_sent, check_state_round_trip,
     check_batched_equals_sequential, check_determinism, check_resume, check_outputs_from_last_checkpoint,
     check_evaluation_does_not_change_training, check_streamed_means_equal_held_updates,
-    check_new_clients_change_no_training)
+    check_new_clients_change_no_training, check_drift_resumes)
 # Checks that train whole runs (seconds each): pytest's `slow` mark in parametrize_with_checks.
 SLOW_CHECKS = (check_determinism, check_resume, check_outputs_from_last_checkpoint,
                check_evaluation_does_not_change_training, check_streamed_means_equal_held_updates,
-               check_new_clients_change_no_training)
+               check_new_clients_change_no_training, check_drift_resumes)
 
 
 def check_method(name: str, workdir: Path) -> None:

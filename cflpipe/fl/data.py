@@ -56,6 +56,19 @@ class SplitData:
 
 
 @dataclass
+class Move:
+    """A client's move to another ground-truth group (scenario `drift`): from 1-based round
+    `round` on, its rows of each split are `rows[split]` (inputs, labels under the new group's
+    transform, the same samples)."""
+
+    round: int
+    client: int
+    group: int
+    transform: str
+    rows: dict[str, tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass
 class FederatedData:
     train: SplitData
     test: SplitData
@@ -72,6 +85,26 @@ class FederatedData:
     # Each client's validation split (scenario validation_fraction): never trained on, read by
     # evaluation for selection; None without one.
     val: SplitData | None = None
+    # Scenario drift's moves in order, and how many of them the data holds now (`drift_to`).
+    moves: tuple[Move, ...] = ()
+    moved: int = 0
+
+    def drift_to(self, round_number: int) -> list[Move]:
+        """Apply the moves whose round is at most 1-based `round_number` and not applied yet, in
+        place (every view of a client's rows sees its new data, `groups` its new group): before a
+        round trains, and on resume for the rounds already trained. Returns the moves applied."""
+        applied = []
+        while self.moved < len(self.moves) and self.moves[self.moved].round <= round_number:
+            move = self.moves[self.moved]
+            for split, (x, y) in move.rows.items():
+                data = getattr(self, split)
+                a, b = data.offsets[move.client], data.offsets[move.client + 1]
+                data.x[a:b], data.y[a:b] = x, y
+            self.groups[move.client] = move.group
+            self.transforms[move.client] = move.transform
+            self.moved += 1
+            applied.append(move)
+        return applied
 
     @property
     def num_clients(self) -> int:
@@ -199,8 +232,23 @@ def build_federated_data(spec: Spec, scenario: str, device: torch.device) -> Fed
     # A soft method's shares are estimated from the training samples: scored against those.
     realized = realized_weights(partition)
     weights = None if realized is None else realized[clients]
+    moves = () if partition.moves is None else tuple(
+        _move(row, {split: np.asarray(indices[row.client][split], dtype=np.int64) for split in splits},
+              lambda idx, transform: apply_transform(standardize(dataset.pool_rows(sc.pool, idx)), y_pool[idx],
+                                                     transform), device)
+        for row in partition.moves.itertuples(index=False))
     return FederatedData(splits["train"], splits["test"], groups, partition.num_classes,
-                         tuple(dataset.input_shape), transforms, public, weights, splits.get("val"))
+                         tuple(dataset.input_shape), transforms, public, weights, splits.get("val"), moves)
+
+
+def _move(row, indices: dict[str, np.ndarray], transformed: Callable, device: torch.device) -> Move:
+    """A client's rows of each split under the group it moves to (the partition's move `row`)."""
+    rows = {}
+    for split, idx in indices.items():
+        x, y = transformed(idx, str(row.transform))
+        rows[split] = (torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).to(device),
+                       torch.from_numpy(np.asarray(y, dtype=np.int64)).to(device))
+    return Move(int(row.round), int(row.client), int(row.group), str(row.transform), rows)
 
 
 def _channel_std(x: np.ndarray, mean: np.ndarray, rows_at_once: int = 4096,

@@ -21,7 +21,7 @@ from cflpipe.errors import DivergenceError, SpecError
 from cflpipe.fl.checkpoint import STATE_HASH_FILE, adopt_previous, read_state, rows_folder, write_state
 from cflpipe.fl.data import FederatedData
 from cflpipe.fl.diagnosis import Degeneration, diagnose_clustering
-from cflpipe.fl import newcomers
+from cflpipe.fl import drift, newcomers
 from cflpipe.fl.evaluation import evaluate, train_split_clients
 from cflpipe.fl.method import (Context, Method, Payload, Update, WeightedSum, divergence_error, client_update,
                                client_work, receive, streams_means)
@@ -171,6 +171,7 @@ class Run:
             self.data, max(1, round(share * self.data.num_clients)), self.seed)
         if self.newcomer_ids is not None:
             self.data, self.new_data = newcomers.split(self.data, self.newcomer_ids)
+        self.drift_evaluations = drift.evaluated_rounds(self.data)  # scenario drift: before and at each move
         torch.manual_seed(self.seed)
         model = build_model(self.training.model, self.data.input_shape, self.data.num_classes,
                             field_path="training.model")
@@ -254,6 +255,7 @@ class Run:
 
             self.live = LiveCurves(self.resolved.live_dir, self.start_round)  # closed by execute
         for r in range(self.start_round, rounds):
+            self.data.drift_to(r + 1)  # scenario drift: the moves up to this round (after a resume, all before it)
             self.ctx.round = r
             self.ctx.extra_bytes_down = self.ctx.extra_bytes_up = 0
             t0 = time.perf_counter()
@@ -287,7 +289,7 @@ class Run:
                                    "bytes_up": bytes_up + self.ctx.extra_bytes_up}
             row.update(self.method.round_metrics())
             self.warn_if_exploding(row["train_loss"])
-            if self.training.is_evaluated(r + 1):
+            if self.training.is_evaluated(r + 1) or r + 1 in self.drift_evaluations:
                 row.update(self.evaluate(r + 1))
                 bar.set_postfix(acc=f"{row['acc_macro']:.3f}", clusters=row["n_clusters"])
                 if self.live is not None:
@@ -412,7 +414,7 @@ class Run:
     def evaluation_sample(self, round_number: int) -> np.ndarray | None:
         """The clients a sampled evaluation reads (seeded by run and round, sorted), or None: all."""
         m, wanted = self.data.num_clients, self.training.eval_clients
-        if self.training.is_full_evaluation(round_number) or wanted >= m:
+        if self.training.is_full_evaluation(round_number) or wanted >= m or round_number in self.drift_evaluations:
             return None
         return np.sort(rng(self.seed, round_number, 0x62).choice(m, wanted, replace=False))
 
@@ -433,6 +435,11 @@ class Run:
             if table:
                 self.tables.setdefault("newcomers", defaultdict(list))
                 self.extend("newcomers", table)
+        if self.data.moves and clients is None:
+            figures, table = drift.report(self.method.assignment(), self.data, result.tables["metrics"], round_number)
+            result.figures.update(figures)
+            self.tables.setdefault("drift", defaultdict(list))
+            self.extend("drift", table)
         for name, columns in result.tables.items():
             self.extend(name, columns)
         for name, columns in result.method_tables.items():
@@ -550,6 +557,8 @@ class Run:
         }
         if self.newcomer_ids is not None:  # the participants are the others, numbered 0..clients-1 in id order
             summary["new_clients"] = [int(c) for c in self.newcomer_ids]
+        if self.data.moves:
+            summary["drift"] = drift.summary(self.data, pd.DataFrame(dict(self.tables.get("drift", {}))))
         if (degeneration := self.degeneration(rounds)) is not None:
             summary.update(degeneration.as_summary())
             print(f"warning: {self.scenario}/{self.method_name}/seed{self.seed}: {self.method_name} "

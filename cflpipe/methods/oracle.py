@@ -21,6 +21,12 @@ class Oracle(ClusterModels):
 
     newcomer_rule = "served its true group's model (Oracle is told the groups)"
 
+    def round_start(self, sampled: np.ndarray) -> None:
+        # Told the groups as they are now: a client that moves (scenario drift) trains with its
+        # new group from the round it moves.
+        super().round_start(sampled)
+        self.clusters[:] = self.ctx.data.groups
+
     def place(self, newcomers: Context) -> Placement:
         """A group no participant holds (all of its clients new) has no model: its new clients are
         served the mean of the groups' models, in no cluster."""

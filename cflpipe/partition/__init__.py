@@ -12,7 +12,8 @@ of the groups of the transforms that define the truth (`ground_truth`, default t
 feature shift beside a concept shift is a transform without it). A `mixture` step gives each
 client weights over the cells ~ Dir(alpha) and each of its samples a cell in those proportions
 (`component` column, the weights in stats.parquet); the client's ground-truth group is its
-largest weight.
+largest weight. A scenario's `drift` events move a seeded share of the clients to another
+ground-truth group from a given round on (`moves`, drift.parquet); the engine applies them.
 
 Group transforms are only *recorded* here (`transform` column, e.g. `rotate:90`); the engine
 applies them when it builds a client's arrays, via `apply_transform` (or `client_arrays`).
@@ -52,20 +53,20 @@ from cflpipe.errors import PartitionError
 from cflpipe.spec import LABEL_SPLITS, Scenario
 from cflpipe.partition.arrays import (client_indices, client_transforms, realized_weights, client_sample_transforms,
                                       apply_sample_transforms, client_arrays, apply_transform)
-from cflpipe.partition.base import FILES, MIXED, NO_TRANSFORM, PUBLIC_FILE, SPLITS, WEIGHT_PREFIX, Partition
+from cflpipe.partition.base import DRIFT_FILE, FILES, MIXED, NO_TRANSFORM, PUBLIC_FILE, SPLITS, WEIGHT_PREFIX, Partition
 from cflpipe.partition.files import (SMALL_TEST_SET, small_test_sets, small_validation_sets, write_partition,
                                      load_partition,
                                      label_heatmap_png)
-from cflpipe.partition.groups import _plan_groups, _assign_cells, _mix_cells, _truth_weights
+from cflpipe.partition.groups import _plan_groups, _assign_cells, _mix_cells, _plan_drift, _truth_weights
 from cflpipe.partition.splits import (_quantity_sizes, _split_iid, _split_dirichlet_labelwise,
                                       _check_min_size_vs_quantity, _split_dirichlet_clientwise, _split_pathological,
                                       _split_natural)
 
 # One independent random stream per role; appending names keeps existing streams unchanged.
-_STREAMS = ("sizes", "split", "groups", "permutations", "holdout", "public", "mixture", "validation")
+_STREAMS = ("sizes", "split", "groups", "permutations", "holdout", "public", "mixture", "validation", "drift")
 
 __all__ = [
-    "FILES", "MIXED", "NO_TRANSFORM", "PUBLIC_FILE", "Partition", "SMALL_TEST_SET", "WEIGHT_PREFIX",
+    "DRIFT_FILE", "FILES", "MIXED", "NO_TRANSFORM", "PUBLIC_FILE", "Partition", "SMALL_TEST_SET", "WEIGHT_PREFIX",
     "apply_sample_transforms", "apply_transform", "build_partition", "client_arrays", "client_indices",
     "client_sample_transforms", "client_transforms", "label_heatmap_png", "load_partition", "realized_weights",
     "small_test_sets", "small_validation_sets", "write_partition",
@@ -162,7 +163,8 @@ def build_partition(scenario: Scenario, dataset: Dataset, where: str = "scenario
         is_val[trains] = _holdout(client[trains], clients, scenario.validation_fraction, rng["validation"])
     partition = _assemble(client, sample, is_test, group_of_client, client_transform, seen, num_classes,
                           group_plan.groups if group_plan else 0, sample_transform, sample_group, weights, is_val)
-    return replace(partition, public=public)
+    moves = None if scenario.drift is None else _plan_drift(scenario, group_plan, cell_of_client, rng["drift"])
+    return replace(partition, public=public, moves=moves)
 
 
 def _public_samples(scenario: Scenario, dataset: Dataset, rng: np.random.Generator, where: str) -> np.ndarray | None:

@@ -19,6 +19,8 @@ FILES = ("clients.parquet", "stats.parquet", "label_hist.png")
 SPLITS = ("train", "test", "val")
 # The server's public samples (scenario `public:`), when the scenario has them.
 PUBLIC_FILE = "public.parquet"
+# The clients' moves to other groups (scenario `drift`), when the scenario has them.
+DRIFT_FILE = "drift.parquet"
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,9 @@ class Partition:
     # A mixture scenario's (clients × ground-truth groups) weights each client's samples were
     # drawn with (None: every client is one group's).
     weights: np.ndarray | None = None
+    # Scenario `drift`'s moves, in order: round int32 (the first round trained after the move),
+    # client int32, group int32 (its ground-truth group from then on), transform str (None: no drift).
+    moves: pd.DataFrame | None = None
 
     @property
     def num_clients(self) -> int:

@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from cflpipe.errors import PartitionError
 from cflpipe.store import read_parquet, write_bytes, write_parquet
-from cflpipe.partition.base import WEIGHT_PREFIX, FILES, PUBLIC_FILE, Partition
+from cflpipe.partition.base import DRIFT_FILE, WEIGHT_PREFIX, FILES, PUBLIC_FILE, Partition
 
 
 # --------------------------------------------------------------------------- files
@@ -66,10 +66,12 @@ def write_partition(partition: Partition, out_dir: str | Path, title: str | None
     write_parquet(out / "clients.parquet", clients)
     write_parquet(out / "stats.parquet", stats)
     write_bytes(out / "label_hist.png", png)
-    if public is not None:
-        write_parquet(out / PUBLIC_FILE, public)
-    elif (out / PUBLIC_FILE).exists():
-        (out / PUBLIC_FILE).unlink()  # left over from an earlier definition of the scenario
+    moves = None if partition.moves is None else pa.Table.from_pandas(partition.moves, preserve_index=False)
+    for name, table in ((PUBLIC_FILE, public), (DRIFT_FILE, moves)):
+        if table is not None:
+            write_parquet(out / name, table)
+        elif (out / name).exists():
+            (out / name).unlink()  # left over from an earlier definition of the scenario
 
 
 def load_partition(out_dir: str | Path) -> Partition:
@@ -87,7 +89,10 @@ def load_partition(out_dir: str | Path) -> Partition:
     weight_columns = [column for column in stats.columns if column.startswith(WEIGHT_PREFIX)]
     weights = stats[weight_columns].to_numpy(np.float64) if weight_columns else None
     groups = len(weight_columns) if weight_columns else top_group + 1
-    return Partition(clients, stats, num_classes, groups, public, weights)
+    moves = read_parquet(out / DRIFT_FILE) if (out / DRIFT_FILE).is_file() else None
+    if moves is not None and len(moves):  # a client's move may take it to a group no client starts in
+        groups = max(groups, int(moves["group"].max()) + 1)
+    return Partition(clients, stats, num_classes, groups, public, weights, moves)
 
 
 # A picture for people (mutation testing leaves it out: no figure a run computes depends on it).

@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 
 from cflpipe.data.base import Dataset
 from cflpipe.errors import PartitionError
@@ -36,6 +37,8 @@ class GroupPlan:
     permutations: np.ndarray | None   # (cells × classes)
     truth: np.ndarray                 # (cells,) ground-truth group of each cell
     groups: int                       # ground-truth groups (0: none)
+    digits: np.ndarray                # (cells × transforms) each cell's group of each transform
+    truth_steps: tuple[int, ...]      # the transforms (their positions) that define the truth
 
 
 def _plan_groups(scenario: Scenario, dataset: Dataset, num_classes: int, rng: np.random.Generator,
@@ -58,7 +61,8 @@ def _plan_groups(scenario: Scenario, dataset: Dataset, num_classes: int, rng: np
         groups = math.prod(sizes[k] for k in truth_steps)
     else:
         truth, groups = np.full(len(digits), -1, dtype=np.int64), 0
-    return GroupPlan(len(digits), transforms, permutations, np.asarray(truth, dtype=np.int64), groups)
+    return GroupPlan(len(digits), transforms, permutations, np.asarray(truth, dtype=np.int64), groups, digits,
+                     tuple(truth_steps))
 
 
 def _plan_step(step, num_classes: int, rng: np.random.Generator, field: str,
@@ -141,6 +145,28 @@ def _assign_cells(clients: int, plan: GroupPlan | None, rng: np.random.Generator
     cell = np.empty(clients, dtype=np.int64)
     cell[rng.permutation(clients)] = np.arange(clients) % plan.cells
     return cell
+
+
+def _plan_drift(scenario: Scenario, plan: GroupPlan, cell_of_client: np.ndarray,
+                rng: np.random.Generator) -> pd.DataFrame:
+    """The scenario's drift events as moves (round, client, group, transform): each event draws
+    its share of the clients, and each moves to a cell of another ground-truth group that keeps
+    its groups of the transforms outside the truth (a feature shift stays), drawn uniformly.
+    Events compound: a client moved twice leaves the group it was moved to."""
+    cell = cell_of_client.copy()
+    others = [k for k in range(plan.digits.shape[1]) if k not in plan.truth_steps]
+    rows = []
+    for event in scenario.drift:
+        movers = np.sort(rng.choice(scenario.clients, size=scenario.drift_count(event), replace=False))
+        for client in movers:
+            here = cell[client]
+            same_rest = (plan.digits[:, others] == plan.digits[here, others]).all(axis=1)
+            options = np.flatnonzero(same_rest & (plan.truth != plan.truth[here]))
+            cell[client] = options[rng.integers(len(options))]
+            rows.append((event.round, int(client), int(plan.truth[cell[client]]), plan.transforms[cell[client]]))
+    rounds, clients, groups, transforms = zip(*rows)
+    return pd.DataFrame({"round": np.array(rounds, dtype=np.int32), "client": np.array(clients, dtype=np.int32),
+                         "group": np.array(groups, dtype=np.int32), "transform": np.array(transforms, dtype=object)})
 
 
 def _mix_cells(client: np.ndarray, clients: int, plan: GroupPlan, alpha: float,

@@ -245,6 +245,11 @@ def _check_training(spec: Spec, data: dict, scenario: str, method: str | None) -
     if sc.participants < 1:
         return [f"scenarios.{scenario}.new_clients: {sc.new_clients} of {sc.clients} clients holds out "
                 f"{sc.new_client_count()}, leaving none to train; allowed: a share that leaves at least one"]
+    for index, event in enumerate(sc.drift or []):
+        if event.round > training.rounds:
+            where = next((w for w, layer in reversed(layers) if "rounds" in layer), "training")
+            return [f"scenarios.{scenario}.drift[{index}].round: must be <= the rounds of its runs ({where}.rounds: "
+                    f"{training.rounds}), got {event.round}"]
     if training.clients_per_round > sc.participants:
         where = next((w for w, layer in reversed(layers) if "clients_per_round" in layer), "training")
         of = f" less its {sc.new_client_count()} new clients" if sc.new_clients is not None else ""

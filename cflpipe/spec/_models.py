@@ -363,6 +363,17 @@ class PublicData(Strict):
                                                      "scenario seed (default: all of it)")
 
 
+class DriftEvent(Strict):
+    """Groups that change (docs/new-clients.md): from 1-based round `round` on (before it trains), a
+    seeded share of the clients (the scenario seed's choice, the same for every method and run seed)
+    belongs to another ground-truth group, drawn among the others; its samples, train and test
+    alike, take that group's transform. Recorded in the partition (drift.parquet)."""
+
+    round: int = Field(ge=2, le=MAX_COUNT, description="the first round (1-based) trained on the moved clients' "
+                                                       "new data; at least 2")
+    fraction: float = Field(gt=0, lt=1, description="share of the clients that move (at least one)")
+
+
 # Partition-step options added after partitions were first written, with their defaults: left out
 # of a scenario's definition when at the default, so existing partitions keep their fingerprints.
 LATER_STEP_DEFAULTS = {"natural": {"holdout": "fraction"}, "pathological": {"label_sets": "cyclic"},
@@ -411,6 +422,9 @@ class Scenario(Strict):
         None, gt=0, lt=1, description="share of the clients held out as new clients (a seeded choice per run seed): "
                                       "never sampled for training, never seen by the server; at every full "
                                       "evaluation each method places them by its own rule (new_acc_macro, new_ari)")
+    drift: list[DriftEvent] | None = Field(
+        None, min_length=1, description="groups that change: each event moves a seeded share of the clients to "
+                                        "another ground-truth group from its round on (moved_acc_macro, drift_joined)")
 
     _label = field_validator("label")(classmethod(lambda cls, value: check_label(value)))
 
@@ -455,6 +469,8 @@ class Scenario(Strict):
         if self.public is not None and self.public.source == "test" and self.pool != "train":
             raise ValueError("public.source: 'test' needs pool: train (with pool: all the test split is "
                              "dealt to the clients, so the server's samples would not be public-only)")
+        if self.drift is not None:
+            self._drift_composes(kinds)
         for index, step in enumerate(self.partition):
             if step.kind in GROUP_TRANSFORMS and step.groups > self.clients:
                 raise ValueError(f"partition[{index}].groups: must be <= clients ({self.clients}), got {step.groups}")
@@ -464,6 +480,25 @@ class Scenario(Strict):
                              f"({' × '.join(str(s.groups) for s in self.group_steps())}), more than the {self.clients} "
                              f"clients; fewer groups, more clients, or a mixture step")
         return self
+
+    def _drift_composes(self, kinds: list[str]) -> None:
+        truth = [step for step in self.group_steps() if step.ground_truth]
+        if not truth or math.prod(step.groups for step in truth) < 2:
+            raise ValueError("drift: moves clients to another ground-truth group, and this partition has no two; "
+                             "add a group transform (rotation, label_swap, flip) with 2 or more groups")
+        if "mixture" in kinds:
+            raise ValueError("drift: a mixture client's samples come from several groups, so it has none to leave; "
+                             "drift needs a partition without a mixture step")
+        if self.new_clients is not None:
+            raise ValueError("drift: not with new_clients in one scenario (a new client's move would be seen by no "
+                             "training); give each its own scenario")
+        rounds = [event.round for event in self.drift]
+        if rounds != sorted(set(rounds)):
+            raise ValueError(f"drift: the events' rounds must increase, got {', '.join(map(str, rounds))}")
+
+    def drift_count(self, event: DriftEvent) -> int:
+        """How many clients an event moves (at least one)."""
+        return max(1, round(event.fraction * self.clients))
 
     def new_client_count(self) -> int:
         """How many clients `new_clients` holds out (at least one; 0 without it)."""
@@ -478,7 +513,7 @@ class Scenario(Strict):
         """The scenario as data, without its training and hyper-parameter overrides (they reach a
         run through its resolved training and hyperparams, not its partition) and without its
         `label` (cosmetic: a new label re-partitions and re-trains nothing); options added later
-        (`public`, `validation_fraction`, `new_clients`, a natural step's `holdout`) only where they differ from their defaults, so that
+        (`public`, `validation_fraction`, `new_clients`, `drift`, a natural step's `holdout`) only where they differ from their defaults, so that
         partitions and runs written before they existed keep their fingerprints."""
         data = self.model_dump(mode="json", exclude={"training", "hyperparams", "label"})
         if data.get("public") is None:
@@ -487,6 +522,8 @@ class Scenario(Strict):
             data.pop("validation_fraction", None)
         if data.get("new_clients") is None:
             data.pop("new_clients", None)
+        if data.get("drift") is None:
+            data.pop("drift", None)
         for step in data["partition"]:
             for key, default in LATER_STEP_DEFAULTS.get(step.get("kind"), {}).items():
                 if step.get(key) == default:

@@ -1,0 +1,110 @@
+"""Groups that change (scenario `drift`): from a given round on, a seeded share of the clients
+belongs to another ground-truth group (the partition's moves, drift.parquet); the engine applies
+each move before its round trains (`FederatedData.drift_to`), so every view of a client's rows
+and the truth that ARI reads are the current ones, and a resumed run applies the moves of the
+rounds it already trained before it plays on.
+
+What a run reports of them: at every full evaluation the moved clients' and the others' mean
+accuracy (moved_acc_macro: the clients of any move, before their move too, so the dip shows),
+and drift_joined, the share of the clients moved so far that the method places in the cluster
+holding most of the never-moved clients of their new group (NaN for a method without clusters
+or with one); drift.parquet has each moved client's row at each full evaluation. The rounds
+before and at each move are evaluated in full whatever eval_every says."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from cflpipe.fl.data import FederatedData
+
+FIGURES = ("moved_acc_macro", "unmoved_acc_macro", "drift_joined")
+
+
+def evaluated_rounds(data: FederatedData) -> set[int]:
+    """The 1-based rounds a drift scenario evaluates in full: the last before each move, and its
+    first after."""
+    return {r for move in data.moves for r in (move.round - 1, move.round) if r >= 1}
+
+
+def movers(data: FederatedData) -> np.ndarray:
+    """Every client that moves at some point (sorted)."""
+    return np.unique([move.client for move in data.moves]).astype(np.int64)
+
+
+def _placed_with_group(assignment: np.ndarray | None, data: FederatedData, moved: np.ndarray,
+                       anchors: np.ndarray) -> np.ndarray:
+    """1.0 where a moved client is in the cluster holding most of the never-moved clients of its
+    current group, 0.0 where not, NaN where that cannot be said (no clusters, one cluster for all,
+    no never-moved clustered client of its group, the client in none)."""
+    out = np.full(len(moved), np.nan)
+    if assignment is None:
+        return out
+    held = np.asarray(assignment, dtype=np.int64)
+    if len(np.unique(held[held >= 0])) < 2:  # one cluster for all: being in it says nothing
+        return out
+    for i, client in enumerate(moved):
+        members = held[anchors[(data.groups[anchors] == data.groups[client]) & (held[anchors] >= 0)]]
+        if len(members) and held[client] >= 0:
+            values, counts = np.unique(members, return_counts=True)
+            out[i] = float(held[client] == values[np.argmax(counts)])
+    return out
+
+
+def report(assignment: np.ndarray | None, data: FederatedData, metrics: dict[str, np.ndarray],
+           round_number: int) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """A full evaluation's drift figures and its rows of drift.parquet (every client that moves at
+    some point: round, client, moved (its move applied), group, cluster, placed_with_group, acc),
+    from the evaluation's metrics rows and the method's assignment."""
+    every = movers(data)
+    test = metrics["split"] == "test"
+    acc = np.full(data.num_clients, np.nan)
+    acc[metrics["client"][test]] = metrics["acc"][test]
+    applied = np.unique([move.client for move in data.moves[:data.moved]]).astype(np.int64)
+    others = np.setdiff1d(np.arange(data.num_clients), every)
+    joined = _placed_with_group(assignment, data, applied, others)
+    figures = {"moved_acc_macro": float(np.nanmean(acc[every])) if len(every) else float("nan"),
+               "unmoved_acc_macro": float(np.nanmean(acc[others])) if len(others) else float("nan"),
+               "drift_joined": float(np.nanmean(joined)) if np.isfinite(joined).any() else float("nan")}
+    placed = np.full(len(every), np.nan)
+    placed[np.searchsorted(every, applied)] = joined
+    cluster = np.full(len(every), -1) if assignment is None else np.asarray(assignment, dtype=np.int64)[every]
+    table = {"round": np.full(len(every), round_number), "client": every, "moved": np.isin(every, applied),
+             "group": data.groups[every], "cluster": cluster, "placed_with_group": placed, "acc": acc[every]}
+    return figures, table
+
+
+def summary(data: FederatedData, table: pd.DataFrame) -> list[dict[str, Any]]:
+    """Per drift event: its round and clients, their mean accuracy at the last full evaluation
+    before it, the first at or after it and the last (the dip and the recovery), the share placed
+    with their new group at the end, and for each client the rounds trained after its move until
+    it was first placed with it (null: never)."""
+    out = []
+    for round_number in sorted({move.round for move in data.moves}):
+        clients = sorted({move.client for move in data.moves if move.round == round_number})
+        rows = table[table["client"].isin(clients)]
+        rounds = np.sort(rows["round"].unique())
+
+        def mean_acc(r):
+            return None if r is None else _plain(rows.loc[rows["round"] == r, "acc"].mean())
+
+        before = rounds[rounds < round_number]
+        after = rounds[rounds >= round_number]
+        first_joined = []
+        for client in clients:
+            hit = rows[(rows["client"] == client) & (rows["round"] >= round_number) & (rows["placed_with_group"] == 1)]
+            first_joined.append(int(hit["round"].min()) - round_number + 1 if len(hit) else None)
+        last = rows[rows["round"] == rounds[-1]] if len(rounds) else rows
+        out.append({"round": round_number, "clients": clients,
+                    "moved_acc_before": mean_acc(before[-1] if len(before) else None),
+                    "moved_acc_after": mean_acc(after[0] if len(after) else None),
+                    "moved_acc_final": mean_acc(rounds[-1] if len(rounds) else None),
+                    "placed_with_group_final": _plain(last["placed_with_group"].mean()),
+                    "rounds_to_place": first_joined})
+    return out
+
+
+def _plain(value: float) -> float | None:
+    return None if value is None or not np.isfinite(value) else float(value)
