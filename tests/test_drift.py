@@ -136,3 +136,27 @@ def test_validate_says_a_late_drift_in_one_line(tmp_path):
     assert out.returncode != 0 and not (tmp_path / "results").exists()
     assert out.stderr.strip().splitlines()[-1].endswith(
         "scenarios.rot.drift[0].round: must be <= the rounds of its runs (training.rounds: 10), got 11")
+
+
+def test_the_report_draws_each_drift_scenario_and_tables_what_the_moved_clients_end_with(tmp_path):
+    from cflpipe.report.aggregate import aggregate
+    from cflpipe.report.build import build_report
+
+    raw = raw_spec(tmp_path, rounds=8)
+    raw["methods"] = {"fedavg": {}, "ifca": {}}
+    raw["scenarios"]["still"] = {**raw["scenarios"]["rot"], "drift": None}
+    spec = parse_spec(raw)
+    for scenario in ("rot", "still"):
+        for method in ("fedavg", "ifca"):
+            train_run(spec, scenario, method, 0, progress=False)
+    aggregate(spec)
+    page = build_report(spec).read_text()
+    section = page[page.index('<section id="drift">'):]
+    section = section[:section.index("</section>")]
+    assert 'id="drift-rot"' in section and 'id="drift-still"' not in section
+    assert "Moved: 3 of 12 clients in round 6." in section and section.count('<figure class="fig">') == 3
+    assert '<a href="#drift">' in page  # in the page's contents
+    md = (build_report(spec).parent / "tables" / "summary.md").read_text()
+    table = md[md.index("**Groups that change: moved clients placed"):]
+    table = table[:table.index("\n\n", table.index("| method"))]
+    assert "ifca" in table and "fedavg" in table

@@ -82,7 +82,7 @@ class FigureBuilder:
 
     def curve_figure(self, scenario: str, figure: str, title: str, ytitle: str, scale: float = 1.0,
                      methods: list[str] | None = None, eval_only: bool = True, band: bool = True,
-                     height: int = 380, yaxis: dict | None = None) -> Figure | None:
+                     height: int = 380, yaxis: dict | None = None, marks: list[int] = ()) -> Figure | None:
         import plotly.graph_objects as go
 
         view = self.view
@@ -124,6 +124,9 @@ class FigureBuilder:
                                                    + "<extra></extra>"))
         if not fig.data:
             return None
+        for r in marks:  # a move (scenario drift) happens between the evaluations of rounds r − 1 and r
+            fig.add_vline(x=r - 0.5, line=dict(color="#888", dash="dot", width=1), annotation_text="moved",
+                          annotation_position="top")
         fig.update_layout(title=title, showlegend=True,
                           xaxis=round_axis(sorted({x for t in fig.data for x in t.x})),
                           yaxis={"title": ytitle, **(yaxis or {})})

@@ -46,7 +46,7 @@ from cflpipe.spec import Spec
 
 SECTIONS = (("glance", "At a glance"), ("setup", "Setup"), ("tuning", "Tuning"), ("accuracy", "Accuracy & loss vs round"), ("comparison", "Final comparison"),
             ("ranking", "Average rank"), ("clients", "Per-client accuracy"), ("clustering", "Clustering"),
-            ("robustness", "Robustness map"), ("communication", "Communication & time"),
+            ("drift", "Groups that change"), ("robustness", "Robustness map"), ("communication", "Communication & time"),
             ("intra-inter", "Intra- vs inter-cluster accuracy"),
             ("sweeps", "Hyper-parameter sweeps"), ("overview", "Scenarios & labels"))
 PLOT_CONFIG = {"responsive": True, "displaylogo": False, "showLink": False,
@@ -86,16 +86,19 @@ def render_report(spec: Spec, tables: dict[str, pd.DataFrame]) -> tuple[str, lis
         "setup": setup, "glance": glance, "tuning": tuning,
         "title": "cflpipe report", "description": spec.description or "", "version": __version__,
         "plotly_version": plotly.__version__,
-        "sections": [(key, name) for key, name in SECTIONS if key != "tuning" or tuning is not None], "seeds": list(spec.seeds),
+        "seeds": list(spec.seeds),
         "n_runs": len(view.runs), "accuracy": sections.accuracy(),
         "paper_tables": paper, "details": details, "ranking": sections.ranking(), "clients": sections.clients(),
-        "clustering": sections.clustering(), "robustness": (robustness := sections.robustness()),
+        "clustering": sections.clustering(), "drift": (drift := sections.drift()), "robustness": (robustness := sections.robustness()),
         "communication": sections.communication(), "intra_inter": sections.intra_inter(),
         "sweeps": sections.sweeps(), "scenarios": sections.overview(), "plot_config": json.dumps(PLOT_CONFIG, sort_keys=True),
         "alpha": f"{ALPHA:g}", "tie_mark": TIE_MARK,
         "reference_types": sorted({t for t in view.method_types.values() if is_reference(t)}), "results_dir": spec.results_dir,
         "spec_file": shown_spec_path(spec._source),
     }
+    # The figures are drawn in the page's order above; the sections without content are left out.
+    context["sections"] = [(key, name) for key, name in SECTIONS
+                           if (key != "tuning" or tuning is not None) and (key != "drift" or context["drift"] is not None)]
     html = _environment().get_template("index.html.j2").render(plotly_js=plotly_bundle(), **context)
     return html, paper, None if robustness is None else robustness["map"]
 

@@ -15,7 +15,7 @@ from cflpipe.partition import small_test_sets, small_validation_sets
 from cflpipe.report.figures import FigureBuilder
 from cflpipe.report.ranks import q_alpha, rank_methods
 from cflpipe.report.styles import FAMILY_TITLES
-from cflpipe.report.tables import (DASH, NEW_CLIENT_TABLES, PaperTable, format_mean_std, is_reference, mark_best,
+from cflpipe.report.tables import (DASH, DRIFT_TABLES, NEW_CLIENT_TABLES, PaperTable, format_mean_std, is_reference, mark_best,
                                    paper_tables, seed_values, table_specs, verdict)
 from cflpipe.report.view import RANK_FIGURE, RANK_FIGURE_TITLE, AggregateView, find_sweeps
 from cflpipe.spec import TRAINING_KEYS, Training, spec_sha256
@@ -231,6 +231,8 @@ class Sections:
         specs = table_specs(view.spec.report.tables)
         if any(sc.new_clients is not None for sc in view.spec.scenarios.values()):
             specs += NEW_CLIENT_TABLES
+        if any(sc.drift is not None for sc in view.spec.scenarios.values()):
+            specs += DRIFT_TABLES
         tables = paper_tables(view.per_seed, list(view.spec.scenarios), view.methods, view.method_types,
                               ari_methods=view.clustering_methods(), tables=specs,
                               method_labels=view.method_labels, scenario_labels=view.scenario_labels,
@@ -339,6 +341,28 @@ class Sections:
                         "heatmaps": heatmaps,
                         "notes": notes})
         return out
+
+    def drift(self) -> list[dict[str, Any]] | None:
+        """Per scenario whose groups change (scenario drift): ARI against the truth of each round,
+        the moved clients' accuracy and the share placed with their new group, each move marked;
+        None without such a scenario."""
+        view = self.view
+        out = []
+        for s, sc in view.spec.scenarios.items():
+            if sc.drift is None:
+                continue
+            marks = [event.round for event in sc.drift]
+            figures = [self.figures.curve_figure(s, "ari", "ARI against the groups of each round (mean ± std over seeds)",
+                                                 "ARI", methods=view.clustering_methods(), marks=marks),
+                       self.figures.curve_figure(s, "moved_acc_macro", "The moved clients' personalized accuracy "
+                                                 "(mean ± std over seeds)", "accuracy %", 100, marks=marks),
+                       self.figures.curve_figure(s, "drift_joined", "Moved clients placed in the cluster of most of "
+                                                 "their new group (share; mean over seeds)", "share",
+                                                 methods=view.clustering_methods(), marks=marks)]
+            moves = ", ".join(f"{sc.drift_count(e)} of {sc.clients} clients in round {e.round}" for e in sc.drift)
+            out.append({"scenario": s, "label": view.scenario_labels[s], "figures": [f for f in figures if f],
+                        "moves": moves})
+        return out or None
 
     def communication(self) -> list[dict[str, Any]]:
         return [{"scenario": s, "label": self.view.scenario_labels[s], "figures": self.figures.communication_figures(s)}

@@ -106,6 +106,13 @@ NEW_CLIENT_TABLES = (
                               "them", "new_acc_macro", 100.0, 1),
     TableSpec("new_joined", "New clients placed in the cluster of most of their true group's participants (share)",
               "new_joined", 1.0, 2))
+# Where a scenario's groups change (scenario drift): what the moved clients end with, and whether
+# each method has placed them with their new group by then.
+DRIFT_TABLES = (
+    TableSpec("drift_moved", "Groups that change: the moved clients' personalized accuracy (%) at the end",
+              "moved_acc_macro", 100.0, 1),
+    TableSpec("drift_joined", "Groups that change: moved clients placed in the cluster of most of their new group "
+                              "(share, at the end)", "drift_joined", 1.0, 2))
 HEADLINE_TABLES = (
     ACCURACY,
     TableSpec("global_accuracy", "Global accuracy (%): every model on all clients' test data", "global_acc_mean",
