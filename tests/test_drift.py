@@ -160,3 +160,5 @@ def test_the_report_draws_each_drift_scenario_and_tables_what_the_moved_clients_
     table = md[md.index("**Groups that change: moved clients placed"):]
     table = table[:table.index("\n\n", table.index("| method"))]
     assert "ifca" in table and "fedavg" in table
+    maps = (build_report(spec).parent / "tables" / "robustness.md").read_text()  # the change is a map axis
+    assert "3 move in round 6" in maps and "none" in maps

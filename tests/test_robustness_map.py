@@ -66,9 +66,9 @@ def test_cells_are_placed_by_what_their_scenarios_say(mapped):
     spec, _ = mapped
     view = AggregateView(spec, read_aggregate(spec))
     assert cell_coordinates(view, "swap-iid") == {"groups": "2 label swap", "skew": "IID", "participation": "all",
-                                                  "budget": "2 steps"}
+                                                  "budget": "2 steps", "change": "none"}
     assert cell_coordinates(view, "swap-dir") == {"groups": "2 label swap", "skew": "Dir 0.3",
-                                                  "participation": "4 of 8", "budget": "2 steps"}
+                                                  "participation": "4 of 8", "budget": "2 steps", "change": "none"}
     assert cell_coordinates(view, "rot-iid")["groups"] == "2 rotation"
     rmap = robustness_map(view)
     assert rmap.scenarios == ["swap-iid", "swap-iid-again", "swap-dir", "rot-iid"]  # no cell without groups

@@ -25,12 +25,13 @@ from cflpipe.spec import LABEL_SPLITS, step_text
 # Methods drawn above every family's rows when the spec runs them: told the groups, the method
 # that recovered every group in the issue that asked for the map, and one model for all.
 REFERENCE_TYPES = ("oracle", "ifca", "fedavg")
-AXES = ("groups", "skew", "participation", "budget")
+AXES = ("groups", "skew", "participation", "budget", "change")
 
 
 def cell_coordinates(view: AggregateView, scenario: str) -> dict[str, str]:
     """A scenario's place on the map: its group transforms, the label split inside them, the
-    share of clients a round trains and the local budget."""
+    share of clients a round trains, the local budget, and whether its clients change (new
+    clients held out, groups that change)."""
     sc = view.spec.scenarios[scenario]
     t = view.scenario_training(scenario)
     groups = " × ".join(step_text(s).replace("_", " ") for s in sc.group_steps()) or "none"
@@ -43,7 +44,12 @@ def cell_coordinates(view: AggregateView, scenario: str) -> dict[str, str]:
     share = t.clients_per_round / sc.clients
     participation = "all" if share >= 1 else f"{t.clients_per_round} of {sc.clients}"
     budget = f"{t.local_steps} steps" if t.local_steps is not None else f"{t.local_epochs:g} epochs"
-    return {"groups": groups, "skew": skew, "participation": participation, "budget": budget}
+    change = "none"
+    if sc.new_clients is not None:
+        change = f"{sc.new_client_count()} new"
+    elif sc.drift is not None:
+        change = "; ".join(f"{sc.drift_count(e)} move in round {e.round}" for e in sc.drift)
+    return {"groups": groups, "skew": skew, "participation": participation, "budget": budget, "change": change}
 
 
 @dataclass
