@@ -124,7 +124,11 @@ def cmd_aggregate(args) -> int:
 def cmd_report(args) -> int:
     from cflpipe.report.build import build_report
 
+    from cflpipe.report.page import GLANCE_FILE
+
     out = build_report(load(args).with_tuning_choices())
+    print("At a glance:")
+    print("".join(f"  {line}\n" for line in (out.parent / GLANCE_FILE).read_text().splitlines()), end="")
     print(f"report written to {out}")
     return 0
 

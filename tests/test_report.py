@@ -399,7 +399,7 @@ SECTION_IDS = ("glance", "setup", "accuracy", "comparison", "ranking", "clients"
 
 def test_report_is_one_self_contained_file(built):
     index = built["index"]
-    assert sorted(p.name for p in built["report"].iterdir()) == ["index.html", "tables"]
+    assert sorted(p.name for p in built["report"].iterdir()) == ["glance.txt", "index.html", "tables"]
     html = index.read_text()
     assert html.count("* plotly.js v") == 1  # the bundle's licence header: inlined exactly once
     assert not re.search(r"<script[^>]*\bsrc\s*=", html, re.I)
@@ -641,7 +641,7 @@ def test_report_states_the_setup_and_uses_labels(built):
     data["scenarios"]["swap"]["label"] = "Label swap <2>"
     data["methods"]["prox-lo"]["label"] = "FedProx (μ = 0.01)"
     spec = parse_spec(data)
-    page, paper, _ = render_report(spec, read_aggregate(spec))
+    page, paper, *_ = render_report(spec, read_aggregate(spec))
     assert "FedProx (μ = 0.01)" in paper[0].method_label("prox-lo") and paper[0].scenario_label("swap") == \
         "Label swap <2>"
     assert "Label swap &lt;2&gt;" in page and "Label swap <2>" not in page  # escaped in HTML
@@ -945,6 +945,13 @@ def test_the_report_opens_with_who_won_per_scenario(built):
     assert glance.count("separated") + glance.count("too few seeds") + glance.count("tied:") >= len(SCENARIOS)
     # no method but the Oracle (told the groups) clusters here: no ARI columns
     assert "best ARI" not in glance and 'id="glance-rank"' in glance
+    # the same answers as text, which `cflpipe report` prints at the end of a workflow
+    lines = (built["index"].parent / "glance.txt").read_text().splitlines()
+    assert len(lines) == len(SCENARIOS) + 1 and lines[-1].startswith("best average rank over")
+    for scenario, line in zip(SCENARIOS, lines):
+        assert line.startswith(f"{spec.scenario_label(scenario)}: best personalized accuracy ")
+        mine = rows[(rows["scenario"] == scenario) & (rows["method"] != "oracle")]
+        assert f"{mine['acc_macro_mean'].max() * 100:.1f} %" in line
 
 
 def test_the_setup_says_how_many_training_splits_evaluations_read():

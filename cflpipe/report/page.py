@@ -71,9 +71,9 @@ def plotly_bundle() -> str:
     return js
 
 
-def render_report(spec: Spec, tables: dict[str, pd.DataFrame]) -> tuple[str, list[PaperTable], Any]:
-    """The page's HTML, the paper tables and the robustness map (None without one), from the
-    aggregate tables (no files written)."""
+def render_report(spec: Spec, tables: dict[str, pd.DataFrame]) -> tuple[str, list[PaperTable], Any, list[str]]:
+    """The page's HTML, the paper tables, the robustness map (None without one) and "At a glance"
+    as lines of text, from the aggregate tables (no files written)."""
     import plotly
 
     view = AggregateView(spec, tables)
@@ -100,7 +100,7 @@ def render_report(spec: Spec, tables: dict[str, pd.DataFrame]) -> tuple[str, lis
     context["sections"] = [(key, name) for key, name in SECTIONS
                            if (key != "tuning" or tuning is not None) and (key != "drift" or context["drift"] is not None)]
     html = _environment().get_template("index.html.j2").render(plotly_js=plotly_bundle(), **context)
-    return html, paper, None if robustness is None else robustness["map"]
+    return html, paper, None if robustness is None else robustness["map"], glance_lines(glance)
 
 
 def report_dir(spec: Spec) -> Path:
@@ -123,9 +123,31 @@ def build_report(spec: Spec) -> Path:
     tables = read_aggregate(spec)
     if not len(tables["summary"]):
         raise CflpipeError(f"{aggregate_dir(spec) / 'summary.parquet'}: no runs to report")
-    html, paper, rmap = render_report(spec, tables)
+    html, paper, rmap, glance = render_report(spec, tables)
     out = report_dir(spec)
     write_tables(paper, out / "tables")
     write_map_tables(rmap, {m: spec.method_label(m) for m in spec.methods}, out / "tables")
+    store.write_text(out / GLANCE_FILE, "".join(f"{line}\n" for line in glance))
     store.write_text(out / "index.html", html)
     return out / "index.html"
+
+
+# "At a glance" as text: what `cflpipe report` prints, so the end of a workflow shows who won.
+GLANCE_FILE = "glance.txt"
+
+
+def glance_lines(glance: dict[str, Any]) -> list[str]:
+    """The report's "At a glance" table and rank sentence, one line per scenario and figure."""
+    lines = []
+    for row in glance["rows"]:
+        for name, leader in (("personalized accuracy", row["accuracy"]), ("ARI", row["ari"])):
+            if leader is None:
+                continue
+            runner = f"; runner-up {leader['next']} {leader['next_value']}" if leader["next"] else ""
+            lines.append(f"{row['scenario']}: best {name} {leader['best']} {leader['value']}{runner} "
+                         f"({leader['verdict']})")
+    if (rank := glance["rank"]) is not None:
+        then = f", then {rank['next']} ({rank['next_average']})" if rank["next"] else ""
+        lines.append(f"best average rank over {rank['scenarios']} scenario{'s' if rank['scenarios'] != 1 else ''}: "
+                     f"{rank['method']} ({rank['average']}){then}; {rank['test']}")
+    return lines
