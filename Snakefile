@@ -43,3 +43,11 @@ rule all:
     input:
         rules.report.output,
     default_target: True
+
+
+# Who won, on the console at the end (the report's "At a glance"), and where the report is.
+onsuccess:
+    glance = Path(REPORT) / "glance.txt"
+    if glance.exists():
+        print("At a glance:\n" + "".join(f"  {line}\n" for line in glance.read_text().splitlines())
+              + f"report: {Path(REPORT) / 'index.html'}")

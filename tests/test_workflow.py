@@ -104,8 +104,12 @@ def test_tiny_spec_end_to_end_then_nothing_to_do(tiny_snakemake_run):
         assert (results / "partitions/swap" / name).is_file()
     for name in ("runs.parquet", "summary.parquet", "curves.parquet", "summary.csv"):
         assert (results / "aggregate" / name).is_file()
-    for name in ("index.html", "tables/summary.csv", "tables/summary.md", "tables/summary.tex"):
+    for name in ("index.html", "glance.txt", "tables/summary.csv", "tables/summary.md", "tables/summary.tex"):
         assert (results / "report" / name).is_file()
+    # the workflow ends with who won, and where the report is
+    glance = first.stdout[first.stdout.index("At a glance:"):]
+    assert "swap: best personalized accuracy " in glance
+    assert re.search(r"^report: \S*results/tiny/report/index\.html$", glance, re.M), glance
 
     second = tiny_snakemake_run.second
     assert second.returncode == 0, second.stdout

@@ -93,7 +93,7 @@ class Sections:
         rest = [m for m in order if m not in tied]
         out = {"best": _together([view.label(m) for m in tied]), "value": f"{means[best] * scale:.{digits}f}{unit}",
                "next": None, "next_value": None,
-               "verdict": f"tied: equal means over {len(values[best])} seeds" if len(tied) > 1
+               "verdict": f"tied: equal means over {_seeds(len(values[best]))}" if len(tied) > 1
                else f"n = {len(values[best])}"}
         if rest:
             second = rest[0]
@@ -545,6 +545,10 @@ def _utc(stamp: str) -> str:
 def _hp_text(hyperparams: str) -> str:
     hp = json.loads(hyperparams) if hyperparams else {}
     return ", ".join(f"{k}={v}" for k, v in hp.items()) or DASH
+
+
+def _seeds(n: int) -> str:
+    return f"{n} seed{'s' if n != 1 else ''}"
 
 
 def _together(labels: list[str]) -> str:

@@ -50,6 +50,7 @@ rule report:
         csv=f"{REPORT}/tables/summary.csv",
         md=f"{REPORT}/tables/summary.md",
         tex=f"{REPORT}/tables/summary.tex",
+        glance=f"{REPORT}/glance.txt",
     params:
         spec=SPEC_JSON,
     log:
