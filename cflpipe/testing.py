@@ -212,8 +212,9 @@ def _patched(owner: Any, attribute: str, replacement: Any):
 # ---------------------------------------------------------------------------- the checks
 
 
-def check_resume(name: str, workdir: Path) -> None:
-    stop_after = int(np.random.default_rng(list(name.encode())).integers(1, ROUNDS))
+def _killed_then_resumed(spec: Any, name: str, stop_after: int) -> Path:
+    """The checks' run killed right after its checkpoint of round `stop_after`, then resumed to
+    the end; its folder."""
     save = engine.Run.save_state
 
     def save_then_die(self, round_number):
@@ -221,20 +222,26 @@ def check_resume(name: str, workdir: Path) -> None:
         if round_number == stop_after:
             raise _Killed
 
+    with _patched(engine.Run, "save_state", save_then_die):
+        try:
+            train_run(spec, "s", name, 0, progress=False)
+        except _Killed:
+            pass
+        else:
+            raise AssertionError("the interruption did not happen")
+    assert not (spec.run_dir("s", name, 0) / "summary.json").exists()
+    train_run(spec, "s", name, 0, progress=False)
+    return spec.run_dir("s", name, 0)
+
+
+def check_resume(name: str, workdir: Path) -> None:
+    stop_after = int(np.random.default_rng(list(name.encode())).integers(1, ROUNDS))
     spec = parse_spec(spec_dict(Path(workdir), name))
     # Every table of two dimensions goes to row blocks (the reference kept them inside state.pt),
     # so the resumed state is what comes back through the checkpoint's blocks.
     with _patched(checkpoint, "MIN_ROWS_BYTES", 1):
-        with _patched(engine.Run, "save_state", save_then_die):
-            try:
-                train_run(spec, "s", name, 0, progress=False)
-            except _Killed:
-                pass
-            else:
-                raise AssertionError("the interruption did not happen")
-        assert not (spec.run_dir("s", name, 0) / "summary.json").exists()
-        train_run(spec, "s", name, 0, progress=False)
-    same_bytes(reference_run(name), spec.run_dir("s", name, 0))
+        resumed = _killed_then_resumed(spec, name, stop_after)
+    same_bytes(reference_run(name), resumed)
 
 
 def check_outputs_from_last_checkpoint(name: str, workdir: Path) -> None:
@@ -439,23 +446,8 @@ def check_drift_resumes(name: str, workdir: Path) -> None:
     whole = with_drift("whole")
     train_run(whole, "s", name, 0, progress=False)
     stop_after = 2 + int(np.random.default_rng(list(name.encode())).integers(0, 2))
-    save = engine.Run.save_state
-
-    def save_then_die(self, round_number):
-        save(self, round_number)
-        if round_number == stop_after:
-            raise _Killed
-
-    killed = with_drift("killed")
-    with _patched(engine.Run, "save_state", save_then_die):
-        try:
-            train_run(killed, "s", name, 0, progress=False)
-        except _Killed:
-            pass
-        else:
-            raise AssertionError("the interruption did not happen")
-    train_run(killed, "s", name, 0, progress=False)
-    same_bytes(whole.run_dir("s", name, 0), killed.run_dir("s", name, 0))  # drift.parquet among the tables
+    resumed = _killed_then_resumed(with_drift("killed"), name, stop_after)
+    same_bytes(whole.run_dir("s", name, 0), resumed)  # drift.parquet among the tables
 
 
 CHECKS: tuple[Callable[[str, Path], None], ...] = (
