@@ -10,6 +10,8 @@
 # results/<file name>): partitions/, runs/, aggregate/, report/, with logs/ and benchmarks/ of
 # every job. Default options (all cores, failed jobs' logs shown) come from profiles/default/.
 
+import time
+
 from snakemake.utils import min_version
 
 min_version("9.27")  # the rules' priorities are functions of the job (workflow/rules/common.smk)
@@ -45,9 +47,13 @@ rule all:
     default_target: True
 
 
-# Who won, on the console at the end (the report's "At a glance"), and where the report is.
+# Who won, on the console at the end (the report's "At a glance"), and where the report is: when
+# this invocation wrote the report (not for a target short of it, nor with nothing to do).
+WORKFLOW_STARTED = time.time()
+
+
 onsuccess:
     glance = Path(REPORT) / "glance.txt"
-    if glance.exists():
+    if glance.exists() and glance.stat().st_mtime >= WORKFLOW_STARTED:
         print("At a glance:\n" + "".join(f"  {line}\n" for line in glance.read_text().splitlines())
               + f"report: {Path(REPORT) / 'index.html'}")

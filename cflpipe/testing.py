@@ -30,7 +30,8 @@ MLP: seconds) and raises AssertionError with what went wrong:
 - check_new_clients_change_no_training: with new clients (scenario new_clients), placing them
   changes no state of the method and no byte the participants train
 - check_drift_resumes: with groups that change (scenario drift, two clients moved in round 3),
-  a run interrupted just before or just after the move resumes to byte-identical outputs
+  a run interrupted after any round's checkpoint (before the move, after it, after the last
+  round) resumes to byte-identical outputs
 
 A method makes its mechanism act within those few rounds by returning hyper-parameters from
 `Method.check_hyperparams(params)` (cluster from round 1, split early; e.g. CFL's warm-up of 1).
@@ -436,8 +437,9 @@ def check_new_clients_change_no_training(name: str, workdir: Path) -> None:
 
 def check_drift_resumes(name: str, workdir: Path) -> None:
     """With scenario drift (two of the six clients move to the other group in round 3), a run
-    killed after the checkpoint of round 2 or of round 3 (by the method's name) resumes to the
-    bytes of an uninterrupted one: the moves of the rounds already trained are applied again."""
+    killed after the checkpoint of round 2 (the move still to come), of round 3 (to be applied
+    again) or of the last round (no round left to play) resumes to the bytes of an uninterrupted
+    one."""
     def with_drift(folder: str) -> Any:
         raw = spec_dict(Path(workdir) / folder, name)
         raw["scenarios"]["s"]["drift"] = [{"round": 3, "fraction": 0.34}]
@@ -445,9 +447,9 @@ def check_drift_resumes(name: str, workdir: Path) -> None:
 
     whole = with_drift("whole")
     train_run(whole, "s", name, 0, progress=False)
-    stop_after = 2 + int(np.random.default_rng(list(name.encode())).integers(0, 2))
-    resumed = _killed_then_resumed(with_drift("killed"), name, stop_after)
-    same_bytes(whole.run_dir("s", name, 0), resumed)  # drift.parquet among the tables
+    for stop_after in (2, 3, ROUNDS):
+        resumed = _killed_then_resumed(with_drift(f"killed{stop_after}"), name, stop_after)
+        same_bytes(whole.run_dir("s", name, 0), resumed)  # drift.parquet among the tables
 
 
 CHECKS: tuple[Callable[[str, Path], None], ...] = (

@@ -162,3 +162,23 @@ def test_the_report_draws_each_drift_scenario_and_tables_what_the_moved_clients_
     assert "ifca" in table and "fedavg" in table
     maps = (build_report(spec).parent / "tables" / "robustness.md").read_text()  # the change is a map axis
     assert "3 move in round 6" in maps and "none" in maps
+
+
+def test_a_client_that_moves_twice_is_followed_by_each_event_until_its_next_move():
+    from types import SimpleNamespace
+
+    from cflpipe.fl.drift import summary
+
+    data = SimpleNamespace(moves=[SimpleNamespace(round=3, client=0), SimpleNamespace(round=3, client=1),
+                                  SimpleNamespace(round=6, client=0)])
+    rows = [(r, c, acc, placed) for r, c, acc, placed in (
+        (2, 0, 0.9, np.nan), (3, 0, 0.5, 0.0), (5, 0, 0.8, 1.0), (6, 0, 0.4, 0.0), (8, 0, 0.7, 0.0),
+        (2, 1, 0.9, np.nan), (3, 1, 0.6, 1.0), (5, 1, 0.9, 1.0), (6, 1, 0.9, 1.0), (8, 1, 0.9, 1.0))]
+    table = pd.DataFrame(rows, columns=["round", "client", "acc", "placed_with_group"])
+    first, second = summary(data, table)
+    assert first["clients"] == [0, 1] and first["rounds_to_place"] == [3, 1]
+    # client 0 counts for the first event until its second move: round 5, not 8
+    assert first["moved_acc_final"] == pytest.approx((0.8 + 0.9) / 2)
+    assert first["placed_with_group_final"] == 1.0
+    assert second == {"round": 6, "clients": [0], "moved_acc_before": 0.8, "moved_acc_after": 0.4,
+                      "moved_acc_final": 0.7, "placed_with_group_final": 0.0, "rounds_to_place": [None]}

@@ -20,9 +20,6 @@ import pandas as pd
 
 from cflpipe.fl.data import FederatedData
 
-FIGURES = ("moved_acc_macro", "unmoved_acc_macro", "drift_joined")
-
-
 def evaluated_rounds(data: FederatedData) -> set[int]:
     """The 1-based rounds a drift scenario evaluates in full: the last before each move, and its
     first after."""
@@ -65,9 +62,8 @@ def report(assignment: np.ndarray | None, data: FederatedData, metrics: dict[str
     applied = np.unique([move.client for move in data.moves[:data.moved]]).astype(np.int64)
     others = np.setdiff1d(np.arange(data.num_clients), every)
     joined = _placed_with_group(assignment, data, applied, others)
-    figures = {"moved_acc_macro": float(np.nanmean(acc[every])) if len(every) else float("nan"),
-               "unmoved_acc_macro": float(np.nanmean(acc[others])) if len(others) else float("nan"),
-               "drift_joined": float(np.nanmean(joined)) if np.isfinite(joined).any() else float("nan")}
+    figures = {"moved_acc_macro": _mean(acc[every]), "unmoved_acc_macro": _mean(acc[others]),
+               "drift_joined": _mean(joined)}
     placed = np.full(len(every), np.nan)
     placed[np.searchsorted(every, applied)] = joined
     cluster = np.full(len(every), -1) if assignment is None else np.asarray(assignment, dtype=np.int64)[every]
@@ -78,32 +74,37 @@ def report(assignment: np.ndarray | None, data: FederatedData, metrics: dict[str
 
 def summary(data: FederatedData, table: pd.DataFrame) -> list[dict[str, Any]]:
     """Per drift event: its round and clients, their mean accuracy at the last full evaluation
-    before it, the first at or after it and the last (the dip and the recovery), the share placed
-    with their new group at the end, and for each client the rounds trained after its move until
-    it was first placed with it (null: never)."""
+    before it, the first at or after it and the last before each client's next move (the run's
+    last without one): the dip and the recovery; the share placed with their new group then; and
+    for each client the rounds trained after its move until it was first placed with it (null:
+    never). A client that moves again is followed, for this event, until that next move."""
     out = []
     for round_number in sorted({move.round for move in data.moves}):
         clients = sorted({move.client for move in data.moves if move.round == round_number})
-        rows = table[table["client"].isin(clients)]
-        rounds = np.sort(rows["round"].unique())
-
-        def mean_acc(r):
-            return None if r is None else _plain(rows.loc[rows["round"] == r, "acc"].mean())
-
-        before = rounds[rounds < round_number]
-        after = rounds[rounds >= round_number]
-        first_joined = []
+        before, after, final, placed, first_placed = [], [], [], [], []
         for client in clients:
-            hit = rows[(rows["client"] == client) & (rows["round"] >= round_number) & (rows["placed_with_group"] == 1)]
-            first_joined.append(int(hit["round"].min()) - round_number + 1 if len(hit) else None)
-        last = rows[rows["round"] == rounds[-1]] if len(rounds) else rows
+            later = [m.round for m in data.moves if m.client == client and m.round > round_number]
+            mine = table[(table["client"] == client) & (table["round"] < min(later, default=np.inf))]
+            mine = mine.sort_values("round", kind="stable")
+            earlier, since = mine[mine["round"] < round_number], mine[mine["round"] >= round_number]
+            before.append(earlier["acc"].iloc[-1] if len(earlier) else np.nan)
+            after.append(since["acc"].iloc[0] if len(since) else np.nan)
+            final.append(mine["acc"].iloc[-1] if len(mine) else np.nan)
+            placed.append(since["placed_with_group"].iloc[-1] if len(since) else np.nan)
+            hit = since[since["placed_with_group"] == 1]
+            first_placed.append(int(hit["round"].min()) - round_number + 1 if len(hit) else None)
         out.append({"round": round_number, "clients": clients,
-                    "moved_acc_before": mean_acc(before[-1] if len(before) else None),
-                    "moved_acc_after": mean_acc(after[0] if len(after) else None),
-                    "moved_acc_final": mean_acc(rounds[-1] if len(rounds) else None),
-                    "placed_with_group_final": _plain(last["placed_with_group"].mean()),
-                    "rounds_to_place": first_joined})
+                    "moved_acc_before": _plain(_mean(np.array(before, dtype=float))),
+                    "moved_acc_after": _plain(_mean(np.array(after, dtype=float))),
+                    "moved_acc_final": _plain(_mean(np.array(final, dtype=float))),
+                    "placed_with_group_final": _plain(_mean(np.array(placed, dtype=float))),
+                    "rounds_to_place": first_placed})
     return out
+
+
+def _mean(values: np.ndarray) -> float:
+    """The mean of the defined values (a client without test samples has no accuracy); NaN if none."""
+    return float(np.mean(values[np.isfinite(values)])) if np.isfinite(values).any() else float("nan")
 
 
 def _plain(value: float) -> float | None:

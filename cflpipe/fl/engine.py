@@ -243,6 +243,9 @@ class Run:
         self.setup()
         if resume:
             self.try_resume()
+            # scenario drift: the moves of the rounds already trained, also where none is left to
+            # play (a resume from the last checkpoint writes the outputs with the truth as it ended)
+            self.data.drift_to(self.start_round)
         else:  # --force trains afresh: nothing of an earlier checkpoint may serve as its fallback
             self.discard_state()
         rounds = self.training.rounds
@@ -443,7 +446,7 @@ class Run:
         for name, columns in result.tables.items():
             self.extend(name, columns)
         for name, columns in result.method_tables.items():
-            if name in STANDARD_TABLES:
+            if name in STANDARD_TABLES or name in ("drift", "newcomers"):
                 raise RuntimeError(f"{self.method_name}: eval table {name!r} clashes with a standard output")
             self.tables.setdefault(name, defaultdict(list))
             self.extend(name, columns)

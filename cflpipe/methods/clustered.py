@@ -9,7 +9,7 @@ the options the variant's hyper-parameters ask for:
                                    sampled training inputs, and any test data is evaluated with
                                    the cluster model whose members' feature mean is nearest (L2)
 Every cluster method has its `<name>_awcfl` and `<name>_mcfl` variants: the built-ins' are
-declared in `intercluster_params` for each, a plugin's subclass registers them with itself (see `variants`)."""
+declared with each method (`cluster_options` in its `X_params.py`), a plugin's subclass registers them with itself (see `variants`)."""
 
 from __future__ import annotations
 

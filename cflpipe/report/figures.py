@@ -179,7 +179,8 @@ class FigureBuilder:
         if not len(clusters):
             return None, f"{view.label(method)}: no clustering checkpoint in {path}"
         table = clusters.pivot(index="client", columns="round", values="cluster")
-        groups = clusters.drop_duplicates("client").set_index("client")["true_group"]
+        # the groups as they ended (scenario drift moves clients; otherwise every round's are alike)
+        groups = clusters.drop_duplicates("client", keep="last").set_index("client")["true_group"]
         order = sorted(table.index, key=lambda c: (int(groups.get(c, -1)), int(c)))
         table = table.loc[order]
         grouped = bool((groups >= 0).any())
@@ -216,7 +217,7 @@ class FigureBuilder:
         square = table[table["round"] == last].pivot(index="client", columns="other", values="value")
         groups = pd.Series(-1, index=square.index)
         if (run_dir / "clusters.parquet").is_file():
-            known = store.read_parquet(run_dir / "clusters.parquet").drop_duplicates("client")
+            known = store.read_parquet(run_dir / "clusters.parquet").drop_duplicates("client", keep="last")
             groups = known.set_index("client")["true_group"].reindex(square.index, fill_value=-1)
         order = sorted(square.index, key=lambda c: (int(groups[c]), int(c)))
         grouped = bool((groups >= 0).any())

@@ -143,6 +143,9 @@ def glance_lines(glance: dict[str, Any]) -> list[str]:
         for name, leader in (("personalized accuracy", row["accuracy"]), ("ARI", row["ari"])):
             if leader is None:
                 continue
+            if name == "ARI" and leader["next"] is None and leader["best"].startswith("none recovered"):
+                lines.append(f"{row['scenario']}: ARI: {leader['best']} {leader['value']}; {leader['verdict']}")
+                continue
             runner = f"; runner-up {leader['next']} {leader['next_value']}" if leader["next"] else ""
             lines.append(f"{row['scenario']}: best {name} {leader['best']} {leader['value']}{runner} "
                          f"({leader['verdict']})")

@@ -3,7 +3,7 @@ participation and local budget. One column per scenario with ground-truth groups
 map), one row per clustered method (Oracle, IFCA and FedAvg on top as references where the spec
 runs them); ARI of the final clustering and personalized accuracy, mean over seeds. The cells'
 coordinates are read from the scenarios themselves (group transforms, label split, clients per
-round, local budget), so any spec with two or more grouped scenarios has a map; the map spec
+round, local budget, and whether its clients change: new clients, drift), so any spec with two or more grouped scenarios has a map; the map spec
 (config/experiments/robustness.yaml) is the grid of them. Drawn per method family; written as
 tables/robustness.{md,csv}. A method entry's own `training` overrides are not coordinates: its
 row sits under the scenario's participation and budget (the map spec gives methods none)."""

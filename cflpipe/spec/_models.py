@@ -485,7 +485,8 @@ class Scenario(Strict):
         truth = [step for step in self.group_steps() if step.ground_truth]
         if not truth or math.prod(step.groups for step in truth) < 2:
             raise ValueError("drift: moves clients to another ground-truth group, and this partition has no two; "
-                             "add a group transform (rotation, label_swap, flip) with 2 or more groups")
+                             "it needs a group transform (rotation, label_swap, flip) with 2 or more groups and "
+                             "ground_truth: true")
         if "mixture" in kinds:
             raise ValueError("drift: a mixture client's samples come from several groups, so it has none to leave; "
                              "drift needs a partition without a mixture step")
