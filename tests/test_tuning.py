@@ -8,6 +8,7 @@ import copy
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 
@@ -177,22 +178,39 @@ def test_a_final_run_without_its_selection_is_refused_in_one_line(tmp_path, caps
 
 
 def test_selection_never_reads_the_test_data(tuned, tmp_path, monkeypatch):
-    """Trials trained on test data with shuffled labels and rescaled inputs record the same
-    validation curves and choose the same values."""
+    """Trials trained on test data with shuffled labels and rescaled inputs write the same bytes
+    (they read no test split at all) and choose the same values."""
     root, config = tuned
     other_test_data(monkeypatch)
     shuffled = write_spec(tmp_path / "spec.yaml", spec_dict(tmp_path / "results"))
     tune_all(shuffled)
     clean_spec, shuffled_spec = (parse_spec(yaml.safe_load(Path(c).read_text())) for c in (config, shuffled))
-    changed = 0
     for s, m, t, k in clean_spec.tuning_matrix():
         a, b = (spec.tuning_dir / "runs" / s / m / t / f"seed{k}" for spec in (clean_spec, shuffled_spec))
-        assert (a / TRIAL_FILE).read_bytes() == (b / TRIAL_FILE).read_bytes()
-        changed += json.loads((a / "summary.json").read_text())["final"]["acc_macro"] != \
-            json.loads((b / "summary.json").read_text())["final"]["acc_macro"]
-    assert changed  # the test data did change what the trials score on test
+        ours, theirs = files_of(a), files_of(b)
+        del ours["config.yaml"], theirs["config.yaml"]  # their data_dir lines differ
+        assert ours == theirs
     for m in ("fedavg", "fedprox"):
         assert clean_spec.chosen_path("s", m).read_bytes() == shuffled_spec.chosen_path("s", m).read_bytes()
+
+
+def test_a_trials_files_hold_no_test_figure(tuned):
+    root, config = tuned
+    spec = parse_spec(yaml.safe_load(Path(config).read_text()))
+    for s, m, t, k in spec.tuning_matrix():
+        run = spec.tuning_dir / "runs" / s / m / t / f"seed{k}"
+        rounds = pd.read_parquet(run / "rounds.parquet")
+        tested = {"acc_macro", "acc_micro", "acc_worst10", "loss", "f1_macro", "f1_micro", "global_acc_mean",
+                  "intra_acc", "inter_acc"}
+        assert not tested & set(rounds.columns) and "val_acc_macro" in rounds.columns, sorted(rounds.columns)
+        assert set(pd.read_parquet(run / "metrics.parquet")["split"]) <= {"val", "train"}
+        summary = json.loads((run / "summary.json").read_text())
+        assert not tested & set(summary["final"]) and "best_acc_macro" not in summary
+        assert yaml.safe_load((run / "config.yaml").read_text())["training"]["eval_test"] is False
+    # the final runs read the test split, and their configs are those of runs before eval_test existed
+    final = spec.run_dir("s", "fedavg", 0)
+    assert "acc_macro" in pd.read_parquet(final / "rounds.parquet").columns
+    assert "eval_test" not in yaml.safe_load((final / "config.yaml").read_text())["training"]
 
 
 def test_rerunning_changes_nothing_and_a_new_trial_trains_alone(tuned, capsys):
@@ -330,3 +348,16 @@ def test_a_selection_made_for_another_tuning_section_is_refused(tuned, tmp_path,
     assert len(err) == 1 and err[0].endswith("tuning/chosen/s/fedavg.json: stale: selected over other trials than "
                                              "tuning: now gives; run `cflpipe tune` and `cflpipe tune-select` "
                                              "again (snakemake does)")
+
+
+def test_eval_test_false_without_a_validation_split_is_one_line(tmp_path):
+    raw = spec_dict(tmp_path / "results")
+    del raw["tuning"]
+    raw["protocol"] = "shared"
+    raw["scenarios"]["s"]["validation_fraction"] = 0.0
+    raw["methods"]["fedavg"] = {"training": {"eval_test": False}}
+    with pytest.raises(SpecError) as err:
+        parse_spec(raw)
+    assert str(err.value) == ("methods.fedavg.training.eval_test: false evaluates the validation split alone, and "
+                              "scenario s has none (validation_fraction 0); give it a validation_fraction or leave "
+                              "eval_test true")

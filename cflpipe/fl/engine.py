@@ -42,6 +42,8 @@ PLOT_COLUMNS = ("round", "acc_macro", "acc_micro", "global_acc_mean", "loss", "t
                 "n_clusters", "intra_acc", "inter_acc", "val_acc_macro")
 
 STANDARD_TABLES = ("metrics", "clusters", "rounds", "timing")
+# The figure every evaluation of the test split writes: the rows of rounds.parquet that were evaluated.
+EVALUATED = "acc_macro"
 # Whether this process has trained a round yet: its first pays one-time costs (allocations, first
 # kernels, lazy imports), which made a job's first run (FedAvg in most specs) look slowest.
 _process_warm = False
@@ -94,7 +96,9 @@ def best_round(full: pd.DataFrame) -> dict[str, Any]:
     if not on_validation:
         return {"best_test_acc_macro": None if row is None else _plain(row["acc_macro"]),
                 "best_round": None if row is None else int(row["round"]), "best_selected_on": "test"}
-    return {"best_acc_macro": None if row is None else _plain(row["acc_macro"]),
+    # a run that reads no test split (training.eval_test false) has no test figure to name
+    tested = "acc_macro" in full.columns
+    return {**({"best_acc_macro": None if row is None else _plain(row["acc_macro"])} if tested else {}),
             "best_val_acc_macro": None if row is None else _plain(row["val_acc_macro"]),
             "best_round": None if row is None else int(row["round"]), "best_selected_on": "validation"}
 
@@ -294,7 +298,8 @@ class Run:
             self.warn_if_exploding(row["train_loss"])
             if self.training.is_evaluated(r + 1) or r + 1 in self.drift_evaluations:
                 row.update(self.evaluate(r + 1))
-                bar.set_postfix(acc=f"{row['acc_macro']:.3f}", clusters=row["n_clusters"])
+                bar.set_postfix(acc=f"{row.get('acc_macro', row.get('val_acc_macro', math.nan)):.3f}",
+                                clusters=row["n_clusters"])
                 if self.live is not None:
                     self.live.log(r + 1, row)
             t3 = time.perf_counter()
@@ -424,21 +429,23 @@ class Run:
     def evaluate(self, round_number: int) -> dict[str, Any]:
         clients = self.evaluation_sample(round_number)
         result = evaluate(self.ctx, self.method, self.data, self.training.eval_batch_size, self.seed, round_number,
-                          clients, self.training.eval_train is not False, self.train_split_clients)
+                          clients, self.training.eval_train is not False, self.train_split_clients,
+                          self.training.eval_test)
         if self.training.eval_clients is not None:  # so every figure of the round says what it read
             result.figures["evaluated_clients"] = self.data.num_clients if clients is None else len(clients)
         if self.training.eval_train == "auto":  # how many training splits it read
             evaluated = np.arange(self.data.num_clients) if clients is None else clients
             read = evaluated if self.train_split_clients is None else np.intersect1d(evaluated, self.train_split_clients)
             result.figures["train_evaluated_clients"] = int((self.data.train.sizes()[read] > 0).sum())
-        if self.newcomer_ids is not None and clients is None:
+        # New clients and moved clients are scored on their test splits: not in a run that reads none.
+        if self.newcomer_ids is not None and clients is None and self.training.eval_test:
             figures, table = newcomers.place(self.method, self.new_ctx, self.ctx.round, round_number,
                                              self.training.eval_batch_size, self.newcomer_ids)
             result.figures.update(figures)
             if table:
                 self.tables.setdefault("newcomers", defaultdict(list))
                 self.extend("newcomers", table)
-        if self.data.moves and clients is None:
+        if self.data.moves and clients is None and self.training.eval_test:
             figures, table = drift.report(self.method.assignment(), self.data, result.tables["metrics"], round_number)
             result.figures.update(figures)
             self.tables.setdefault("drift", defaultdict(list))
@@ -547,7 +554,7 @@ class Run:
             elif rounds[column].map(lambda v: v is None or isinstance(v, (int, float))).all():
                 rounds[column] = rounds[column].astype("float64")
         timing = pd.DataFrame(dict(self.tables["timing"]))
-        evals = rounds.dropna(subset=["acc_macro"])
+        evals = rounds.dropna(subset=[EVALUATED if self.training.eval_test else "val_acc_macro"])
         final = {k: _plain(evals[k].iloc[-1]) for k in evals.columns} if len(evals) else {}
         summary = {
             "scenario": self.scenario, "method": self.method_name, "method_type": self.config["method_type"],

@@ -49,13 +49,16 @@ class Evaluation:
 
 def evaluate(ctx: Context, method: Method, data: FederatedData, eval_batch_size: int, seed: int,
              round_number: int, clients: np.ndarray | None = None, train_split: bool = True,
-             train_clients: np.ndarray | None = None) -> Evaluation:
+             train_clients: np.ndarray | None = None, test_split: bool = True) -> Evaluation:
     """The round's figures from every client, or from the clients in `clients` (sorted ids: a
     sampled evaluation): then the metrics rows, personalized figures, global and intra/inter
     accuracy are those clients' and their pooled data's, while the clustering is still every
     client's assignment as the method holds it (IFCA: the sampled clients choose again by loss,
     the others keep their last choice). Without `train_split` only the test split is read; with
-    `train_clients` (sorted ids) only those clients' training splits."""
+    `train_clients` (sorted ids) only those clients' training splits. Without `test_split` no test
+    input or label is read (tuning's trials): the validation split (and the training split as
+    asked) alone, no figure of the models on the pooled test data, Selected's choice made on each
+    client's validation inputs."""
     everyone, predictor = data, method.predictor(clients)
     client_ids = np.arange(data.num_clients) if clients is None else np.asarray(clients)
     # the evaluated clients whose training split is read, by their place among the evaluated
@@ -64,7 +67,7 @@ def evaluate(ctx: Context, method: Method, data: FederatedData, eval_batch_size:
     if clients is not None:
         data = data.subset(clients, train=train_split)
     scoring = _Scoring(ctx, data, everyone.num_groups, eval_batch_size, seed, round_number, clients is not None,
-                       train_split, train_only)
+                       train_split, train_only, test_split)
     if isinstance(predictor, Mixture):
         scored = _mixture(scoring, predictor, client_ids)
     elif isinstance(predictor, Selected):
@@ -76,7 +79,8 @@ def evaluate(ctx: Context, method: Method, data: FederatedData, eval_batch_size:
     for split_name, (split, preds, losses, client_model) in scored.splits.items():
         figures.update(_split_figures(tables, split_name, split, data, preds, losses, client_model,
                                       round_number, client_ids, train_only if split_name == "train" else None))
-    figures.update(scored.model_figures(data.groups, everyone.num_groups))
+    if test_split:  # the models on the pooled test data
+        figures.update(scored.model_figures(data.groups, everyone.num_groups))
     assignment = method.assignment()
     m_all = everyone.num_clients
     clusters = np.zeros(m_all, dtype=np.int64) if assignment is None else np.asarray(assignment)
@@ -106,12 +110,15 @@ class _Scoring:
     sampled: bool
     train_split: bool
     train_only: np.ndarray | None = None  # the clients whose training split is read; None: all
+    test_split: bool = True
 
     @property
     def splits(self) -> tuple[tuple[str, Split], ...]:
-        """test, then train (unless left out), then val where the scenario has a validation split."""
+        """test (unless left out), then train (unless left out), then val where the scenario has a
+        validation split."""
         train = self.data.train if self.train_only is None else self.data.train.only(self.train_only)
-        splits = (("test", self.data.test), ("train", train))[:2 if self.train_split else 1]
+        splits = (("test", self.data.test),) if self.test_split else ()
+        splits += (("train", train),) if self.train_split else ()
         return splits + ((("val", self.data.val),) if self.data.val is not None else ())
 
     def scored_models(self, n_models: int, used: np.ndarray) -> np.ndarray:
@@ -203,6 +210,10 @@ def _selected(scoring: _Scoring, predictor: Selected) -> _Scored:
     model chosen for that data (a client's training rows with the model chosen for its test set,
     its validation rows with the one chosen for them: selection never reads test inputs)."""
     data = scoring.data
+    val_model = None if data.val is None else np.array(
+        [predictor.select(data.val.of(c)[0]) for c in range(data.num_clients)], dtype=np.int64)
+    if not scoring.test_split:  # no test input read: each client's rows with its validation choice
+        return _one_model_each(scoring, predictor.models, val_model, None, val_model)
     client_model = np.array([predictor.select(data.test.of(c)[0]) for c in range(data.num_clients)],
                             dtype=np.int64)
     model_for_group = None
@@ -211,8 +222,6 @@ def _selected(scoring: _Scoring, predictor: Selected) -> _Scored:
         chosen = [predictor.select(data.test.x[torch.from_numpy(test_groups == h).to(data.test.x.device)])
                   for h in range(scoring.n_groups)]
         model_for_group = np.tile(np.array(chosen, dtype=np.int64), (data.num_clients, 1))
-    val_model = None if data.val is None else np.array(
-        [predictor.select(data.val.of(c)[0]) for c in range(data.num_clients)], dtype=np.int64)
     return _one_model_each(scoring, predictor.models, client_model, model_for_group, val_model)
 
 

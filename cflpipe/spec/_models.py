@@ -74,6 +74,10 @@ class Training(Strict):
                             "train, train_acc_macro): true every client's, false none (the test split only), "
                             "auto every client's where an evaluation then costs no more than a training round, "
                             "else a seeded sample of clients that keeps it within one")
+    eval_test: bool = Field(
+        True, description="evaluate on the clients' test splits (false: the validation split, and the training "
+                          "split as eval_train says, alone: tuning's trials, whose records may hold no test "
+                          "figure; needs the scenario's validation_fraction)")
     full_eval_every: int | None = Field(
         None, ge=1, description="with eval_clients: evaluate every client every N rounds (and in the last "
                                 "round, always); null: only in the last round")
@@ -196,7 +200,7 @@ def same_trainer_as_sequential(training: dict[str, Any]) -> dict[str, Any]:
 TRAINING_NOT_IN_RUN = ("keep_state", "workers")
 # Training keys added after runs were first recorded, with their defaults: left out of a run's
 # definition while at their default.
-LATER_TRAINING_DEFAULTS = {"eval_clients": None, "full_eval_every": None, "eval_train": True,
+LATER_TRAINING_DEFAULTS = {"eval_clients": None, "full_eval_every": None, "eval_train": True, "eval_test": True,
                            "precision": "float32", "compile": False}
 
 

@@ -203,8 +203,9 @@ class Spec(Strict):
                 for key, other in (("local_steps", "local_epochs"), ("local_epochs", "local_steps")):
                     if key in trial.training:
                         training.pop(other, None)
+                # A trial is judged on validation data alone: it evaluates no test split at all.
                 methods[self.trial_entry(method, trial.name)] = MethodEntry(
-                    method=self.method_type(method), training={**training, **trial.training},
+                    method=self.method_type(method), training={**training, **trial.training, "eval_test": False},
                     scenarios=entry.scenarios, label=f"{self.method_label(method)} ({trial.text})",
                     **{**entry.hyperparams, **trial.hyperparams})
         view = self.model_copy(update={"methods": methods, "seeds": list(self.tuning.seeds), "tuning": None,
