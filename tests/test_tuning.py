@@ -164,6 +164,8 @@ def test_aggregate_and_report_show_the_chosen_values_and_the_protocol(tuned):
     assert "Tuned: lr, mu searched per method and scenario (a grid of 2–4 trials) with tuning seeds 10, 11" in html
     md = (root / "results/report/tables/summary.md").read_text()
     assert "lr, mu tuned per method and scenario on validation data (tuning seeds 10, 11)**" in md
+    # the scenario table's lr is the spec's; where tuning chose it, it says so
+    assert "0.05 (tuned for 2 of 2 methods: their values in the methods table)" in html
 
 
 def test_a_final_run_without_its_selection_is_refused_in_one_line(tmp_path, capsys):

@@ -123,7 +123,7 @@ class Sections:
                     ("device", t.device), ("trainer", t.trainer),
                     ("seeds", ", ".join(str(k) for k in view.spec.seeds)),
                     ("scenario hyperparams", _kv_text(sc.hyperparams))):
-                settings.setdefault(what, []).append(str(value))
+                settings.setdefault(what, []).append(str(value) + self._tuned_here(s, what))
         methods = []
         for m in view.methods:
             ran = [s for s in view.spec.scenarios if m in view.methods_on(s)]
@@ -147,6 +147,19 @@ class Sections:
         return {"scenario_names": names, "settings": list(settings.items()), "methods": methods,
                 "provenance": self.provenance(), "key": self.figures.style_key(),
                 "protocol": protocol_sentence(view.spec)}
+
+    def _tuned_here(self, scenario: str, row: str) -> str:
+        """Where tuning chose a setting of this row for some of the scenario's methods: that the
+        value shown is the spec's, theirs in the methods table."""
+        spec = self.view.spec
+        keys = TUNED_ROWS.get(row, ())
+        if spec.tuning is None or not keys:
+            return ""
+        ran = self.view.methods_on(scenario)
+        tuned = [m for m in spec.tuned_methods() if m in ran and set(spec.tuning.keys_of(m)) & set(keys)]
+        if not tuned:
+            return ""
+        return f" (tuned for {len(tuned)} of {len(ran)} methods: their values in the methods table)"
 
     def _per_scenario(self, texts: dict[str, str]) -> str:
         """One text when every scenario has it, else `text (scenarios); …` grouped by text."""
@@ -494,6 +507,11 @@ def _evaluation_text(t: Training, clients: int | None, train_read: list[int]) ->
 
 def _local_text(t: Training) -> str:
     return f"{t.local_steps} steps" if t.local_steps is not None else f"{t.local_epochs:g} epochs"
+
+
+# The setup table's rows a tuned training key changes (spec/_tuning.py TUNABLE_TRAINING).
+TUNED_ROWS = {"lr": ("lr", "lr_decay"), "local work per round": ("local_steps", "local_epochs"),
+              "batch size": ("batch_size",), "momentum": ("momentum",), "weight decay": ("weight_decay",)}
 
 
 def _tuned_keys(spec) -> str:
