@@ -74,11 +74,10 @@ def dvc_runs(config: str | Path) -> dict:
     else:
         jobs = {job_name(s): {"scenario": s, "methods": " ".join(m for t, m in pairs if t == s), "runs": s,
                               "param": "methods", "seeds": seeds} for s in dict.fromkeys(s for s, _ in pairs)}
-    from cflpipe.report.aggregate import plot_columns
+    from cflpipe.report.aggregate import plotted_methods
 
-    curves = {f"{spec.results_dir}/aggregate/plots.csv": plot_columns(pairs)}
     return {"config": config, "results": spec.results_dir, "data": spec.data_dir,
-            "downloads": downloads, "partitions": partitions, "jobs": jobs, "curves": curves}
+            "downloads": downloads, "partitions": partitions, "jobs": jobs, "plot_methods": plotted_methods(spec)}
 
 
 def render(config: str | Path) -> str:
@@ -102,8 +101,8 @@ def render(config: str | Path) -> str:
         *(f"  {flow(name)}: {flow(item)}" for name, item in data["partitions"].items()),
         "jobs:" + ("" if data["jobs"] else " {}"),
         *(f"  {flow(name)}: {flow(item)}" for name, item in data["jobs"].items()),
-        "curves:",  # dvc.yaml's plot: plots.csv's column of every scenario × method
-        *(f"  {flow(name)}: {flow(item)}" for name, item in data["curves"].items()),
+        # dvc.yaml's plot: the columns of aggregate/plots/<scenario>.csv, a plot per scenario
+        f"plot_methods: {flow(data['plot_methods'])}",
     ]
     return "\n".join(lines) + "\n"
 

@@ -145,6 +145,8 @@ def test_dvc_repro_matches_snakemake_and_is_idempotent(tmp_path, tiny_snakemake_
                       for f in ("acc", "ari", "clusters")), "methods.fedprox.mu"], header  # no wall-clock
     plots = run(["dvc", "plots", "show", "--json"], repo)
     assert plots.returncode == 0, plots.stdout
-    values = json.loads(plots.stdout)["data"]["accuracy"][0]["content"]["data"]["values"]
-    assert {v["field"] for v in values} == {"swap/fedavg", "swap/fedprox"}  # a line per scenario/method
+    drawn = json.loads(plots.stdout)["data"]
+    assert list(drawn) == ["results/config/aggregate/plots/swap.csv"]  # a plot per scenario
+    values = drawn["results/config/aggregate/plots/swap.csv"][0]["content"]["data"]["values"]
+    assert {v["field"] for v in values} == {"fedavg", "fedprox"}  # a line per method
     assert {v["round"] for v in values} == {"1", "2"}

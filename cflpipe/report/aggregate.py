@@ -26,8 +26,10 @@ writes `results/aggregate/`, every file atomically:
                      {method: {figure: value}}}, no wall-clock figure. Kept small so an
                      experiment table stays readable; summary.csv has every figure and the time.
 - `plots.csv`        personalized accuracy per evaluated round, a column `<scenario>/<method>`
-                     each (the seeds' mean; empty where that run was not evaluated): what
-                     dvc.yaml's `plots` draws (`dvc plots show`, `dvc plots diff` of experiments).
+                     each (the seeds' mean; empty where that run was not evaluated).
+- `plots/<scenario>.csv`  the same per scenario, a column per method of the spec (empty where
+                     it does not run on that scenario): what dvc.yaml's `plots` draws, one plot
+                     per scenario (`dvc plots show`, `dvc plots diff` of experiments).
 - `timing.parquet`   one row per run: seconds_total, seconds_per_round, server_seconds_per_round,
                      device, finished_utc, git_commit, git_dirty, spec_sha256 (wall-clock figures and where and
                      when the run finished, from timing.json).
@@ -110,6 +112,13 @@ def aggregate(spec: Spec) -> Path:
     store.write_text(out / "metrics.json", json.dumps(metrics_tree(tables["summary"]), indent=1) + "\n")
     store.write_text(out / "plots.csv", plots_table(tables["curves"]).to_csv(
         index=False, float_format="%.6g", na_rep="", lineterminator="\n"))
+    plots = scenario_plots(spec, tables["curves"])
+    for stale in (out / PLOTS_DIR).glob("*.csv") if (out / PLOTS_DIR).is_dir() else ():
+        if stale.stem not in plots:  # a scenario no longer in the spec: DVC would draw it
+            stale.unlink()
+    for scenario, table in plots.items():
+        store.write_text(out / PLOTS_DIR / f"{scenario}.csv", table.to_csv(
+            index=False, float_format="%.6g", na_rep="", lineterminator="\n"))
     return out
 
 
@@ -129,6 +138,32 @@ def metrics_tree(summary: pd.DataFrame) -> dict:
                    and math.isfinite(row[column])}
         tree.setdefault(row["scenario"], {})[row["method"]] = figures
     return tree
+
+
+# One CSV per scenario under it: DVC draws a directory's files as a plot each.
+PLOTS_DIR = "plots"
+
+
+def plotted_methods(spec: Spec) -> list[str]:
+    """The methods the per-scenario plots have a column for: every method of the spec that runs
+    on some scenario, in the spec's order (dvc.yaml's plot names them, dvc-runs.yaml)."""
+    return list(dict.fromkeys(m for _, m, _ in spec.matrix()))
+
+
+def scenario_plots(spec: Spec, curves: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """Per scenario: evaluated rounds × every plotted method of the seeds' mean personalized
+    accuracy (a column of blanks for a method that does not run there: DVC asks every file of a
+    directory plot for the same columns)."""
+    wide = plots_table(curves)
+    out = {}
+    for scenario in spec.scenarios:
+        columns = {"round": wide["round"]}
+        for method in plotted_methods(spec):
+            name = plot_columns([(scenario, method)])[0]
+            columns[method] = wide[name] if name in wide else pd.Series(np.nan, index=wide.index)
+        table = pd.DataFrame(columns)
+        out[scenario] = table[table.drop(columns="round").notna().any(axis=1)].reset_index(drop=True)
+    return out
 
 
 def plots_table(curves: pd.DataFrame) -> pd.DataFrame:
