@@ -506,26 +506,28 @@ def test_evaluations_checkpoints_and_timing_follow_the_schedule(tmp_path, monkey
     assert saved == [4, 7]
     timing = pd.read_parquet(run_dir / "timing.parquet")
     assert list(timing.columns) == ["round", "seconds", "train_seconds", "server_seconds", "eval_seconds", "warmup"]
-    assert timing["warmup"].sum() <= 1  # only the process's first round: earlier tests warmed it
+    assert timing["warmup"].sum() <= 2  # at most the process's first round and first evaluation
     assert timing["round"].tolist() == list(range(1, 8))
     parts = timing[["train_seconds", "server_seconds", "eval_seconds"]]
     assert (parts.to_numpy() >= 0).all() and (timing["train_seconds"] > 0).all()
     assert np.allclose(timing["seconds"], parts.sum(axis=1), rtol=1e-9, atol=1e-9)  # the round's three parts
 
 
-def test_only_the_first_round_of_the_process_counts_as_warm_up(tmp_path, monkeypatch):
-    """The first round a process trains is marked `warmup` and left out of the per-round means
-    (reported apart); the next run of the same process, the job's second, has none."""
+def test_only_the_first_round_and_evaluation_of_the_process_count_as_warm_up(tmp_path, monkeypatch):
+    """The first round a process trains and the round of its first evaluation are marked `warmup`
+    and left out of the per-round means (reported apart); the next run of the same process, the
+    job's second, has none."""
     monkeypatch.setattr(engine, "_process_warm", False)
+    monkeypatch.setattr(engine, "_process_evaluated", False)
     # a named trainer: auto's first meeting with FedProx's plans (another shape) would be a warm-up too
-    spec = parse_spec(tiny_spec(tmp_path, rounds=3, trainer="sequential"))
+    spec = parse_spec(tiny_spec(tmp_path, rounds=3, eval_every=2, trainer="sequential"))
     first = train_run(spec, "swap", "fedavg", 0, progress=False).run_dir
     second = train_run(spec, "swap", "fedprox", 0, progress=False).run_dir
     timing = pd.read_parquet(first / "timing.parquet")
-    assert timing["warmup"].tolist() == [True, False, False]
+    assert timing["warmup"].tolist() == [True, True, False]  # round 2: the first evaluation
     summary = json.loads((first / "timing.json").read_text())
-    assert summary["seconds_per_round"] == pytest.approx(timing["seconds"].iloc[1:].mean())
-    assert summary["warmup_round_seconds"] == pytest.approx(timing["seconds"].iloc[0])
+    assert summary["seconds_per_round"] == pytest.approx(timing["seconds"].iloc[2:].mean())
+    assert summary["warmup_round_seconds"] == pytest.approx(timing["seconds"].iloc[:2].sum())
     assert not pd.read_parquet(second / "timing.parquet")["warmup"].any()
     assert json.loads((second / "timing.json").read_text())["warmup_round_seconds"] == 0.0
 
