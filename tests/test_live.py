@@ -14,7 +14,11 @@ RUN_FILES = ("metrics.parquet", "clusters.parquet", "rounds.parquet", "plots.csv
 
 
 def spec(results, live: bool):
-    return parse_spec({
+    return parse_spec(raw(results, live))
+
+
+def raw(results, live: bool) -> dict:
+    return {
         "seeds": [0],
         "training": {"model": "mlp", "rounds": 4, "clients_per_round": 4, "local_steps": 2, "batch_size": 16,
                      "lr": 0.05, "eval_every": 1, "checkpoint_every": 2, "device": "cpu"},
@@ -22,7 +26,7 @@ def spec(results, live: bool):
                             "partition": [{"kind": "iid"}, {"kind": "label_swap", "groups": 2}]}},
         "methods": {"ifca": {"clusters": 2}},
         "results_dir": str(results), "workflow": {"live": live},
-    })
+    }
 
 
 def drawn(folder, figure: str) -> list[tuple[int, float]]:
@@ -61,3 +65,16 @@ def test_live_curves_follow_the_rounds_resume_without_repeats_and_change_no_outp
         points = drawn(tmp_path / "live" / "live" / "s" / "ifca" / "seed0", figure)
         assert [step for step, _ in points] == [1, 2, 3, 4], figure  # round 3 once, though trained twice
         assert [value for _, value in points] == pytest.approx(rounds[figure].astype(float).tolist(), rel=1e-6)
+
+
+def test_a_train_job_says_where_the_live_curves_go(tmp_path, capsys):
+    import yaml
+
+    from cflpipe import cli
+
+    config = tmp_path / "spec.yaml"
+    config.write_text(yaml.safe_dump(raw(tmp_path / "results", True)))
+    assert cli.main(["train", "--config", str(config), "--scenario", "s", "--method", "ifca", "--seed", "0",
+                     "--quiet"]) == 0
+    folder = tmp_path / "results" / "live"
+    assert f"live curves: {folder} (watch with `tensorboard --logdir {folder}`)" in capsys.readouterr().out
