@@ -448,3 +448,24 @@ def test_validate_reports_structural_and_cross_field_errors_in_one_pass():
            "dirichlet, pathological, natural" in lines
     assert "training.clients_per_round: must be <= clients of scenario a (6), got 50" in lines
     assert len(lines) == len(set(lines))
+
+
+def test_validate_checks_the_valid_scenarios_and_methods_of_an_invalid_spec_too():
+    """A bad scenario entry does not hide a K above another scenario's clients, an unknown
+    hyper-parameter of a method, or a drift round past the runs' last; nothing is said of the
+    entry left out, nor of a method whose only scenario it was."""
+    raw = {"seeds": 3, "training": {"model": "mlp", "rounds": 4, "clients_per_round": 3},
+           "scenarios": {"bad": {"dataset": "digits", "clients": 6, "partition": [{"kind": "iidd"}]},
+                         "c": {"dataset": "digits", "clients": 6, "hyperparams": {"clusters": 20},
+                               "drift": [{"round": 9, "fraction": 0.5}],
+                               "partition": [{"kind": "iid"}, {"kind": "rotation", "groups": 2}]}},
+           "methods": {"ifca": {}, "fedavg": {"mu": 1}, "cfl": {"scenarios": ["bad"]}}}
+    with pytest.raises(SpecError) as err:
+        parse_spec(raw)
+    lines = str(err.value).splitlines()
+    assert lines[0] == "seeds: must be a list, got 3"
+    assert any(line.startswith("scenarios.bad.partition[0].kind: must be one of") for line in lines)
+    assert "scenarios.c.hyperparams.clusters: must be <= clients of scenario c (6), got 20" in lines
+    assert any(line.startswith("methods.fedavg.mu: unknown key") for line in lines)
+    assert any(line.startswith("scenarios.c.drift[0].round: must be <= the rounds of its runs") for line in lines)
+    assert not any("cfl" in line for line in lines) and len(lines) == len(set(lines)) == 5

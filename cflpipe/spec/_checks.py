@@ -30,8 +30,56 @@ def parse_spec(data: Any, *, check_methods: bool = True, check_datasets: bool = 
     except ValidationError as exc:
         lines = errors_to_lines(exc, data, model=Spec)
         lines += [line for line in _raw_cross_field(data) if line not in lines]
+        lines += [line for line in _checks_of_the_rest(data, exc, origins, check_methods, check_datasets)
+                  if line not in lines]
         raise SpecError("\n".join(_sweep_paths(lines, origins))) from None
     spec._sweeps = origins
+    problems = _cross_checks(spec, data, check_methods, check_datasets)
+    if problems:
+        # A bad scenario override would otherwise be reported once per method.
+        raise SpecError("\n".join(_sweep_paths(problems, origins)))
+    return spec
+
+
+def _checks_of_the_rest(data: dict, exc: ValidationError, origins: dict, check_methods: bool,
+                        check_datasets: bool) -> list[str]:
+    """The cross-field problems of what is valid in a spec that is not: the spec less its invalid
+    scenario and method entries (and the methods' references to a scenario left out; `seeds` at
+    its default without tuning), checked as a valid one is, so that one `validate` says every
+    problem it can, and nothing of a part left out. Where another part is invalid (training, the
+    report, tuning), its default could clash with the rest: nothing more is checked."""
+    repaired, dropped = dict(data), {"scenarios": set(), "methods": set()}
+    for err in exc.errors():
+        loc = tuple(err["loc"])
+        if loc[:1] == ("seeds",) and "tuning" not in data:
+            repaired.pop("seeds", None)
+        elif len(loc) > 1 and loc[0] in dropped and isinstance(repaired.get(loc[0]), dict):
+            dropped[loc[0]].add(loc[1])
+        else:
+            return []
+    for key, names in dropped.items():
+        repaired[key] = {name: value for name, value in repaired.get(key, {}).items() if name not in names}
+    methods = {}
+    for name, entry in repaired["methods"].items():
+        listed = entry.get("scenarios") if isinstance(entry, dict) else None
+        if isinstance(listed, list) and dropped["scenarios"]:
+            entry = {**entry, "scenarios": [s for s in listed if s not in dropped["scenarios"]]}
+            if not entry["scenarios"]:
+                continue
+        methods[name] = entry
+    repaired["methods"] = methods
+    if not repaired["scenarios"] or not repaired["methods"]:
+        return []
+    try:
+        spec = Spec(**repaired)
+    except ValidationError:
+        return []
+    spec._sweeps = origins
+    return _cross_checks(spec, repaired, check_methods, check_datasets)
+
+
+def _cross_checks(spec: Spec, data: dict, check_methods: bool, check_datasets: bool) -> list[str]:
+    """The checks across a valid spec's parts, one line per problem."""
     problems: list[str] = _check_labels(spec)
     for name, scenario in spec.scenarios.items():
         base = f"scenarios.{name}"
@@ -53,10 +101,7 @@ def parse_spec(data: Any, *, check_methods: bool = True, check_datasets: bool = 
         problems += _check_models(spec)
         if not problems:
             problems += _check_tuning(spec, data)
-    if problems:
-        # A bad scenario override would otherwise be reported once per method.
-        raise SpecError("\n".join(_sweep_paths(problems, origins)))
-    return spec
+    return problems
 
 
 def _raw_cross_field(data: dict) -> list[str]:
