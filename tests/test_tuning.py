@@ -363,3 +363,15 @@ def test_eval_test_false_without_a_validation_split_is_one_line(tmp_path):
     assert str(err.value) == ("methods.fedavg.training.eval_test: false evaluates the validation split alone, and "
                               "scenario s has none (validation_fraction 0); give it a validation_fraction or leave "
                               "eval_test true")
+
+
+def test_a_tuning_mistake_is_said_beside_a_methods_own(tmp_path):
+    raw = spec_dict(tmp_path / "results")
+    raw["methods"]["fedavg"] = {"mu": 1}
+    raw["tuning"]["space"]["fedprox"] = {"nope": [1, 2]}
+    with pytest.raises(SpecError) as err:
+        parse_spec(raw)
+    lines = str(err.value).splitlines()
+    assert any(line.startswith("methods.fedavg.mu: unknown key") for line in lines)
+    assert any(line.startswith("tuning.space.fedprox.nope: methods.fedprox (fedprox) has no hyper-parameter nope")
+               for line in lines), lines

@@ -99,8 +99,9 @@ def _cross_checks(spec: Spec, data: dict, check_methods: bool, check_datasets: b
     if check_methods:
         problems += _check_scenario_hyperparams(spec)
         problems += _check_models(spec)
-        if not problems:
-            problems += _check_tuning(spec, data)
+        # The tuning section's own rules always; its trials, run by run, once the methods they
+        # copy are valid (a method's problem would come back once per trial).
+        problems += _check_tuning(spec, data, trials=not problems)
     return problems
 
 
@@ -457,9 +458,10 @@ def _check_scenario_hyperparams(spec: Spec) -> list[str]:
     return problems
 
 
-def _check_tuning(spec: Spec, data: dict) -> list[str]:
+def _check_tuning(spec: Spec, data: dict, trials: bool = True) -> list[str]:
     """A tuning section's keys name what the method has, its scenarios hold validation data, and
-    every trial is a valid run (checked as the runs it is, the line pointed at the space's key)."""
+    (with `trials`) every trial is a valid run (checked as the runs it is, the line pointed at the
+    space's key)."""
     from cflpipe.registry import method_info
     from cflpipe.spec._tuning import ALL_METHODS, TUNABLE_TRAINING, MAX_TRIALS, grid_size
 
@@ -501,7 +503,7 @@ def _check_tuning(spec: Spec, data: dict) -> list[str]:
                 problems.append(f"scenarios.{scenario}.validation_fraction: 0, but methods.{method} is tuned on it "
                                 f"(tuning.space): tuning selects on validation data, never on test data; give it "
                                 f"a share of the training data, e.g. 0.2")
-    if problems:
+    if problems or not trials:
         return list(dict.fromkeys(problems))
     view = spec.tuning_spec()
     for method in spec.tuned_methods():
