@@ -469,3 +469,17 @@ def test_validate_checks_the_valid_scenarios_and_methods_of_an_invalid_spec_too(
     assert any(line.startswith("methods.fedavg.mu: unknown key") for line in lines)
     assert any(line.startswith("scenarios.c.drift[0].round: must be <= the rounds of its runs") for line in lines)
     assert not any("cfl" in line for line in lines) and len(lines) == len(set(lines)) == 5
+
+
+def test_validate_keeps_the_files_positions_and_says_nothing_of_what_it_left_out():
+    raw = {"seeds": [0], "training": {"model": "mlp", "rounds": 4, "clients_per_round": 3},
+           "scenarios": {"bad": {"dataset": "digits", "clients": 6, "partition": [{"kind": "iidd"}]},
+                         "c": {"dataset": "digits", "clients": 6, "hyperparams": {"clusters": 2},
+                               "partition": [{"kind": "iid"}, {"kind": "rotation", "groups": 2}]}},
+           "methods": {"ifca": {"label": 3}, "fedavg": {"scenarios": ["bad", "nope", "c"]}}}
+    with pytest.raises(SpecError) as err:
+        parse_spec(raw)
+    lines = str(err.value).splitlines()
+    assert "methods.fedavg.scenarios[1]: unknown scenario 'nope'; allowed: c" in lines, lines
+    # clusters is IFCA's, left out for its bad label: not "no method has this hyper-parameter"
+    assert not any(line.startswith("scenarios.c.hyperparams") for line in lines), lines

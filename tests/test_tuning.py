@@ -352,17 +352,13 @@ def test_a_selection_made_for_another_tuning_section_is_refused(tuned, tmp_path,
                                              "again (snakemake does)")
 
 
-def test_eval_test_false_without_a_validation_split_is_one_line(tmp_path):
+def test_eval_test_false_is_for_trials_alone(tmp_path):
     raw = spec_dict(tmp_path / "results")
-    del raw["tuning"]
-    raw["protocol"] = "shared"
-    raw["scenarios"]["s"]["validation_fraction"] = 0.0
     raw["methods"]["fedavg"] = {"training": {"eval_test": False}}
     with pytest.raises(SpecError) as err:
         parse_spec(raw)
-    assert str(err.value) == ("methods.fedavg.training.eval_test: false evaluates the validation split alone, and "
-                              "scenario s has none (validation_fraction 0); give it a validation_fraction or leave "
-                              "eval_test true")
+    assert str(err.value) == ("methods.fedavg.training.eval_test: false is set by tuning for its trials (they read "
+                              "no test data); a spec's own runs are reported on their test splits, so leave it out")
 
 
 def test_a_tuning_mistake_is_said_beside_a_methods_own(tmp_path):
@@ -375,3 +371,18 @@ def test_a_tuning_mistake_is_said_beside_a_methods_own(tmp_path):
     assert any(line.startswith("methods.fedavg.mu: unknown key") for line in lines)
     assert any(line.startswith("tuning.space.fedprox.nope: methods.fedprox (fedprox) has no hyper-parameter nope")
                for line in lines), lines
+
+
+def test_trials_on_a_drift_scenario_read_no_test_data_either(tmp_path):
+    raw = spec_dict(tmp_path / "results")
+    raw["scenarios"]["s"]["drift"] = [{"round": 3, "fraction": 0.25}]
+    raw["methods"] = {"ifca": {"clusters": 2}}
+    raw["tuning"]["space"] = {"all": {"lr": [0.02, 0.2]}}
+    config = write_spec(tmp_path / "spec.yaml", raw)
+    tune_all(config, methods=("ifca",))
+    spec = parse_spec(raw)
+    for s, m, t, k in spec.tuning_matrix():
+        run = spec.tuning_dir / "runs" / s / m / t / f"seed{k}"
+        summary = json.loads((run / "summary.json").read_text())
+        assert "drift" not in summary and not (run / "drift.parquet").exists()
+        assert set(pd.read_parquet(run / "metrics.parquet")["split"]) <= {"val", "train"}

@@ -53,7 +53,7 @@ def _run_each(spec, scenario: str, methods: list[str], seeds: list[int], args, f
     is told of each run's end (error: the CflpipeError it failed with, else None) and returns
     whether that failure is the job's (True) or only the run's (False)."""
     from cflpipe.fl.engine import is_finished, train_run
-    from cflpipe.fl.live import live_dir
+    from cflpipe.fl.live import live_root
     from cflpipe.fl.runs import resolve_run
 
     # Several runs in one process pay Python's and torch's start-up once (most of a small run's
@@ -67,7 +67,7 @@ def _run_each(spec, scenario: str, methods: list[str], seeds: list[int], args, f
     to_train = [(m, k) for m in methods for k in seeds
                 if args.force or not is_finished(resolve_run(spec, scenario, m, k, threads=args.threads))]
     if spec.workflow.live and to_train:  # where the curves go, and how to watch them
-        folder = live_dir(spec.results_dir, scenario, *to_train[0], ).parents[2]
+        folder = live_root(spec.results_dir)
         print(f"live curves: {folder} (watch with `tensorboard --logdir {folder}`)", flush=True)
     for method in methods:
         for seed in seeds:

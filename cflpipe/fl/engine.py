@@ -179,7 +179,8 @@ class Run:
             self.data, max(1, round(share * self.data.num_clients)), self.seed)
         if self.newcomer_ids is not None:
             self.data, self.new_data = newcomers.split(self.data, self.newcomer_ids)
-        self.drift_evaluations = drift.evaluated_rounds(self.data)  # scenario drift: before and at each move
+        # scenario drift: the rounds before and at each move, evaluated in full (where test data is read)
+        self.drift_evaluations = drift.evaluated_rounds(self.data) if self.training.eval_test else set()
         torch.manual_seed(self.seed)
         model = build_model(self.training.model, self.data.input_shape, self.data.num_classes,
                             field_path="training.model")
@@ -575,7 +576,7 @@ class Run:
         }
         if self.newcomer_ids is not None:  # the participants are the others, numbered 0..clients-1 in id order
             summary["new_clients"] = [int(c) for c in self.newcomer_ids]
-        if self.data.moves:
+        if self.data.moves and self.training.eval_test:
             summary["drift"] = drift.summary(self.data, pd.DataFrame(dict(self.tables.get("drift", {}))))
         if (degeneration := self.degeneration(rounds)) is not None:
             summary.update(degeneration.as_summary())

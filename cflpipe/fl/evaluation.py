@@ -303,7 +303,7 @@ def train_split_clients(data: FederatedData, training, seed: int, trainers: np.n
     per_client = [steps_for(int(n), training.batch_size, training.local_steps, training.local_epochs)
                   * min(training.batch_size, int(n)) for n in training_sizes]
     trained = training.clients_per_round * (float(np.mean(per_client)) if per_client else 0.0)
-    budget = EVAL_ROWS_PER_TRAINED_ROW * trained - int(data.test.sizes().sum()) \
+    budget = EVAL_ROWS_PER_TRAINED_ROW * trained - (int(data.test.sizes().sum()) if training.eval_test else 0) \
         - (0 if data.val is None else int(data.val.sizes().sum()))
     if sizes.sum() <= budget:
         return None

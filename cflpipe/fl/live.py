@@ -16,11 +16,16 @@ import shutil
 from pathlib import Path
 
 # rounds.parquet's figures a researcher watches: accuracy, the clustering, the training loss.
-LIVE_FIGURES = ("acc_macro", "acc_micro", "ari", "n_clusters", "train_loss")
+LIVE_FIGURES = ("acc_macro", "acc_micro", "val_acc_macro", "ari", "n_clusters", "train_loss")
+
+
+def live_root(results_dir: str | Path) -> Path:
+    """Where every run of a results folder writes its curves: TensorBoard's --logdir."""
+    return Path(results_dir) / "live"
 
 
 def live_dir(results_dir: str | Path, scenario: str, method: str, seed: int) -> Path:
-    return Path(results_dir) / "live" / scenario / method / f"seed{seed}"
+    return live_root(results_dir) / scenario / method / f"seed{seed}"
 
 
 class LiveCurves:

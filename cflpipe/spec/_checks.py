@@ -5,6 +5,7 @@ and `spec_warnings`, what a valid spec asks for that makes a result meaningless.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 from pydantic import ValidationError
@@ -34,11 +35,24 @@ def parse_spec(data: Any, *, check_methods: bool = True, check_datasets: bool = 
                   if line not in lines]
         raise SpecError("\n".join(_sweep_paths(lines, origins))) from None
     spec._sweeps = origins
-    problems = _cross_checks(spec, data, check_methods, check_datasets)
+    problems = _trials_only(data) + _cross_checks(spec, data, check_methods, check_datasets)
     if problems:
         # A bad scenario override would otherwise be reported once per method.
         raise SpecError("\n".join(_sweep_paths(problems, origins)))
     return spec
+
+
+def _trials_only(data: dict) -> list[str]:
+    """`training.eval_test: false` is what tuning gives its trials; a spec's own runs are
+    aggregated and reported, which needs their test figures."""
+    layers = [("training", data.get("training"))]
+    layers += [(f"scenarios.{name}.training", sc.get("training")) for name, sc in data["scenarios"].items()
+               if isinstance(sc, dict)]
+    layers += [(f"methods.{name}.training", entry.get("training")) for name, entry in data["methods"].items()
+               if isinstance(entry, dict)]
+    return [f"{where}.eval_test: false is set by tuning for its trials (they read no test data); a spec's own "
+            f"runs are reported on their test splits, so leave it out" for where, layer in layers
+            if isinstance(layer, dict) and layer.get("eval_test") is False]
 
 
 def _checks_of_the_rest(data: dict, exc: ValidationError, origins: dict, check_methods: bool,
@@ -59,11 +73,12 @@ def _checks_of_the_rest(data: dict, exc: ValidationError, origins: dict, check_m
             return []
     for key, names in dropped.items():
         repaired[key] = {name: value for name, value in repaired.get(key, {}).items() if name not in names}
-    methods = {}
+    methods, places = {}, {}  # places: a pruned scenario list's positions in the file's list
     for name, entry in repaired["methods"].items():
         listed = entry.get("scenarios") if isinstance(entry, dict) else None
         if isinstance(listed, list) and dropped["scenarios"]:
-            entry = {**entry, "scenarios": [s for s in listed if s not in dropped["scenarios"]]}
+            places[name] = [i for i, s in enumerate(listed) if s not in dropped["scenarios"]]
+            entry = {**entry, "scenarios": [listed[i] for i in places[name]]}
             if not entry["scenarios"]:
                 continue
         methods[name] = entry
@@ -75,10 +90,19 @@ def _checks_of_the_rest(data: dict, exc: ValidationError, origins: dict, check_m
     except ValidationError:
         return []
     spec._sweeps = origins
-    return _cross_checks(spec, repaired, check_methods, check_datasets)
+    # Without a method left out, a scenario's hyperparams that only it took would look unused.
+    lines = _cross_checks(spec, repaired, check_methods, check_datasets,
+                          scenario_hyperparams=len(methods) == len(data["methods"]))
+
+    def placed(match: re.Match) -> str:
+        method, index = match.group(1), int(match.group(2))
+        return f"methods.{method}.scenarios[{places[method][index] if method in places else index}]"
+
+    return [re.sub(r"^methods\.([^.\[]+)\.scenarios\[(\d+)\]", placed, line) for line in lines]
 
 
-def _cross_checks(spec: Spec, data: dict, check_methods: bool, check_datasets: bool) -> list[str]:
+def _cross_checks(spec: Spec, data: dict, check_methods: bool, check_datasets: bool,
+                  scenario_hyperparams: bool = True) -> list[str]:
     """The checks across a valid spec's parts, one line per problem."""
     problems: list[str] = _check_labels(spec)
     for name, scenario in spec.scenarios.items():
@@ -97,7 +121,7 @@ def _cross_checks(spec: Spec, data: dict, check_methods: bool, check_datasets: b
         if check_methods:
             problems += _check_method(spec, method)
     if check_methods:
-        problems += _check_scenario_hyperparams(spec)
+        problems += _check_scenario_hyperparams(spec) if scenario_hyperparams else []
         problems += _check_models(spec)
         # The tuning section's own rules always; its trials, run by run, once the methods they
         # copy are valid (a method's problem would come back once per trial).
@@ -471,7 +495,10 @@ def _check_tuning(spec: Spec, data: dict, trials: bool = True) -> list[str]:
     problems = []
     for method in spec.tuned_methods():
         own = tuning.space.get(method, {})
-        fields = set(method_info(spec.method_type(method)).params.model_fields)
+        try:  # an unknown type or a plugin that fails to load is _check_method's to report
+            fields = set(method_info(spec.method_type(method)).params.model_fields)
+        except (KeyError, SpecError):
+            continue
         for key in tuning.keys_of(method):
             where = f"tuning.space.{method if key in own else ALL_METHODS}.{key}"
             if key in TRAINING_KEYS and key not in TUNABLE_TRAINING:

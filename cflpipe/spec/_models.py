@@ -75,9 +75,9 @@ class Training(Strict):
                             "auto every client's where an evaluation then costs no more than a training round, "
                             "else a seeded sample of clients that keeps it within one")
     eval_test: bool = Field(
-        True, description="evaluate on the clients' test splits (false: the validation split, and the training "
-                          "split as eval_train says, alone: tuning's trials, whose records may hold no test "
-                          "figure; needs the scenario's validation_fraction)")
+        True, description="evaluate on the clients' test splits; false (the validation split, and the training "
+                          "split as eval_train says, alone) is what tuning gives its trials, whose files hold no "
+                          "test figure: a spec's own runs keep it true")
     full_eval_every: int | None = Field(
         None, ge=1, description="with eval_clients: evaluate every client every N rounds (and in the last "
                                 "round, always); null: only in the last round")
