@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from cflpipe.fl.data import FederatedData
+from cflpipe.fl.newcomers import with_their_group
 
 def evaluated_rounds(data: FederatedData) -> set[int]:
     """The 1-based rounds a drift scenario evaluates in full: the last before each move, and its
@@ -29,25 +30,6 @@ def evaluated_rounds(data: FederatedData) -> set[int]:
 def movers(data: FederatedData) -> np.ndarray:
     """Every client that moves at some point (sorted)."""
     return np.unique([move.client for move in data.moves]).astype(np.int64)
-
-
-def _placed_with_group(assignment: np.ndarray | None, data: FederatedData, moved: np.ndarray,
-                       anchors: np.ndarray) -> np.ndarray:
-    """1.0 where a moved client is in the cluster holding most of the never-moved clients of its
-    current group, 0.0 where not, NaN where that cannot be said (no clusters, one cluster for all,
-    no never-moved clustered client of its group, the client in none)."""
-    out = np.full(len(moved), np.nan)
-    if assignment is None:
-        return out
-    held = np.asarray(assignment, dtype=np.int64)
-    if len(np.unique(held[held >= 0])) < 2:  # one cluster for all: being in it says nothing
-        return out
-    for i, client in enumerate(moved):
-        members = held[anchors[(data.groups[anchors] == data.groups[client]) & (held[anchors] >= 0)]]
-        if len(members) and held[client] >= 0:
-            values, counts = np.unique(members, return_counts=True)
-            out[i] = float(held[client] == values[np.argmax(counts)])
-    return out
 
 
 def report(assignment: np.ndarray | None, data: FederatedData, metrics: dict[str, np.ndarray],
@@ -61,7 +43,12 @@ def report(assignment: np.ndarray | None, data: FederatedData, metrics: dict[str
     acc[metrics["client"][test]] = metrics["acc"][test]
     applied = np.unique([move.client for move in data.moves[:data.moved]]).astype(np.int64)
     others = np.setdiff1d(np.arange(data.num_clients), every)
-    joined = _placed_with_group(assignment, data, applied, others)
+    if assignment is None:  # no clusters: nothing to say
+        joined = np.full(len(applied), np.nan)
+    else:  # each moved client against the clients that never move (a mover's group matches none)
+        held, anchors = np.asarray(assignment, dtype=np.int64), data.groups.copy()
+        anchors[every] = -2
+        joined = with_their_group(held, anchors, held[applied], data.groups[applied])
     figures = {"moved_acc_macro": _mean(acc[every]), "unmoved_acc_macro": _mean(acc[others]),
                "drift_joined": _mean(joined)}
     placed = np.full(len(every), np.nan)

@@ -42,8 +42,6 @@ PLOT_COLUMNS = ("round", "acc_macro", "acc_micro", "global_acc_mean", "loss", "t
                 "n_clusters", "intra_acc", "inter_acc", "val_acc_macro")
 
 STANDARD_TABLES = ("metrics", "clusters", "rounds", "timing")
-# The figure every evaluation of the test split writes: the rows of rounds.parquet that were evaluated.
-EVALUATED = "acc_macro"
 # Whether this process has trained a round yet: its first pays one-time costs (allocations, first
 # kernels, lazy imports), which made a job's first run (FedAvg in most specs) look slowest.
 _process_warm = False
@@ -563,7 +561,7 @@ class Run:
             elif rounds[column].map(lambda v: v is None or isinstance(v, (int, float))).all():
                 rounds[column] = rounds[column].astype("float64")
         timing = pd.DataFrame(dict(self.tables["timing"]))
-        evals = rounds.dropna(subset=[EVALUATED if self.training.eval_test else "val_acc_macro"])
+        evals = rounds.dropna(subset=["acc_macro" if self.training.eval_test else "val_acc_macro"])
         final = {k: _plain(evals[k].iloc[-1]) for k in evals.columns} if len(evals) else {}
         summary = {
             "scenario": self.scenario, "method": self.method_name, "method_type": self.config["method_type"],

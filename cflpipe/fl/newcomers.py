@@ -56,16 +56,26 @@ def joined(method: Method, clusters: np.ndarray, groups: np.ndarray) -> float:
     held, theirs = method.assignment(), method.ctx.data.groups
     if held is None or not method.ctx.data.has_groups or not len(groups) or (groups < 0).any():
         return float("nan")
-    held = np.asarray(held)
-    if len(np.unique(held[held >= 0])) < 2:  # one cluster for all: joining it says nothing
-        return float("nan")
-    hits = []
-    for cluster, group in zip(clusters, groups):
-        members = held[(theirs == group) & (held >= 0)]  # -1: in no cluster
+    hits = with_their_group(np.asarray(held), theirs, np.asarray(clusters), np.asarray(groups))
+    return float(np.mean(hits[np.isfinite(hits)])) if np.isfinite(hits).any() else float("nan")
+
+
+def with_their_group(held: np.ndarray, held_groups: np.ndarray, clusters: np.ndarray,
+                     groups: np.ndarray) -> np.ndarray:
+    """For each (cluster, true group) pair: 1.0 where the cluster is the one holding most of the
+    clients of `held` (their clusters; −1: in none) whose true group (`held_groups`) it is, 0.0
+    where another holds more, NaN where that cannot be said (the cluster −1, no clustered client
+    of the group, or one cluster for all: being in it says nothing). New clients against the
+    participants (`joined`), moved clients against those that never move (fl/drift.py)."""
+    out = np.full(len(clusters), np.nan)
+    if len(np.unique(held[held >= 0])) < 2:
+        return out
+    for i, (cluster, group) in enumerate(zip(clusters, groups)):
+        members = held[(held_groups == group) & (held >= 0)]
         if len(members) and cluster >= 0:
             values, counts = np.unique(members, return_counts=True)
-            hits.append(cluster == values[np.argmax(counts)])
-    return float(np.mean(hits)) if hits else float("nan")
+            out[i] = float(cluster == values[np.argmax(counts)])
+    return out
 
 
 class _Served:

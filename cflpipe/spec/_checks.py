@@ -312,10 +312,6 @@ def _check_training(spec: Spec, data: dict, scenario: str, method: str | None) -
         return [f"{where}.full_eval_every: needs eval_clients (without a sample every evaluation is full), "
                 f"got {training.full_eval_every}"]
     sc = spec.scenarios[scenario]
-    if not training.eval_test and sc.validation_fraction == 0:
-        where = next((w for w, layer in reversed(layers) if "eval_test" in layer), "training")
-        return [f"{where}.eval_test: false evaluates the validation split alone, and scenario {scenario} has none "
-                f"(validation_fraction 0); give it a validation_fraction or leave eval_test true"]
     if sc.participants < 1:
         return [f"scenarios.{scenario}.new_clients: {sc.new_clients} of {sc.clients} clients holds out "
                 f"{sc.new_client_count()}, leaving none to train; allowed: a share that leaves at least one"]
