@@ -542,14 +542,16 @@ def bench_yardstick(rounds: int = 10, device: str = "cpu", trainers=("sequential
     return rows
 
 
-def run_bench(workloads: list[str] | None = None, rounds: int = 10, output: str | None = None,
+def run_bench(workloads: list[str] | None = None, rounds: int | None = None, output: str | None = None,
               repeats: int = 3, parts: list[str] | None = None, device: str = "cpu",
               trainers: list[str] | None = None, users: int = YARDSTICK["users"],
               data_dir: str = "resources/datasets", precisions: list[str] | None = None,
-              compiled: bool = False) -> dict:
+              compiled: bool = False, populations: list[int] | None = None, methods: list[str] | None = None,
+              plot_to: str | None = None, limit_s: float = 600, limit_mib: float = 8192) -> dict:
     # The yardstick trains minutes per run on a CPU: it runs only when asked for.
     parts = parts or ["overhead", "trainers", "steps", "eval", "apply"]
     figures: dict = {"torch_threads": torch.get_num_threads(), "torch": torch.__version__}
+    scale_rounds, rounds = rounds or 4, rounds or 10
     if torch.device(device).type == "cuda":
         figures["gpu"] = torch.cuda.get_device_name()
     if "overhead" in parts:
@@ -563,6 +565,10 @@ def run_bench(workloads: list[str] | None = None, rounds: int = 10, output: str 
     if "apply" in parts:
         figures["apply"] = bench_apply(repeats=repeats, device=device)
     if "scale" in parts:
+        from cflpipe.bench_scale import POPULATIONS, bench_methods_at_scale
+
+        figures["scale_methods"] = bench_methods_at_scale(populations or POPULATIONS, methods, scale_rounds, device,
+                                                          plot_to=plot_to, limit_s=limit_s, limit_mib=limit_mib)
         figures["scale"] = bench_scale(repeats=repeats, device=device)
     if "yardstick" in parts:
         figures["yardstick"] = bench_yardstick(rounds, device, trainers or ["sequential", "batched"], users, data_dir,

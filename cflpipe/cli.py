@@ -148,7 +148,8 @@ def cmd_bench(args) -> int:
         torch.set_num_threads(max(1, args.threads))
     run_bench(workloads=args.workload, rounds=args.rounds, output=args.output, repeats=args.repeats,
               parts=args.part, device=args.device, trainers=args.trainer, users=args.users, data_dir=args.data_dir,
-              precisions=args.precision, compiled=args.compile)
+              precisions=args.precision, compiled=args.compile, populations=args.clients, methods=args.method,
+              plot_to=args.plot, limit_s=args.limit_s, limit_mib=args.limit_mib)
     return 0
 
 
@@ -205,6 +206,15 @@ def build_parser() -> argparse.ArgumentParser:
              "  cflpipe download mnist\n"
              "  cflpipe download cifar10 --list           # URLs, target paths and checksums, to fetch by hand\n")
     p.add_argument("name", metavar="NAME", help="dataset name, e.g. mnist, fmnist, emnist, cifar10, svhn")
+    p.add_argument("--clients", type=positive("--clients"), nargs="+", default=[100, 1000, 10000], metavar="N",
+                   help="scale: populations (default 100 1000 10000)")
+    p.add_argument("--method", action="append", default=None, metavar="NAME",
+                   help="scale: only these methods (repeatable; default FedAvg and every clustered method)")
+    p.add_argument("--plot", default=None, metavar="FILE.png", help="scale: also draw the log-log plot")
+    p.add_argument("--limit-s", type=positive("--limit-s"), default=600, metavar="S",
+                   help="scale: stop a configuration after S seconds (default 600)")
+    p.add_argument("--limit-mib", type=positive("--limit-mib"), default=8192, metavar="MIB",
+                   help="scale: stop a configuration past MIB of RSS (default 8192)")
     p.add_argument("--data-dir", default="resources/datasets", metavar="DIR",
                    help="folder holding one subfolder per dataset (default: resources/datasets; a spec's "
                         "data_dir)")
@@ -330,8 +340,8 @@ def build_parser() -> argparse.ArgumentParser:
              "  cflpipe bench --part overhead --workload digits --rounds 5 --output bench.json\n")
     p.add_argument("--workload", action="append", choices=["digits", "synthetic"], default=None,
                    help="workload of the overhead part (repeatable; default both)")
-    p.add_argument("--rounds", type=positive("--rounds"), default=10, metavar="N",
-                   help="rounds per measured run (default 10)")
+    p.add_argument("--rounds", type=positive("--rounds"), default=None, metavar="N",
+                   help="rounds per measured run (default 10; scale: 4)")
     p.add_argument("--repeats", type=positive("--repeats"), default=3, metavar="N",
                    help="alternating repeats; the fastest counts (default 3)")
     p.add_argument("--threads", type=int, default=None, metavar="N", help="CPU threads for torch (default: torch's)")
@@ -341,8 +351,9 @@ def build_parser() -> argparse.ArgumentParser:
                    default=None,
                    help="what to measure (repeatable; default all but scale and yardstick): engine overhead, "
                         "batched vs sequential trainer, the same where clients' step counts differ (steps), evaluation chunking, models applied one by one vs batched "
-                        "in evaluation, one evaluation at 1,000 and 10,000 clients full vs a sample of 100 "
-                        "(scale), pfl-research's CIFAR-10 benchmark shape (yardstick; --rounds rounds)")
+                        "in evaluation, FedAvg and every clustered method at --clients populations (training, "
+                        "server and final evaluation seconds a round, peak RSS, growth exponents) and one "
+                        "evaluation at 1,000 and 10,000 clients full vs a sample of 100 (scale), pfl-research's CIFAR-10 benchmark shape (yardstick; --rounds rounds)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="device of the trainers, steps, apply, scale and yardstick parts (default cpu)")
     p.add_argument("--trainer", action="append", choices=["sequential", "batched"], default=None,
@@ -353,6 +364,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="yardstick: the batched trainer's step compiled (training.compile)")
     p.add_argument("--users", type=positive("--users"), default=1000, metavar="N",
                    help="yardstick: users of 50 images (default 1000, pfl-research's; 50 sampled per round)")
+    p.add_argument("--clients", type=positive("--clients"), nargs="+", default=[100, 1000, 10000], metavar="N",
+                   help="scale: populations (default 100 1000 10000)")
+    p.add_argument("--method", action="append", default=None, metavar="NAME",
+                   help="scale: only these methods (repeatable; default FedAvg and every clustered method)")
+    p.add_argument("--plot", default=None, metavar="FILE.png", help="scale: also draw the log-log plot")
+    p.add_argument("--limit-s", type=positive("--limit-s"), default=600, metavar="S",
+                   help="scale: stop a configuration after S seconds (default 600)")
+    p.add_argument("--limit-mib", type=positive("--limit-mib"), default=8192, metavar="MIB",
+                   help="scale: stop a configuration past MIB of RSS (default 8192)")
     p.add_argument("--data-dir", default="resources/datasets", metavar="DIR",
                    help="yardstick: where CIFAR-10 is if downloaded (else CIFAR-shaped random images)")
     p.set_defaults(func=cmd_bench)

@@ -1,0 +1,221 @@
+"""Every clustered method at cross-device populations (`cflpipe bench --part scale`, #59).
+
+FedAvg (the reference) and every registered clustered method that is not told the groups (variants
+aside) run a few rounds on LEAF Synthetic with one client per device at each population; each
+configuration runs in a fresh process (its own peak RSS), watched: one that passes the time or
+memory limit is stopped and its row says so. A round's seconds are split into training (the
+sampled clients' local work, and whatever else a method asks of clients), server (aggregation and
+clustering) and evaluation (the run's default final evaluation, the last round's); then each
+part's growth exponent, the log-log slope from the smallest to the largest population.
+
+The workload is what a new user runs: the spec's default local training (5 steps of batch 32),
+100 clients sampled a round (all of them below 100), the paper MLP, the conformance suite's
+hyper-parameters (each method clusters within the first rounds) and K = 4, 4 rounds: the
+first pays the process's start-up and the last holds the evaluation, so training and server are
+the means of the two between (and the server's heaviest round of the first three is kept too, for
+methods that cluster once).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+POPULATIONS = (100, 1000, 10000)
+SAMPLED = 100
+PARTS = ("train_s", "server_s", "eval_s", "peak_rss_mib")
+
+_CHILD = """
+import json, resource, sys, tempfile, time
+import numpy as np, pandas as pd, torch
+torch.set_num_threads(1)
+from cflpipe.fl.engine import train_run
+from cflpipe.spec import parse_spec
+case = json.loads(sys.argv[1])
+with tempfile.TemporaryDirectory() as tmp:
+    spec = parse_spec({
+        "seeds": [0],
+        "training": {"model": "mlp", "rounds": case["rounds"], "clients_per_round": case["sampled"],
+                     "eval_every": case["rounds"], "device": case["device"],
+                     "trainer": "sequential" if case["device"] == "cpu" else "auto", **case["training"]},
+        "scenarios": {"scale": {"dataset": {"name": "synthetic", "devices": case["clients"], "max_samples": 100},
+                                "clients": case["clients"], "partition": [{"kind": "natural"}]}},
+        "methods": {case["method"]: case["params"]},
+        "results_dir": tmp, "data_dir": tmp,
+    })
+    start = time.perf_counter()
+    train_run(spec, "scale", case["method"], 0, force=True, progress=False)
+    wall = time.perf_counter() - start
+    whole = pd.read_parquet(spec.run_dir("scale", case["method"], 0) / "timing.parquet")
+    rounds = whole.iloc[:-1]  # the last round holds the (only) evaluation
+    steady = rounds[~rounds["warmup"].astype(bool)]  # the process's first round pays its start-up
+    print(json.dumps({
+        "train_s": float(steady["train_seconds"].mean()),
+        "server_s": float(steady["server_seconds"].mean()),
+        "server_max_s": float(rounds["server_seconds"].max()),
+        "eval_s": float(whole["eval_seconds"].iloc[-1]),
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "wall_s": wall,
+    }))
+"""
+
+
+def methods_measured() -> list[tuple[str, dict]]:
+    """FedAvg and every registered clustered method not told the groups (no variant), with the
+    conformance suite's hyper-parameters and K = 4; those needing public data left out (LEAF
+    Synthetic has none)."""
+    from cflpipe.registry import all_methods
+    from cflpipe.testing import hyperparams
+
+    chosen = [("fedavg", {})]
+    for name, info in all_methods().items():
+        caps = info.capabilities
+        if ":" in name or info.base is not None or not caps.clustered or caps.needs_groups or caps.needs_public:
+            continue
+        params = dict(hyperparams(name))
+        if caps.k_param:
+            params[caps.k_param] = 4
+        chosen.append((name, params))
+    return chosen
+
+
+def _rss_mib(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            line = next(line for line in status if line.startswith("VmRSS:"))
+        return int(line.split()[1]) / 1024
+    except (OSError, StopIteration):
+        return 0.0
+
+
+def measure(method: str, params: dict, clients: int, rounds: int = 4, sampled: int = SAMPLED,
+            training: dict | None = None, device: str = "cpu", limit_s: float = 600.0,
+            limit_mib: float = 8192.0) -> dict:
+    """One configuration in a fresh process. Past `limit_s` seconds or `limit_mib` MiB of RSS it
+    is stopped: the row's `stopped` says which, with the RSS and seconds reached."""
+    case = {"method": method, "params": params, "clients": clients, "rounds": rounds,
+            "sampled": min(sampled, clients), "device": device,
+            "training": training or {}}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]),
+                                                        os.environ.get("PYTHONPATH", "")])}
+    child = subprocess.Popen([sys.executable, "-c", _CHILD, json.dumps(case)], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=env)
+    start, peak, stopped = time.perf_counter(), 0.0, None
+    while child.poll() is None:
+        peak = max(peak, _rss_mib(child.pid))
+        if peak > limit_mib:
+            stopped = f"RSS over {limit_mib:.0f} MiB"
+        elif time.perf_counter() - start > limit_s:
+            stopped = f"over {limit_s:.0f} s"
+        if stopped:
+            child.kill()
+            child.communicate()
+            break
+        time.sleep(0.1)
+    row = {"method": method, "clients": clients, "sampled": case["sampled"], "rounds": rounds}
+    if stopped:
+        return {**row, "stopped": stopped, "peak_rss_mib": peak, "wall_s": time.perf_counter() - start}
+    out, err = child.communicate()
+    if child.returncode:
+        return {**row, "stopped": "failed: " + (err.strip().splitlines() or ["?"])[-1][:300],
+                "wall_s": time.perf_counter() - start}
+    return {**row, **json.loads(out.splitlines()[-1])}
+
+
+def exponents(rows: list[dict]) -> dict[str, dict[str, float]]:
+    """Per method, each part's log-log slope from its smallest to its largest measured population."""
+    slopes = {}
+    for method in dict.fromkeys(r["method"] for r in rows):
+        mine = sorted((r for r in rows if r["method"] == method and "stopped" not in r), key=lambda r: r["clients"])
+        if len(mine) < 2:
+            continue
+        a, b = mine[0], mine[-1]
+        span = math.log(b["clients"] / a["clients"])
+        slopes[method] = {part: math.log(max(b[part], 1e-4) / max(a[part], 1e-4)) / span for part in PARTS}
+    return slopes
+
+
+def table(rows: list[dict]) -> str:
+    """The rows as a markdown table: per method, each population's parts and the exponents."""
+    slopes = exponents(rows)
+    populations = sorted({r["clients"] for r in rows})
+    head = " / ".join(f"{p:,}" for p in populations)
+    lines = [f"| method | training s a round ({head} clients) | server s a round | server / training at "
+             f"{populations[-1]:,} | final evaluation s | peak RSS MiB | exponents: training / server / "
+             "evaluation / RSS |", "|---|---|---|---|---|---|---|"]
+    for method in dict.fromkeys(r["method"] for r in rows):
+        mine = {r["clients"]: r for r in rows if r["method"] == method}
+
+        def cell(part, digits):
+            return " / ".join(("–" if p not in mine else
+                               (mine[p]["stopped"] if "stopped" in mine[p] and part != "peak_rss_mib" else
+                                (f"≥{mine[p][part]:,.0f}" if "stopped" in mine[p] else f"{mine[p][part]:,.{digits}f}")))
+                              for p in populations)
+        last = mine.get(populations[-1], {})
+        ratio = f"{last['server_s'] / last['train_s']:.2f}" if "server_s" in last else "–"
+        slope = slopes.get(method)
+        lines.append(f"| {method} | {cell('train_s', 3)} | {cell('server_s', 3)} | {ratio} | {cell('eval_s', 2)} | "
+                     f"{cell('peak_rss_mib', 0)} | "
+                     + (" / ".join(f"{slope[p]:.2f}" for p in PARTS) if slope else "–") + " |")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: str) -> None:
+    """Log-log plot of each part against the population, one line per method."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    titles = {"train_s": "training s a round", "server_s": "server s a round",
+              "eval_s": "final evaluation s", "peak_rss_mib": "peak RSS MiB"}
+    figure, axes = plt.subplots(1, 4, figsize=(18, 5.5))
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    colours = plt.get_cmap("tab20")
+    for index, method in enumerate(methods):
+        mine = sorted((r for r in rows if r["method"] == method and "stopped" not in r), key=lambda r: r["clients"])
+        style = "-" if index < 20 else "--"
+        for axis, part in zip(axes, PARTS):
+            axis.plot([r["clients"] for r in mine], [max(r[part], 1e-4) for r in mine], style, marker="o",
+                      color=colours(index % 20), label=method)
+    for axis, part in zip(axes, PARTS):
+        axis.set_xscale("log")
+        axis.set_yscale("log")
+        axis.set_xlabel("clients")
+        axis.set_title(titles[part])
+        axis.grid(True, which="both", alpha=0.3)
+    axes[-1].legend(fontsize=7, ncol=2, loc="upper left")
+    figure.tight_layout()
+    figure.savefig(path, dpi=90)
+    plt.close(figure)
+
+
+def bench_methods_at_scale(populations=POPULATIONS, methods: list[str] | None = None, rounds: int = 4,
+                           device: str = "cpu", output: str | None = None, plot_to: str | None = None,
+                           limit_s: float = 600.0, limit_mib: float = 8192.0) -> list[dict]:
+    rows = []
+    for method, params in methods_measured():
+        if methods and method not in methods:
+            continue
+        for clients in sorted(populations):
+            row = measure(method, params, clients, rounds, device=device, limit_s=limit_s, limit_mib=limit_mib)
+            rows.append(row)
+            if "stopped" in row:
+                print(f"scale     {method:10s} clients={clients:6d}  stopped: {row['stopped']} "
+                      f"(peak RSS {row.get('peak_rss_mib', 0):.0f} MiB, {row['wall_s']:.0f} s)", flush=True)
+            else:
+                print(f"scale     {method:10s} clients={clients:6d}  training {row['train_s']:7.3f} s  server "
+                      f"{row['server_s']:7.3f} s (heaviest round {row['server_max_s']:7.3f})  evaluation "
+                      f"{row['eval_s']:7.2f} s  peak RSS {row['peak_rss_mib']:6.0f} MiB", flush=True)
+            if output:
+                with open(output, "a") as out:
+                    out.write(json.dumps(row) + "\n")
+    print(table(rows), flush=True)
+    if plot_to:
+        plot(rows, plot_to)
+    return rows
