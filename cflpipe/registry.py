@@ -46,6 +46,11 @@ class Capabilities:
     needs_public:   it uses the scenario's server-held unlabeled data (`public:`, FedTSDP)
     soft:           its clients belong to every cluster in shares (FedSoft): clusters.parquet and
                     ARI/NMI use each client's largest share, its `mixture.parquet` the shares
+    pairs:          what it holds of every pair of clients, where its paper needs all pairs (a
+                    matrix of similarities or distances); "" where its memory grows with the
+                    round's clients or with N, never N²
+    pair_bytes:     about how many bytes a pair of clients costs at its peak (N² · pair_bytes:
+                    `validate` warns where that passes the machine's memory)
     """
 
     needs_groups: bool = False
@@ -55,6 +60,8 @@ class Capabilities:
     batchable: bool = True
     needs_public: bool = False
     soft: bool = False
+    pairs: str = ""
+    pair_bytes: int = 0
 
     def summary(self) -> str:
         flags = [name for name in ("needs_groups", "needs_public", "clustered", "personalized")

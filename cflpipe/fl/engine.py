@@ -60,7 +60,7 @@ MAX_SKIPPED_SHARE = 0.5
 # A round's mean training loss this many times the first round's prints a warning.
 EXPLODING_FACTOR = 10.0
 ROUNDS_INTEGERS = ("round", "sampled", "skipped", "bytes_down", "bytes_up", "n_clusters", "singleton_clients",
-                   "models", "global_models", "evaluated_clients", "train_evaluated_clients")
+                   "models", "global_models", "global_rows", "evaluated_clients", "train_evaluated_clients")
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from cflpipe.clustering import hierarchical_clusters
+from cflpipe.clustering import hierarchical_clusters, tools
 from cflpipe.fl.method import ROUND, Context, Payload, Placement, Update
 from cflpipe.methods.clustered import ClusterModels
 from cflpipe.fl.params import cluster_average
@@ -84,13 +84,24 @@ class FLHC(ClusterModels):
         if not models:
             return
         clients = np.array(sorted(models), dtype=np.int64)
-        vectors = torch.stack([models[int(c)] for c in clients])
+        # Each answer moves into the one matrix as it is read, so the round never holds two copies.
+        vectors = torch.empty(len(clients), self.centers.shape[1], dtype=self.centers.dtype, device=self.centers.device)
+        for row, c in enumerate(clients):
+            vectors[row] = models.pop(int(c))
         sizes = self.ctx.train_sizes()
         weights = torch.as_tensor(sizes[clients], dtype=vectors.dtype, device=vectors.device)
-        updates = vectors - self.centers[0]
-        self._mean_update_norm = float(updates.norm(dim=1).mean())
+        if self.hp.metric == "euclidean" and vectors.numel() * 8 > tools.LEAN_PAIRWISE_BYTES:
+            # At this size hierarchical_clusters works from the rows' mean, where the updates and the
+            # models are the same points: no third (clients × parameters) matrix for the updates.
+            self._mean_update_norm = float(torch.cat([(part - self.centers[0]).norm(dim=1)
+                                                      for part in vectors.split(4096)]).mean())
+            updates = vectors
+        else:
+            updates = vectors - self.centers[0]
+            self._mean_update_norm = float(updates.norm(dim=1).mean())
         labels = hierarchical_clusters(updates, linkage=self.hp.linkage, metric=self.hp.metric,
                                        **self.hp.cut(self._mean_update_norm))
+        del updates
         k = int(labels.max()) + 1
         means, _ = cluster_average(vectors, torch.from_numpy(labels), weights, k)
         assignment = np.full(self.ctx.num_clients, -1, dtype=np.int64)

@@ -18,4 +18,4 @@ class ICFLParams(HyperParams):
 
 
 declare("icfl", ICFLParams, "cflpipe.methods.icfl:ICFL",
-        Capabilities(clustered=True), family="clustered")
+        Capabilities(clustered=True, pairs="the cosine similarity of every pair of clients in a cluster it tests for a split (all of them at first)", pair_bytes=16), family="clustered")

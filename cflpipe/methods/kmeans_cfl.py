@@ -67,4 +67,6 @@ class KMeansCFL(ClusterModels):
         self.clusters[known] = labels
         unseen = np.nonzero(~self.seen)[0]
         if len(unseen):  # not trained yet: the cluster whose model is nearest to theirs
-            self.clusters[unseen] = nearest_center(self.latest[unseen], self.centers)
+            # Their rows all still hold the initial model (a diverged training writes no row):
+            # one row answers for all of them, where a copy of every unseen row was N × d (#59).
+            self.clusters[unseen] = nearest_center(self.ctx.init[None], self.centers)[0]

@@ -45,7 +45,7 @@ METHOD_CURVES: dict[str, tuple[str, str, dict | None]] = {
 # method's own figures (FCCA's flow NLL is negative) are left unclipped.
 _FRACTIONS = ("acc", "f1", "nmi", "ami", "intra_acc", "inter_acc", "global_acc", "best_acc", "best_test_acc",
               "best_val_acc", "val_acc")
-_NON_NEGATIVE = ("n_clusters", "loss", "train_loss", "bytes", "models", "global_models", "sampled", "skipped")
+_NON_NEGATIVE = ("n_clusters", "loss", "train_loss", "bytes", "models", "global_models", "global_rows", "sampled", "skipped")
 
 
 def figure_range(figure: str) -> tuple[float, float]:

@@ -432,6 +432,12 @@ def spec_warnings(spec: Spec) -> list[str]:
             training = spec.resolved_training(scenario, method)
             for found in info.premise_warnings(hp, training, spec.scenarios[scenario]):
                 premises.setdefault(found, []).append(scenario)
+            caps, clients = info.capabilities, spec.scenarios[scenario].participants
+            if caps.pair_bytes and clients ** 2 * caps.pair_bytes > machine_memory():
+                lines.append(f"methods.{method}: on scenario {scenario} holds {caps.pairs}: about "
+                             f"{clients ** 2 * caps.pair_bytes / 2 ** 30:,.1f} GiB for its {clients:,} clients, more "
+                             f"than this machine's {machine_memory() / 2 ** 30:,.1f} GiB of memory; its paper needs "
+                             f"all pairs: fewer clients, or a machine with more memory")
             start = info.clustering_starts(hp)
             rounds = training.rounds
             if start is not None and start[1] >= rounds:
@@ -445,6 +451,13 @@ def spec_warnings(spec: Spec) -> list[str]:
             lines.append(f"methods.{method}{'.' + key if key else ''}: {text} (scenario{'s' * (len(scenarios) > 1)} "
                          f"{where})")
     return lines
+
+
+def machine_memory() -> int:
+    """Bytes of physical memory of this machine (what a run's N² matrices are weighed against)."""
+    import os
+
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def _check_scenario_hyperparams(spec: Spec) -> list[str]:
