@@ -125,7 +125,6 @@ def cut_dendrogram(d: np.ndarray, linkage: str, *, n_clusters: int | None = None
     """Agglomerative clustering (scipy's `linkage` method) of a square distance matrix,
     symmetrized and clipped at 0, cut into `n_clusters` or where the merge height exceeds
     `distance_threshold` (exactly one); labels in order of first appearance."""
-    from scipy.cluster import hierarchy
     from scipy.spatial.distance import squareform
 
     n = len(d)
