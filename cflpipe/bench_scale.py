@@ -42,7 +42,7 @@ with tempfile.TemporaryDirectory() as tmp:
         "seeds": [0],
         "training": {"model": "mlp", "rounds": case["rounds"], "clients_per_round": case["sampled"],
                      "eval_every": case["rounds"], "device": case["device"],
-                     "trainer": "sequential" if case["device"] == "cpu" else "auto", **case["training"]},
+                     **case["training"]},
         "scenarios": {"scale": {"dataset": {"name": "synthetic", "devices": case["clients"], "max_samples": 100},
                                 "clients": case["clients"], "partition": [{"kind": "natural"}]}},
         "methods": {case["method"]: case["params"]},

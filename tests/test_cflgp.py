@@ -84,3 +84,22 @@ def test_a_client_first_heard_from_late_gets_its_whole_update_as_profile(tmp_pat
     method.ctx.round = 3  # β = 1/2 with K = 2, period 1
     method.cluster_aggregate(_updates(method, {5: torch.ones(p)}))
     assert torch.allclose(method.profile[5], torch.ones(p))
+
+
+def test_a_profile_share_keeps_the_same_seeded_coordinates_and_still_separates_the_directions(tmp_path):
+    method = _run(tmp_path / "a", profile_share=0.05).method
+    p = method.centers.shape[1]
+    kept = method.coordinates
+    assert method.profile.shape == (8, max(1, int(p * 0.05))) and len(kept) == method.profile.shape[1]
+    assert torch.equal(kept, kept.sort().values) and len(torch.unique(kept)) == len(kept)
+    assert torch.equal(_run(tmp_path / "b", profile_share=0.05).method.coordinates, kept)  # the run's seed alone
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(p, generator=g), torch.randn(p, generator=g)
+    truth = np.array([0, 1, 0, 1, 1, 0, 1, 0])
+    noise = 0.05 * torch.randn(8, p, generator=g)
+    directions = {c: (a if truth[c] == 0 else b) + noise[c] for c in range(8)}
+    method.ctx.round = 0
+    method.cluster_aggregate(_updates(method, directions))
+    assert adjusted_rand_score(truth, method.clusters) == 1.0
+    torch.testing.assert_close(method.profile[3], directions[3][kept])
+    assert _run(tmp_path / "c").method.coordinates is None  # the default keeps every coordinate

@@ -293,8 +293,19 @@ class PCAProjection:
     components: torch.Tensor
 
     def transform(self, x: torch.Tensor | np.ndarray) -> torch.Tensor:
-        x = as_matrix(x).to(dtype=self.components.dtype, device=self.components.device)
-        return (x - self.mean) @ self.components.T
+        x = as_matrix(x)
+        if x.numel() * x.element_size() <= LEAN_PAIRWISE_BYTES // 4:
+            x = x.to(dtype=self.components.dtype, device=self.components.device)
+            return (x - self.mean) @ self.components.T
+        # Every client's model (FedAC's refit at 10,000 clients): blocks of rows, so that x − mean
+        # is never a second (clients × parameters) matrix (#59).
+        out = torch.empty(x.shape[0], self.components.shape[0], dtype=self.components.dtype,
+                          device=self.components.device)
+        step = max(1, (32 << 20) // max(4 * x.shape[1], 1))
+        for start in range(0, x.shape[0], step):
+            block = x[start:start + step].to(dtype=self.components.dtype, device=self.components.device)
+            out[start:start + step] = (block - self.mean) @ self.components.T
+        return out
 
 
 def fit_pca(x: torch.Tensor | np.ndarray, n_components: int, *, seed: Seed = 0,

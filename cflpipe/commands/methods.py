@@ -51,6 +51,11 @@ def cmd_methods(args) -> int:
         print(f"capabilities: {info.capabilities.summary()}")
     if info.needs:
         print(f"needs: {info.needs}")
+    if info.capabilities.pairs:
+        caps = info.capabilities
+        print(f"memory: {caps.pairs}; its paper needs all pairs: about {caps.pair_bytes} bytes a pair, "
+              f"{caps.pair_bytes * 10_000 ** 2 / 2 ** 30:,.1f} GiB at 10,000 clients (validate warns past this "
+              f"machine's memory)")
     fields = info.params.model_fields
     print("hyper-parameters (default):" if fields else "hyper-parameters: none")
     for field, f in fields.items():

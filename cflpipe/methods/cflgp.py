@@ -19,9 +19,12 @@ import torch
 from cflpipe.clustering import kmeans
 from cflpipe.fl.method import Context, Payload, Placement, Update
 from cflpipe.methods.clustered import ADAPT, ClusterModels
+from cflpipe.seeds import rng
 
 # Purpose of the server randomness that seeds the k-means.
 _KMEANS = 0xC6
+# Purpose of the run's randomness that picks the coordinates a profile keeps (profile_share).
+_COORDINATES = 0xC7
 
 
 def profile_weight(round_index: int, clusters: int, period: int) -> float:
@@ -61,7 +64,9 @@ class CFLGP(ClusterModels):
     until they have one). Their models average with equal weights; here by samples, as every
     cluster method of cflpipe. Their k-means uses sklearn's fixed random_state 42; ours is seeded
     from the run. Their code keeps a K-block profile but fills only the first block (the
-    criterion model stays 0); a client's profile here is its one block."""
+    criterion model stays 0); a client's profile here is its one block. `profile_share` below 1
+    keeps a seeded random share of the coordinates, as their `use_reduced_G` does (1 %): what lets
+    the profiles of 10,000 clients fit (docs/performance.md, "Every clustered method at scale")."""
 
     checkpoint = (*ClusterModels.checkpoint, "profile", "profiled")
 
@@ -71,7 +76,16 @@ class CFLGP(ClusterModels):
 
     def __init__(self, ctx: Context):
         super().__init__(ctx, ctx.hp.clusters, np.zeros(ctx.num_clients, dtype=np.int64))
-        self.profile = torch.zeros(ctx.num_clients, ctx.init.numel(), dtype=ctx.init.dtype, device=ctx.device)
+        # The coordinates a profile keeps (None: all), drawn from the run's seed alone so that a
+        # resumed run keeps them.
+        self.coordinates = None
+        width = ctx.init.numel()
+        if self.hp.profile_share < 1:
+            count = max(1, int(width * self.hp.profile_share))
+            chosen = np.sort(rng(ctx.seed, _COORDINATES).choice(width, count, replace=False))
+            self.coordinates = torch.from_numpy(chosen).to(ctx.device)
+            width = count
+        self.profile = torch.zeros(ctx.num_clients, width, dtype=ctx.init.dtype, device=ctx.device)
         self.profiled = np.zeros(ctx.num_clients, dtype=bool)
         self._singular: list[float] = []
 
@@ -84,7 +98,7 @@ class CFLGP(ClusterModels):
         if updates and self._profile_round():
             beta = profile_weight(self.ctx.round, self.hp.clusters, self.hp.period)
             for client, update in updates.items():
-                delta = update.tensors["model"] - self.centers[self.clusters[client]]
+                delta = self._kept(update.tensors["model"] - self.centers[self.clusters[client]])
                 # A client's first profile is its update itself, whatever the round: averaged
                 # with the zero it starts from it would be shrunk by β, and the clustering would
                 # separate clients by when they were first sampled.
@@ -93,6 +107,10 @@ class CFLGP(ClusterModels):
                 self.profiled[client] = True
             self._recluster()
         super().cluster_aggregate(updates)
+
+    def _kept(self, delta: torch.Tensor) -> torch.Tensor:
+        """The coordinates of an update (or of rows of updates) a profile keeps."""
+        return delta if self.coordinates is None else delta[..., self.coordinates]
 
     def _recluster(self) -> None:
         known = np.nonzero(self.profiled)[0]
@@ -124,7 +142,7 @@ class CFLGP(ClusterModels):
             labels = self.clusters[known]
             present = [j for j in range(k) if (labels == j).any()]
             centroids = np.stack([reduced[labels == j].mean(0) for j in present])
-            deltas = torch.stack([answers[c].tensors["model"] for c in done]) - self.centers[0]
+            deltas = self._kept(torch.stack([answers[c].tensors["model"] for c in done]) - self.centers[0])
             theirs = (deltas.to(torch.float64) @ vh[:k].T).cpu().numpy()
             nearest = ((theirs[:, None, :] - centroids[None]) ** 2).sum(-1).argmin(1)
             clusters[done] = np.asarray(present)[nearest]

@@ -15,6 +15,11 @@ class CFLGPParams(HyperParams):
                                              "clustering_period: 2)")
     stop_after: int = Field(10, ge=1, description="no clustering from this round on (the authors' "
                                                   "clustering_termination_threshold: 10)")
+    profile_share: float = Field(
+        1.0, gt=0, le=1,
+        description="share of the parameters a profile keeps, a seeded random choice of coordinates fixed for the "
+                    "run (the authors' use_reduced_G keeps 1 %: 0.01); 1: the whole update. Below 1 the profiles "
+                    "take clients × share × parameters of memory and their SVD that much less time")
 
 
 declare("cflgp", CFLGPParams, "cflpipe.methods.cflgp:CFLGP",
