@@ -174,23 +174,27 @@ def plot(rows: list[dict], path: str) -> None:
 
     titles = {"train_s": "training s a round", "server_s": "server s a round",
               "eval_s": "final evaluation s", "peak_rss_mib": "peak RSS MiB"}
-    figure, axes = plt.subplots(1, 4, figsize=(18, 5.5))
+    figure, axes = plt.subplots(1, 4, figsize=(19, 5))
     methods = list(dict.fromkeys(r["method"] for r in rows))
     colours = plt.get_cmap("tab20")
+    markers = "os^vD<>pP*X"
     for index, method in enumerate(methods):
         mine = sorted((r for r in rows if r["method"] == method and "stopped" not in r), key=lambda r: r["clients"])
-        style = "-" if index < 20 else "--"
         for axis, part in zip(axes, PARTS):
-            axis.plot([r["clients"] for r in mine], [max(r[part], 1e-4) for r in mine], style, marker="o",
-                      color=colours(index % 20), label=method)
+            # a part that took no measurable time (FedAvg's server) is drawn at 1e-4
+            axis.plot([r["clients"] for r in mine], [max(r[part], 1e-4) for r in mine], "-" if index < 10 else "--",
+                      marker=markers[index % len(markers)], color=colours(index % 20), label=method)
+    axes[-1].axhline(3072, color="black", linewidth=0.8, linestyle=":")
+    axes[-1].annotate("3 GiB", (min(r["clients"] for r in rows), 3072), fontsize=8, va="bottom", ha="left")
     for axis, part in zip(axes, PARTS):
         axis.set_xscale("log")
         axis.set_yscale("log")
         axis.set_xlabel("clients")
         axis.set_title(titles[part])
         axis.grid(True, which="both", alpha=0.3)
-    axes[-1].legend(fontsize=7, ncol=2, loc="upper left")
-    figure.tight_layout()
+    handles, labels = axes[0].get_legend_handles_labels()
+    figure.legend(handles, labels, fontsize=8, loc="center right")
+    figure.tight_layout(rect=(0, 0, 0.91, 1))
     figure.savefig(path, dpi=90)
     plt.close(figure)
 

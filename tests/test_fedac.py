@@ -10,6 +10,7 @@ from cflpipe.clustering import cosine_similarity_matrix, pairwise_sq_distances
 from cflpipe.fl.engine import prepare_run, train_run
 from cflpipe.fl.method import client_update, client_work, local_update, receive
 from cflpipe.metrics import clustering_scores
+from cflpipe.methods import fedac as fedac_module
 from cflpipe.methods.fedac import cluster_ratios, tune_cluster_number
 from cflpipe.spec import parse_spec
 
@@ -58,7 +59,16 @@ def test_lrcos_equals_cosine_of_independent_pca_projections(tmp_path):
     assert (fedac.e_step(models, centers)[clear] == expected.argmax(1)[clear]).all()
 
 
-def test_cnt_splits_a_cluster_of_two_far_apart_groups():
+@pytest.fixture(params=["gathered", "blocks"])
+def cluster_rows(request, monkeypatch):
+    """CNT's reads of a cluster's rows: gathered (the sizes tests use) or block by block of one row
+    (every client's model at 10,000 clients): the same decisions and centers."""
+    if request.param == "blocks":
+        monkeypatch.setattr(fedac_module, "_GATHER_BYTES", 0)
+        monkeypatch.setattr(fedac_module, "_BLOCK_BYTES", 1)
+
+
+def test_cnt_splits_a_cluster_of_two_far_apart_groups(cluster_rows):
     rng = np.random.default_rng(0)
     a = rng.normal(0, 0.1, (6, 8)) + 5.0
     b = rng.normal(0, 0.1, (6, 8)) - 5.0
@@ -84,7 +94,7 @@ def assert_centers_are_member_means(models, centers, clusters) -> None:
         torch.testing.assert_close(centers[k], models[clusters == k].mean(0))
 
 
-def test_cnt_merges_two_identical_clusters():
+def test_cnt_merges_two_identical_clusters(cluster_rows):
     rng = np.random.default_rng(1)
     twin = rng.normal(0, 0.2, (8, 4))
     far1 = rng.normal(0, 2.5, (8, 4)) + np.array([6.0, 0, 0, 0])

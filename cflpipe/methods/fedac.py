@@ -75,6 +75,39 @@ def cluster_ratios(models: torch.Tensor, centers: torch.Tensor, clusters: np.nda
     return (intra / inter.clamp_min(torch.finfo(inter.dtype).tiny)).cpu().numpy()
 
 
+# A cluster's rows past this many bytes are read block by block, never gathered into one copy:
+# at 10,000 clients a split or a merge copied up to every client's model (2 GiB, #59). Below it
+# they are gathered as before, so runs at the sizes the tests use keep their bits.
+_GATHER_BYTES = 256 << 20
+_BLOCK_BYTES = 32 << 20  # a block of them
+
+
+def _row_blocks(models: torch.Tensor, rows: np.ndarray) -> list[np.ndarray]:
+    if len(rows) * models.shape[1] * models.element_size() <= _GATHER_BYTES:
+        return [rows]
+    per = max(1, _BLOCK_BYTES // (models.shape[1] * models.element_size()))
+    return [rows[start:start + per] for start in range(0, len(rows), per)]
+
+
+def _by_rows(models: torch.Tensor, rows: np.ndarray, per_row):
+    """per_row(models[rows]) (one value per row: a tensor or an array), block by block of rows
+    where the rows are large."""
+    parts = [per_row(models[block]) for block in _row_blocks(models, rows)]
+    return parts[0] if len(parts) == 1 else (torch.cat(parts) if isinstance(parts[0], torch.Tensor)
+                                             else np.concatenate(parts))
+
+
+def _rows_mean(models: torch.Tensor, rows: np.ndarray) -> torch.Tensor:
+    """models[rows].mean(0), block by block (summed in float64) where the rows are large."""
+    blocks = _row_blocks(models, rows)
+    if len(blocks) == 1:
+        return models[rows].mean(0)
+    total = torch.zeros(models.shape[1], dtype=torch.float64, device=models.device)
+    for block in blocks:
+        total += models[block].to(torch.float64).sum(0)
+    return (total / len(rows)).to(models.dtype)
+
+
 def tune_cluster_number(models: torch.Tensor, centers: torch.Tensor, clusters: np.ndarray, low: float,
                         high: float, max_clusters: int, assign) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
     """One CNT pass (Algorithm 3) over a snapshot of the G values.
@@ -100,20 +133,20 @@ def tune_cluster_number(models: torch.Tensor, centers: torch.Tensor, clusters: n
             distances = pairwise_sq_distances(centers[k:k + 1], centers[others])[0]
             target = others[int(distances.argmin())]
             clusters[members] = target
-            centers[target] = models[np.nonzero(clusters == target)[0]].mean(0)
+            centers[target] = _rows_mean(models, np.nonzero(clusters == target)[0])
             alive.remove(k)
             absorbed.add(target)
         elif ratios[k] > high and len(members) >= 2 and len(alive) < max_clusters:
-            block = models[members]
-            first = int(pairwise_sq_distances(block, centers[k:k + 1])[:, 0].argmax())
-            second = int(pairwise_sq_distances(block, block[first:first + 1])[:, 0].argmax())
-            seeds = block[[first, second]]
-            halves = assign(block, seeds)
+            first = int(_by_rows(models, members, lambda b: pairwise_sq_distances(b, centers[k:k + 1])[:, 0]).argmax())
+            far = models[members[first]][None]
+            second = int(_by_rows(models, members, lambda b: pairwise_sq_distances(b, far)[:, 0]).argmax())
+            seeds = models[members[[first, second]]]
+            halves = _by_rows(models, members, lambda b: assign(b, seeds))
             if len(np.unique(halves)) < 2:
                 continue
             new = len(centers)
-            centers = torch.cat([centers, block[halves == 1].mean(0, keepdim=True)])
-            centers[k] = block[halves == 0].mean(0)
+            centers = torch.cat([centers, _rows_mean(models, members[halves == 1])[None]])
+            centers[k] = _rows_mean(models, members[halves == 0])
             clusters[members[halves == 1]] = new
             alive.append(new)
     # Compact the labels to 0..K'-1 in order of the surviving clusters.
