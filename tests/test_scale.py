@@ -88,7 +88,7 @@ def test_validate_warns_where_all_pairs_pass_the_machines_memory(tmp_path, monke
     lines = [line for line in spec_warnings(parse_spec(spec)) if "memory" in line]
     assert len(lines) == 1 and lines[0].startswith("methods.pacfl: on scenario big holds the principal angle of "
                                                    "every pair of clients' subspaces"), lines
-    assert "about 0.5 GiB for its 3,000 clients, more than this machine's 0.2 GiB" in lines[0]
+    assert "about 1.0 GiB for its 3,000 clients, more than this machine's 0.2 GiB" in lines[0]
 
 
 def test_the_scale_table_and_exponents():

@@ -307,10 +307,11 @@ class FCCA(_FCCAVariants, Method):
         labels = kmeans(points, k, seed=self.ctx.rng(_KMEANS), init="k-means++").labels
         labels = canonical_labels(labels)
         self.assign[known] = labels
-        full = torch.full_like(self.similarity, float("nan"))
-        index = torch.from_numpy(known).to(full.device)
-        full[index[:, None], index[None, :]] = similarity.to(full)
-        self.similarity = full
+        # Written into the kept matrix itself: a second (clients × clients) matrix was 800 MB at
+        # 10,000 clients (#59).
+        self.similarity.fill_(float("nan"))
+        index = torch.from_numpy(known).to(self.similarity.device)
+        self.similarity[index[:, None], index[None, :]] = similarity.to(self.similarity)
         weights = torch.from_numpy(self.ctx.train_sizes()[known]).to(self.heads)
         means, present = cluster_average(self.client_heads[torch.from_numpy(known).to(self.heads.device)],
                                          torch.from_numpy(labels), weights, self.hp.clusters)
