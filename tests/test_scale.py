@@ -100,7 +100,7 @@ def test_the_scale_table_and_exponents():
     assert slopes["a"]["server_s"] == pytest.approx(1.0) and slopes["a"]["train_s"] == pytest.approx(0.0)
     assert "b" not in slopes  # one population measured to the end: no slope
     text = bench_scale.table(rows)
-    assert "| a | 1.000 / 1.000 | 0.100 / 10.000 | 10.00 |" in text
+    assert "| a | 1.000 / 1.000 | 0.100 / 10.000 | – / – | 10.00 |" in text
     assert "| b | 1.000 / RSS over 8192 MiB |" in text and "400 / ≥8,200" in text
 
 

@@ -694,6 +694,18 @@ def stack_updates(updates: dict[int, Update], key: str = "model") -> tuple[np.nd
     return clients, vectors, weights
 
 
+def take_rows(vectors: dict[int, torch.Tensor]) -> tuple[np.ndarray, torch.Tensor]:
+    """The clients (sorted) and their vectors as one matrix, each vector moved out of the dict as
+    its row is written: a clustering round that heard from every client (FL+HC's, FeSEM's first)
+    holds their models once, not twice (2 GiB at 10,000 clients of the mlp, #59)."""
+    clients = np.array(sorted(vectors), dtype=np.int64)
+    first = vectors[int(clients[0])]
+    matrix = torch.empty((len(clients), *first.shape), dtype=first.dtype, device=first.device)
+    for row, client in enumerate(clients):
+        matrix[row] = vectors.pop(int(client))
+    return clients, matrix
+
+
 class WeightedSum:
     """Σ n_i v_i and Σ n_i over vectors added one at a time, the sum in float64.
 

@@ -18,7 +18,7 @@ import torch
 
 from cflpipe.clustering import kmeans, nearest_center
 from cflpipe.fl.local import Anchor
-from cflpipe.fl.method import ROUND, ClientView, Context, Payload, Placement, Update, stack_updates
+from cflpipe.fl.method import ROUND, ClientView, Context, Payload, Placement, Update, stack_updates, take_rows
 from cflpipe.methods.clustered import ClusterModels
 from cflpipe.fl.params import cluster_average
 
@@ -126,8 +126,7 @@ class FeSEM(ClusterModels):
         self._off_round = {}
         if len(models) < self.num_clusters:
             return  # too few clients trained (divergence): try again next round
-        clients = np.array(sorted(models), dtype=np.int64)
-        vectors = torch.stack([models[int(c)] for c in clients])
+        clients, vectors = take_rows(models)
         result = kmeans(vectors, self.num_clusters, seed=self.ctx.rng(0xFE5E), n_init=self.hp.init_restarts,
                         init="random", max_iter=self.hp.init_iter)
         self.centers = result.centers.to(vectors.dtype).clone()

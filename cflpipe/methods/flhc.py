@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from cflpipe.clustering import hierarchical_clusters, tools
-from cflpipe.fl.method import ROUND, Context, Payload, Placement, Update
+from cflpipe.fl.method import ROUND, Context, Payload, Placement, Update, take_rows
 from cflpipe.methods.clustered import ClusterModels
 from cflpipe.fl.params import cluster_average
 
@@ -83,11 +83,7 @@ class FLHC(ClusterModels):
         self._off_round = {}
         if not models:
             return
-        clients = np.array(sorted(models), dtype=np.int64)
-        # Each answer moves into the one matrix as it is read, so the round never holds two copies.
-        vectors = torch.empty(len(clients), self.centers.shape[1], dtype=self.centers.dtype, device=self.centers.device)
-        for row, c in enumerate(clients):
-            vectors[row] = models.pop(int(c))
+        clients, vectors = take_rows(models)
         sizes = self.ctx.train_sizes()
         weights = torch.as_tensor(sizes[clients], dtype=vectors.dtype, device=vectors.device)
         if self.hp.metric == "euclidean" and vectors.numel() * 8 > tools.LEAN_PAIRWISE_BYTES:
