@@ -13,13 +13,7 @@ Run: python benchmarks/bench_scale.py [--part kmeans|population|all] [--rounds 4
 - population: FedAvg, IFCA, FedAC and Ditto (personalized) at 350 and 3,500 clients (FEMNIST's
   number of writers) with 25 clients sampled per round: seconds per round should not grow with
   the population; memory grows only with what a method keeps per client.
-- methods (not in `all`; #59): FedAvg and every clustered method not told the groups (variants
-  aside; a method that needs the server's public data is skipped: LEAF Synthetic has none here),
-  at --clients (default 100, 1,000 and 10,000) with 50 sampled a round, the conformance suite's
-  hyper-parameters (each clusters within the first rounds) and K = 4: seconds a round of training
-  and of the server (medians, the evaluation round aside), the final evaluation's seconds, peak
-  RSS; then each part's growth exponent, the log-log slope from the smallest to the largest
-  population. `--output FILE` keeps the rows as JSON lines.
+Every clustered method at 100 / 1,000 / 10,000 clients is `cflpipe bench --part scale` (#59).
 
 Data: LEAF Synthetic (embedded, 60 features, 10 classes), one client per device, at most 100
 samples per device; the paper MLP. Local training is kept short (2 steps of batch 16) so that
@@ -112,63 +106,9 @@ def show(row: dict) -> None:
           f"{row['checkpoint_s']:5.2f} s", flush=True)
 
 
-def clustered_methods() -> list[tuple[str, dict]]:
-    """FedAvg and every registered clustered method not told the groups (no variant), with the
-    conformance suite's hyper-parameters and K = 4; those that need public data left out."""
-    sys.path.insert(0, str(ROOT))
-    from cflpipe.registry import all_methods
-    from cflpipe.testing import hyperparams
-
-    chosen = [("fedavg", {})]
-    for name, info in all_methods().items():
-        caps = info.capabilities
-        if ":" in name or info.base is not None or not caps.clustered or caps.needs_groups:
-            continue
-        if caps.needs_public:
-            print(f"{name:10s} skipped: needs the server's public data (LEAF Synthetic has none here)", flush=True)
-            continue
-        params = dict(hyperparams(name))
-        if caps.k_param:
-            params[caps.k_param] = 4
-        chosen.append((name, params))
-    return chosen
-
-
-def scale_methods(args) -> None:
-    import math
-
-    rows = []
-    for method, params in clustered_methods():
-        if args.method and method not in args.method:
-            continue
-        for clients in sorted(args.clients):
-            row = measure(method, clients, min(50, clients), args.rounds, params, args.device)
-            print(f"{method:10s} clients {clients:6d}  train {row['train_s']:8.3f} s  server {row['server_s']:8.3f} s  "
-                  f"evaluation {row['eval_s']:8.2f} s  peak RSS {row['peak_rss_mib']:7.0f} MiB", flush=True)
-            rows.append(row)
-            if args.output:
-                with open(args.output, "a") as out:
-                    out.write(json.dumps(row) + "\n")
-    print("growth exponents (log-log slope, smallest to largest population):")
-    for method in dict.fromkeys(r["method"] for r in rows):
-        mine = sorted((r for r in rows if r["method"] == method), key=lambda r: r["clients"])
-        if len(mine) < 2:
-            continue
-        a, b = mine[0], mine[-1]
-        span = math.log(b["clients"] / a["clients"])
-        slopes = {part: math.log(max(b[part], 1e-6) / max(a[part], 1e-6)) / span
-                  for part in ("train_s", "server_s", "eval_s", "peak_rss_mib")}
-        print(f"{method:10s} " + "  ".join(f"{part[:-2] if part.endswith('_s') else 'rss'} {v:5.2f}"
-                                          for part, v in slopes.items()), flush=True)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", choices=("kmeans", "population", "methods", "all"), default="all")
-    parser.add_argument("--clients", type=int, nargs="+", default=[100, 1000, 10000],
-                        help="populations of --part methods")
-    parser.add_argument("--method", nargs="+", default=None, help="--part methods: only these")
-    parser.add_argument("--output", default=None, help="--part methods: rows as JSON lines")
+    parser.add_argument("--part", choices=("kmeans", "population", "all"), default="all")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     args = parser.parse_args()
@@ -178,8 +118,6 @@ def main() -> None:
                          args.device))
         # The engine's own share at that size: FedAvg on the same workload.
         show(measure("fedavg", 2000, 2000, args.rounds, device=args.device))
-    if args.part == "methods":
-        scale_methods(args)
     if args.part in ("population", "all"):
         for method, params in (("fedavg", {}), ("ifca", {"clusters": 4}), ("fedac", {"clusters": 4}),
                                ("ditto", {})):
