@@ -547,7 +547,8 @@ def run_bench(workloads: list[str] | None = None, rounds: int | None = None, out
               trainers: list[str] | None = None, users: int = YARDSTICK["users"],
               data_dir: str = "resources/datasets", precisions: list[str] | None = None,
               compiled: bool = False, populations: list[int] | None = None, methods: list[str] | None = None,
-              plot_to: str | None = None, limit_s: float = 600, limit_mib: float = 8192) -> dict:
+              plot_to: str | None = None, limit_s: float = 600, limit_mib: float = 8192,
+              rows_to: str | None = None) -> dict:
     # The yardstick trains minutes per run on a CPU: it runs only when asked for.
     parts = parts or ["overhead", "trainers", "steps", "eval", "apply"]
     figures: dict = {"torch_threads": torch.get_num_threads(), "torch": torch.__version__}
@@ -568,7 +569,8 @@ def run_bench(workloads: list[str] | None = None, rounds: int | None = None, out
         from cflpipe.bench_scale import POPULATIONS, bench_methods_at_scale
 
         figures["scale_methods"] = bench_methods_at_scale(populations or POPULATIONS, methods, scale_rounds, device,
-                                                          plot_to=plot_to, limit_s=limit_s, limit_mib=limit_mib)
+                                                          output=rows_to, plot_to=plot_to, limit_s=limit_s,
+                                                          limit_mib=limit_mib)
         figures["scale"] = bench_scale(repeats=repeats, device=device)
     if "yardstick" in parts:
         figures["yardstick"] = bench_yardstick(rounds, device, trainers or ["sequential", "batched"], users, data_dir,

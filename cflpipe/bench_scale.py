@@ -22,8 +22,10 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -32,54 +34,58 @@ SAMPLED = 100
 PARTS = ("train_s", "server_s", "eval_s", "peak_rss_mib")
 
 _CHILD = """
-import json, resource, sys, tempfile, time
+import json, resource, sys, time
 import numpy as np, pandas as pd, torch
 torch.set_num_threads(1)
 from cflpipe.fl.engine import train_run
 from cflpipe.spec import parse_spec
-case = json.loads(sys.argv[1])
-with tempfile.TemporaryDirectory() as tmp:
-    spec = parse_spec({
-        "seeds": [0],
-        "training": {"model": "mlp", "rounds": case["rounds"], "clients_per_round": case["sampled"],
-                     "eval_every": case["rounds"], "device": case["device"],
-                     **case["training"]},
-        "scenarios": {"scale": {"dataset": {"name": "synthetic", "devices": case["clients"], "max_samples": 100},
-                                "clients": case["clients"], "partition": [{"kind": "natural"}]}},
-        "methods": {case["method"]: case["params"]},
-        "results_dir": tmp, "data_dir": tmp,
-    })
-    start = time.perf_counter()
-    train_run(spec, "scale", case["method"], 0, force=True, progress=False)
-    wall = time.perf_counter() - start
-    whole = pd.read_parquet(spec.run_dir("scale", case["method"], 0) / "timing.parquet")
-    rounds = whole.iloc[:-1]  # the last round holds the (only) evaluation
-    # The process's first round pays its start-up, and trainer auto's measurements (flagged as
-    # warm-up) lengthen the training of the rounds they happen in, not their server's work.
-    later = rounds.iloc[1:] if len(rounds) > 1 else rounds
-    steady = later[~later["warmup"].astype(bool)]
-    print(json.dumps({
-        "train_s": float((steady if len(steady) else later)["train_seconds"].mean()),
-        "server_s": float(later["server_seconds"].mean()),
-        "server_max_s": float(rounds["server_seconds"].max()),
-        "eval_s": float(whole["eval_seconds"].iloc[-1]),
-        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "wall_s": wall,
-    }))
+case, tmp = json.loads(sys.argv[1]), sys.argv[2]
+# A method that needs the server's public data gets a public pool from the training data, as the
+# conformance suite's scenario does (LEAF Synthetic has no public split of its own).
+public = {"pool": "train", "public": {"size": 40}} if case["public"] else {}
+spec = parse_spec({
+    "seeds": [0],
+    "training": {"model": "mlp", "rounds": case["rounds"], "clients_per_round": case["sampled"],
+                 "eval_every": case["rounds"], "device": case["device"],
+                 **case["training"]},
+    "scenarios": {"scale": {"dataset": {"name": "synthetic", "devices": case["clients"], "max_samples": 100},
+                            "clients": case["clients"], "partition": [{"kind": "natural"}], **public}},
+    "methods": {case["method"]: case["params"]},
+    "results_dir": tmp, "data_dir": tmp,
+})
+start = time.perf_counter()
+train_run(spec, "scale", case["method"], 0, force=True, progress=False)
+wall = time.perf_counter() - start
+whole = pd.read_parquet(spec.run_dir("scale", case["method"], 0) / "timing.parquet")
+rounds = whole.iloc[:-1]  # the last round holds the (only) evaluation
+# Training and server over the same rounds: not the process's first (it pays its start-up), nor
+# those trainer auto measured in (flagged warm-up) where any other remains.
+later = rounds.iloc[1:]
+steady = later[~later["warmup"].astype(bool)]
+steady = steady if len(steady) else later
+heaviest = rounds["server_seconds"].idxmax()
+print(json.dumps({
+    "train_s": float(steady["train_seconds"].mean()),
+    "server_s": float(steady["server_seconds"].mean()),
+    "server_max_s": float(rounds.loc[heaviest, "server_seconds"]),
+    "train_at_server_max_s": float(rounds.loc[heaviest, "train_seconds"]),
+    "eval_s": float(whole["eval_seconds"].iloc[-1]),
+    "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    "wall_s": wall,
+}))
 """
 
 
 def methods_measured() -> list[tuple[str, dict]]:
     """FedAvg and every registered clustered method not told the groups (no variant), with the
-    conformance suite's hyper-parameters and K = 4; those needing public data left out (LEAF
-    Synthetic has none)."""
+    conformance suite's hyper-parameters and K = 4."""
     from cflpipe.registry import all_methods
     from cflpipe.testing import hyperparams
 
     chosen = [("fedavg", {})]
     for name, info in all_methods().items():
         caps = info.capabilities
-        if ":" in name or info.base is not None or not caps.clustered or caps.needs_groups or caps.needs_public:
+        if ":" in name or info.base is not None or not caps.clustered or caps.needs_groups:
             continue
         params = dict(hyperparams(name))
         if caps.k_param:
@@ -101,33 +107,41 @@ def measure(method: str, params: dict, clients: int, rounds: int = 4, sampled: i
             training: dict | None = None, device: str = "cpu", limit_s: float = 600.0,
             limit_mib: float = 8192.0) -> dict:
     """One configuration in a fresh process. Past `limit_s` seconds or `limit_mib` MiB of RSS it
-    is stopped: the row's `stopped` says which, with the RSS and seconds reached."""
+    is stopped: the row's `stopped` says which, with the RSS and seconds reached. The process's
+    folder (its data and checkpoints) is this one's to remove, whatever became of the process."""
+    from cflpipe.registry import method_info
+
     case = {"method": method, "params": params, "clients": clients, "rounds": rounds,
-            "sampled": min(sampled, clients), "device": device,
-            "training": training or {}}
+            "sampled": min(sampled, clients), "device": device, "training": training or {},
+            "public": method_info(method).capabilities.needs_public}
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]),
                                                         os.environ.get("PYTHONPATH", "")])}
-    child = subprocess.Popen([sys.executable, "-c", _CHILD, json.dumps(case)], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, env=env)
-    start, peak, stopped = time.perf_counter(), 0.0, None
-    while child.poll() is None:
-        peak = max(peak, _rss_mib(child.pid))
-        if peak > limit_mib:
-            stopped = f"RSS over {limit_mib:.0f} MiB"
-        elif time.perf_counter() - start > limit_s:
-            stopped = f"over {limit_s:.0f} s"
-        if stopped:
-            child.kill()
-            child.communicate()
-            break
-        time.sleep(0.1)
     row = {"method": method, "clients": clients, "sampled": case["sampled"], "rounds": rounds}
-    if stopped:
-        return {**row, "stopped": stopped, "peak_rss_mib": peak, "wall_s": time.perf_counter() - start}
-    out, err = child.communicate()
-    if child.returncode:
-        return {**row, "stopped": "failed: " + (err.strip().splitlines() or ["?"])[-1][:300],
-                "wall_s": time.perf_counter() - start}
+    folder = tempfile.mkdtemp(prefix="cflpipe-scale-")
+    try:
+        # stderr to a file: a pipe nobody reads while the child runs would stop it once full
+        with open(Path(folder) / "stderr.txt", "w+") as err:
+            child = subprocess.Popen([sys.executable, "-c", _CHILD, json.dumps(case), folder],
+                                     stdout=subprocess.PIPE, stderr=err, text=True, env=env)
+            start, peak, stopped = time.perf_counter(), 0.0, None
+            while child.poll() is None:
+                peak = max(peak, _rss_mib(child.pid))
+                if peak > limit_mib:
+                    stopped = f"RSS over {limit_mib:.0f} MiB"
+                elif time.perf_counter() - start > limit_s:
+                    stopped = f"over {limit_s:.0f} s"
+                if stopped:
+                    child.kill()
+                    child.communicate()
+                    return {**row, "stopped": stopped, "peak_rss_mib": peak, "wall_s": time.perf_counter() - start}
+                time.sleep(0.1)
+            out, _ = child.communicate()
+            if child.returncode:
+                err.seek(0)
+                last = (err.read().strip().splitlines() or ["?"])[-1][:300]
+                return {**row, "stopped": f"failed: {last}", "wall_s": time.perf_counter() - start}
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
     return {**row, **json.loads(out.splitlines()[-1])}
 
 
@@ -146,6 +160,8 @@ def exponents(rows: list[dict]) -> dict[str, dict[str, float]]:
 
 def table(rows: list[dict]) -> str:
     """The rows as a markdown table: per method, each population's parts and the exponents."""
+    if not rows:
+        return "(no configuration measured)"
     slopes = exponents(rows)
     populations = sorted({r["clients"] for r in rows})
     head = " / ".join(f"{p:,}" for p in populations)
@@ -156,10 +172,13 @@ def table(rows: list[dict]) -> str:
         mine = {r["clients"]: r for r in rows if r["method"] == method}
 
         def cell(part, digits):
-            return " / ".join(("–" if p not in mine or part not in mine[p] and "stopped" not in mine[p] else
-                               (mine[p]["stopped"] if "stopped" in mine[p] and part != "peak_rss_mib" else
-                                (f"≥{mine[p][part]:,.0f}" if "stopped" in mine[p] else f"{mine[p][part]:,.{digits}f}")))
-                              for p in populations)
+            def one(row):
+                if row is None:
+                    return "–"
+                if "stopped" in row:  # what it reached, or why it stopped
+                    return f"≥{row[part]:,.0f}" if part == "peak_rss_mib" and part in row else row["stopped"]
+                return f"{row[part]:,.{digits}f}" if part in row else "–"
+            return " / ".join(one(mine.get(p)) for p in populations)
         last = mine.get(populations[-1], {})
         ratio = f"{last['server_s'] / last['train_s']:.2f}" if "server_s" in last else "–"
         slope = slopes.get(method)
@@ -207,8 +226,21 @@ def plot(rows: list[dict], path: str) -> None:
 def bench_methods_at_scale(populations=POPULATIONS, methods: list[str] | None = None, rounds: int = 4,
                            device: str = "cpu", output: str | None = None, plot_to: str | None = None,
                            limit_s: float = 600.0, limit_mib: float = 8192.0) -> list[dict]:
+    """Every configuration measured in turn, each row printed (and appended to `output` as a JSON
+    line) as it comes, then the table and, with `plot_to`, the log-log plot."""
+    from cflpipe.errors import SpecError
+
+    measured = methods_measured()
+    if methods:
+        unknown = sorted(set(methods) - {name for name, _ in measured})
+        if unknown:
+            raise SpecError(f"--method: {', '.join(unknown)} is not measured at scale; allowed: "
+                            + ", ".join(name for name, _ in measured))
+    if rounds < 3:
+        raise SpecError(f"--rounds: the scale part needs at least 3 (a start-up round, a measured one, the "
+                        f"evaluation), got {rounds}")
     rows = []
-    for method, params in methods_measured():
+    for method, params in measured:
         if methods and method not in methods:
             continue
         for clients in sorted(populations):

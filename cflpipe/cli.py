@@ -149,7 +149,7 @@ def cmd_bench(args) -> int:
     run_bench(workloads=args.workload, rounds=args.rounds, output=args.output, repeats=args.repeats,
               parts=args.part, device=args.device, trainers=args.trainer, users=args.users, data_dir=args.data_dir,
               precisions=args.precision, compiled=args.compile, populations=args.clients, methods=args.method,
-              plot_to=args.plot, limit_s=args.limit_s, limit_mib=args.limit_mib)
+              plot_to=args.plot, limit_s=args.limit_s, limit_mib=args.limit_mib, rows_to=args.rows)
     return 0
 
 
@@ -206,15 +206,6 @@ def build_parser() -> argparse.ArgumentParser:
              "  cflpipe download mnist\n"
              "  cflpipe download cifar10 --list           # URLs, target paths and checksums, to fetch by hand\n")
     p.add_argument("name", metavar="NAME", help="dataset name, e.g. mnist, fmnist, emnist, cifar10, svhn")
-    p.add_argument("--clients", type=positive("--clients"), nargs="+", default=[100, 1000, 10000], metavar="N",
-                   help="scale: populations (default 100 1000 10000)")
-    p.add_argument("--method", action="append", default=None, metavar="NAME",
-                   help="scale: only these methods (repeatable; default FedAvg and every clustered method)")
-    p.add_argument("--plot", default=None, metavar="FILE.png", help="scale: also draw the log-log plot")
-    p.add_argument("--limit-s", type=positive("--limit-s"), default=600, metavar="S",
-                   help="scale: stop a configuration after S seconds (default 600)")
-    p.add_argument("--limit-mib", type=positive("--limit-mib"), default=8192, metavar="MIB",
-                   help="scale: stop a configuration past MIB of RSS (default 8192)")
     p.add_argument("--data-dir", default="resources/datasets", metavar="DIR",
                    help="folder holding one subfolder per dataset (default: resources/datasets; a spec's "
                         "data_dir)")
@@ -369,6 +360,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--method", action="append", default=None, metavar="NAME",
                    help="scale: only these methods (repeatable; default FedAvg and every clustered method)")
     p.add_argument("--plot", default=None, metavar="FILE.png", help="scale: also draw the log-log plot")
+    p.add_argument("--rows", default=None, metavar="FILE.jsonl",
+                   help="scale: also append each configuration's row to FILE as it is measured (what a long "
+                        "sweep stopped midway leaves)")
     p.add_argument("--limit-s", type=positive("--limit-s"), default=600, metavar="S",
                    help="scale: stop a configuration after S seconds (default 600)")
     p.add_argument("--limit-mib", type=positive("--limit-mib"), default=8192, metavar="MIB",

@@ -49,8 +49,10 @@ class Capabilities:
     pairs:          what it holds of every pair of clients, where its paper needs all pairs (a
                     matrix of similarities or distances); "" where its memory grows with the
                     round's clients or with N, never N²
-    pair_bytes:     about how many bytes a pair of clients costs at its peak (N² · pair_bytes:
-                    `validate` warns where that passes the machine's memory)
+    pair_bytes:     about how many bytes a pair of clients costs at its peak (N² · pair_bytes)
+    pair_rows_bytes: what a pair adds with each evaluation that writes a long table of every
+                    pair (held until the run ends): `validate` warns where N² · (pair_bytes +
+                    evaluations · pair_rows_bytes) passes the machine's memory
     """
 
     needs_groups: bool = False
@@ -62,6 +64,7 @@ class Capabilities:
     soft: bool = False
     pairs: str = ""
     pair_bytes: int = 0
+    pair_rows_bytes: int = 0
 
     def summary(self) -> str:
         flags = [name for name in ("needs_groups", "needs_public", "clustered", "personalized")

@@ -95,9 +95,10 @@ def hierarchical_clusters(x: torch.Tensor | np.ndarray, *, n_clusters: int | Non
     """Agglomerative clustering of the rows of x (scipy.cluster.hierarchy), cut either into
     `n_clusters` clusters or where the merge height exceeds `distance_threshold` (exactly one).
 
-    The pairwise distances are computed in torch (one cdist / matmul) and handed to scipy in
-    condensed form; ward linkage requires the Euclidean metric. Labels are 0, 1, … in order of
-    first appearance."""
+    The pairwise distances are computed in torch (one cdist / matmul in float64) and handed to
+    scipy in condensed form; past LEAN_PAIRWISE_BYTES of rows, Euclidean distances are written
+    straight into the condensed form block by block (`_condensed_euclidean`). Ward linkage
+    requires the Euclidean metric. Labels are 0, 1, … in order of first appearance."""
     if (n_clusters is None) == (distance_threshold is None):
         raise ValueError("hierarchical_clusters: give exactly one of n_clusters and distance_threshold")
     x = as_matrix(x)
@@ -140,6 +141,10 @@ def cut_dendrogram(d: np.ndarray, linkage: str, *, n_clusters: int | None = None
 # update at 10,000 clients of the mlp held 13.6 GB that way (#59). Below it the square float64
 # path stays, so results at the sizes the tests and shipped specs use keep their bits.
 LEAN_PAIRWISE_BYTES = 1 << 30
+# The lean path's blocks: rows whose products go against every later row at once, and the later
+# rows read at a time (bytes of float32 rows).
+_LEAN_BLOCK_BYTES = 128 << 20
+_LEAN_STEP_BYTES = 32 << 20
 
 
 def _condensed_euclidean(x: torch.Tensor) -> np.ndarray:
@@ -150,14 +155,14 @@ def _condensed_euclidean(x: torch.Tensor) -> np.ndarray:
     n, p = x.shape
     dtype = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
     total = torch.zeros(p, dtype=torch.float64, device=x.device)
-    rows = max(1, (8 << 20) // max(p, 1))
+    rows = max(1, _LEAN_STEP_BYTES // max(4 * p, 1))
     for start in range(0, n, rows):
         total += x[start:start + rows].to(torch.float64).sum(0)
     mean = (total / n).to(dtype)
     sq = torch.cat([torch.linalg.vector_norm((x[s:s + rows].to(dtype) - mean).to(torch.float64), dim=1).square()
                     for s in range(0, n, rows)])
     condensed = np.empty(n * (n - 1) // 2, dtype=np.float64)
-    block = max(1, (128 << 20) // max(4 * p, 1))  # rows per block of products against every later row
+    block = max(1, _LEAN_BLOCK_BYTES // max(4 * p, 1))
     for start in range(0, n - 1, block):
         stop = min(start + block, n - 1)
         mine = x[start:stop].to(dtype) - mean

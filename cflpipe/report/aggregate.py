@@ -76,7 +76,7 @@ FINAL_FIGURES = ("acc_macro", "acc_micro", "acc_std", "acc_worst10", "loss", "tr
                  "f1_micro", "train_acc_macro", "global_acc_mean", "global_acc_std", "intra_acc",
                  "inter_acc", "n_clusters", "models", "ari", "nmi", "ami")
 # Keys of `final` that are bookkeeping, not figures.
-_NOT_FIGURES = {"round", "sampled", "skipped", "bytes_down", "bytes_up", "global_models", "global_rows"}
+_NOT_FIGURES = {"round", "sampled", "skipped", "bytes_down", "bytes_up", "global_models"}
 TOTALS = ("bytes_down_total", "bytes_up_total", "bytes_total")
 # Figures averaged over seeds into summary.parquet (`<name>_mean`, `<name>_std`).
 SUMMARY_FIGURES = ("acc_macro", "acc_micro", "acc_worst10", "global_acc_mean", "f1_macro", "f1_micro",
@@ -87,7 +87,7 @@ TIMING_FIGURES = ("seconds_total", "seconds_per_round", "server_seconds_per_roun
 PROVENANCE_COLUMNS = {"cflpipe_version": "cflpipe", "torch_version": "torch", "python_version": "python",
                       "device_requested": "device_requested", "config_sha256": "config_sha256"}
 # rounds.parquet columns that are not averaged into curves.parquet.
-_NOT_CURVES = {"round", "sampled", "skipped", "global_models", "global_rows"}
+_NOT_CURVES = {"round", "sampled", "skipped", "global_models"}
 # final_clients.parquet: metrics.parquet's test rows of the final evaluation round.
 FINAL_CLIENT_COLUMNS = ("client", "group", "model", "acc", "loss", "n")
 
