@@ -15,6 +15,6 @@ timeout 190 python3 benchmarks/gpu_check.py --device cuda --output "$OUT/gpu_che
 b 80 --part yardstick --trainer batched --rounds 200 --precision float32 --precision tf32 --precision bf16 \
   --output "$OUT/yardstick_batched.json"
 b 60 --part steps --repeats 2 --output "$OUT/steps.json"
-b 80 --part scale --repeats 1 --output "$OUT/scale.json"
+b 80 --part scale --repeats 1 --clients 1000 --method fedavg --method kmeans_cfl --limit-s 30 --output "$OUT/scale.json"
 b 45 --part yardstick --trainer sequential --rounds 40 --output "$OUT/yardstick_sequential.json"
 b 90 --part trainers --repeats 1 --output "$OUT/trainers.json"

@@ -80,7 +80,7 @@ def _fedtsdp_limits(hp: FedTSDPParams, training: Any, scenario: Any) -> list[tup
 
 
 declare("fedtsdp", FedTSDPParams, "cflpipe.methods.fedtsdp:FedTSDP",
-        Capabilities(clustered=True, personalized=True, needs_public=True, pairs="the Jensen–Shannon divergence and the weight distance of every pair of clients (two-stage DBSCAN)", pair_bytes=24), premises=_fedtsdp_premises,
+        Capabilities(clustered=True, personalized=True, needs_public=True), premises=_fedtsdp_premises,
         limits=_fedtsdp_limits,
         needs="every client every round and the paper's local budget (2 epochs; 20 steps or more): its gate reads "
               "one round's drift of the round's clients' outputs",
