@@ -175,8 +175,10 @@ def table(rows: list[dict]) -> str:
             def one(row):
                 if row is None:
                     return "–"
-                if "stopped" in row:  # what it reached, or why it stopped
-                    return f"≥{row[part]:,.0f}" if part == "peak_rss_mib" and part in row else row["stopped"]
+                if "stopped" in row:  # why it stopped, said once: in the RSS column, with what it reached
+                    if part != "peak_rss_mib":
+                        return "–"
+                    return f"≥{row[part]:,.0f} ({row['stopped']})" if part in row else row["stopped"]
                 return f"{row[part]:,.{digits}f}" if part in row else "–"
             return " / ".join(one(mine.get(p)) for p in populations)
         last = mine.get(populations[-1], {})
