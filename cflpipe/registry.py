@@ -124,6 +124,10 @@ class MethodInfo:
     family: str = ""  # one of FAMILIES; "" for a plugin's method: read from its capabilities
     limits: Limits | None = None
     variant_what: str = ""  # a variant's option, added to its base's description ("AWCFL's mixing")
+    # What keeps it from #59's bars at 10,000 clients (server ≤ training, 3 GiB, evaluation within
+    # two rounds), in a sentence; "" where it meets them (docs/performance.md, "Every clustered
+    # method at scale"). `cflpipe methods NAME` prints it.
+    at_scale: str = ""
 
     def __post_init__(self) -> None:
         if not self.family:
@@ -231,16 +235,16 @@ def declare(name: str, params: type[HyperParams], implementation: str,
             capabilities: Capabilities = Capabilities(), starts: ClusteringStarts | None = None,
             variants: "tuple[Variant, ...]" = (), premises: Premises | None = None, needs: str = "", *,
             family: str, variant_family: str | None = None, limits: Limits | None = None,
-            description: str = "") -> None:
+            description: str = "", at_scale: str = "") -> None:
     """Declare a method without importing it: its family (FAMILIES; its variants' when they differ),
     hyper-parameters, capabilities, when its clustering may start, what its premises ask of a run
     (warned about by validate), what its limits refuse (errors at validate), its variants (each the same class with the variant's parameters)
     and the `module:Class` that implements it (bound to this declaration as it is defined)."""
     infos = [MethodInfo(name, params, description, capabilities, implementation, starts=starts, premises=premises,
-                        needs=needs, family=family, limits=limits)]
+                        needs=needs, family=family, limits=limits, at_scale=at_scale)]
     infos += [MethodInfo(variant, _variant_params(params, extra), description, capabilities, implementation,
                          base=name, starts=starts, premises=premises, needs=needs, family=variant_family or family,
-                         limits=limits, variant_what=what)
+                         limits=limits, variant_what=what, at_scale=at_scale)
               for variant, extra, what in variants]
     for info in infos:
         _add(info)

@@ -147,3 +147,15 @@ def test_the_setup_says_where_models_were_scored_on_a_sample_of_the_pooled_rows(
     assert _evaluation_text(training, 10000, [], [10000]).endswith(
         "; global and intra/inter accuracy of the models scored on the pooled test data from a seeded sample of "
         "10,000 of its rows")
+
+
+def test_methods_name_says_what_keeps_a_method_from_the_bars_at_scale(capsys):
+    from cflpipe.cli import main
+
+    assert main(["methods", "flhc"]) == 0
+    out = capsys.readouterr().out
+    assert "\nat 10,000 clients: its one clustering trains every client and links all N updates pairwise" in out
+    assert "\nmemory: the Euclidean distance of every pair of clients' updates" in out
+    assert main(["methods", "fedem"]) == 0
+    out = capsys.readouterr().out
+    assert "at 10,000 clients" not in out and "memory:" not in out

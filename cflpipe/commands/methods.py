@@ -57,6 +57,8 @@ def cmd_methods(args) -> int:
         print(f"memory: {caps.pairs}; its paper needs all pairs: about {caps.pair_bytes} bytes a pair{each}, "
               f"{caps.pair_bytes * 10_000 ** 2 / 2 ** 30:,.1f} GiB at 10,000 clients (validate warns past this "
               f"machine's memory)")
+    if info.at_scale:
+        print(f"at 10,000 clients: {info.at_scale} (docs/performance.md, \"Every clustered method at scale\")")
     fields = info.params.model_fields
     print("hyper-parameters (default):" if fields else "hyper-parameters: none")
     for field, f in fields.items():

@@ -136,4 +136,5 @@ declare("fcca", FCCAParams, "cflpipe.methods.fcca:FCCA",
         needs="cINNs that have learnt each held label's conditional: the paper's K = 20 as passes over the "
               "client's data (flow_epochs; with 5 mini-batch steps D carried no group signal); under label skew "
               "at its paper's settings even that recovered the label-exchange groups only in part (docs/fcca.md)",
-        family="seed")
+        family="seed",
+        at_scale="every client's cINN and Adam moments, the server's copy of every cINN and D over every pair: past 8 GiB")

@@ -52,4 +52,5 @@ def _flhc_starts(hp: FLHCParams) -> tuple[str, int]:
 
 
 declare("flhc", FLHCParams, "cflpipe.methods.flhc:FLHC",
-        Capabilities(clustered=True, k_param="clusters", pairs="the Euclidean distance of every pair of clients' updates (Ward's linkage, once)", pair_bytes=8), _flhc_starts, cluster_options("flhc"), family="clustered", variant_family="modifier")
+        Capabilities(clustered=True, k_param="clusters", pairs="the Euclidean distance of every pair of clients' updates (Ward's linkage, once)", pair_bytes=8), _flhc_starts, cluster_options("flhc"), family="clustered", variant_family="modifier",
+        at_scale="its one clustering trains every client and links all N updates pairwise (Ward): 70 s that round, 3.7 GiB")

@@ -22,4 +22,5 @@ class LCFedParams(HyperParams):
 
 
 declare("lcfed", LCFedParams, "cflpipe.methods.lcfed:LCFed",
-        Capabilities(clustered=True, personalized=True, k_param="clusters"), family="clustered")
+        Capabilities(clustered=True, personalized=True, k_param="clusters"), family="clustered",
+        at_scale="FedAC's M-step over every client's ω_i each round: server 7× its training")

@@ -27,4 +27,5 @@ class SRFCAParams(HyperParams):
 
 declare("srfca", SRFCAParams, "cflpipe.methods.srfca:SRFCA",
         Capabilities(clustered=True, pairs="every client's loss on every other client's model and their pair distances", pair_bytes=24), variants=cluster_options("srfca"), family="clustered",
-        variant_family="modifier")
+        variant_family="modifier",
+        at_scale="every client's loss on every other client's model (N² evaluations at its start): past 8 GiB")

@@ -18,4 +18,5 @@ class StoCFLParams(HyperParams):
 
 
 declare("stocfl", StoCFLParams, "cflpipe.methods.stocfl:StoCFL",
-        Capabilities(clustered=True), family="clustered")
+        Capabilities(clustered=True), family="clustered",
+        at_scale="two clients × parameters tables (ψ_i and every client's model): 4.9 GiB")
