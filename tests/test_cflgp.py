@@ -40,14 +40,19 @@ def _updates(method, directions: dict[int, torch.Tensor]) -> dict[int, Update]:
             for c, d in directions.items()}
 
 
-def test_clients_whose_updates_point_alike_are_clustered_together(tmp_path):
-    method = _run(tmp_path).method
-    p = method.centers.shape[1]
+def _two_directions(p: int) -> tuple[np.ndarray, dict[int, torch.Tensor]]:
+    """8 clients' updates along one of two random directions (their truth), with a little noise."""
     g = torch.Generator().manual_seed(0)
     a, b = torch.randn(p, generator=g), torch.randn(p, generator=g)
     truth = np.array([0, 1, 0, 1, 1, 0, 1, 0])
     noise = 0.05 * torch.randn(8, p, generator=g)
-    directions = {c: (a if truth[c] == 0 else b) + noise[c] for c in range(8)}
+    return truth, {c: (a if truth[c] == 0 else b) + noise[c] for c in range(8)}
+
+
+def test_clients_whose_updates_point_alike_are_clustered_together(tmp_path):
+    method = _run(tmp_path).method
+    p = method.centers.shape[1]
+    truth, directions = _two_directions(p)
     method.ctx.round = 0
     method.cluster_aggregate(_updates(method, directions))
     assert method.profiled.all()
@@ -93,11 +98,7 @@ def test_a_profile_share_keeps_the_same_seeded_coordinates_and_still_separates_t
     assert method.profile.shape == (8, max(1, int(p * 0.05))) and len(kept) == method.profile.shape[1]
     assert torch.equal(kept, kept.sort().values) and len(torch.unique(kept)) == len(kept)
     assert torch.equal(_run(tmp_path / "b", profile_share=0.05).method.coordinates, kept)  # the run's seed alone
-    g = torch.Generator().manual_seed(0)
-    a, b = torch.randn(p, generator=g), torch.randn(p, generator=g)
-    truth = np.array([0, 1, 0, 1, 1, 0, 1, 0])
-    noise = 0.05 * torch.randn(8, p, generator=g)
-    directions = {c: (a if truth[c] == 0 else b) + noise[c] for c in range(8)}
+    truth, directions = _two_directions(p)
     method.ctx.round = 0
     method.cluster_aggregate(_updates(method, directions))
     assert adjusted_rand_score(truth, method.clusters) == 1.0
