@@ -1,5 +1,5 @@
 """#59's bars at the largest population measured: the server's seconds against the training's
-(≤ 1), the peak RSS against 3 GiB, the final evaluation against two training rounds; one line
+(≤ 1), the peak RSS against 3 GiB, the final evaluation against two rounds' training; one line
 per method and bar, drawn to scale, marked met or not.
 
     cflpipe bench --part scale --output scale.json      # or bench_methods_at_scale(output=FILE.jsonl)
@@ -20,7 +20,9 @@ BARS = (("server / training", lambda r: r["server_s"] / r["train_s"], 1.0),
         # a method that clusters once (FL+HC, FeSEM's start): that round's server against its training
         ("heaviest round's server / its training", lambda r: r["server_max_s"] / r["train_at_server_max_s"], 1.0),
         ("peak RSS / 3 GiB", lambda r: r["peak_rss_mib"] / 3072.0, 1.0),
-        ("final evaluation / 2 rounds", lambda r: r["eval_s"] / (2 * (r["train_s"] + r["server_s"])), 1.0))
+        # #59: "within two training rounds": the training's seconds, not a round's server too (a
+        # slow server would make the bar easier)
+        ("final evaluation / 2 training rounds", lambda r: r["eval_s"] / (2 * r["train_s"]), 1.0))
 WIDTH = 40  # characters for a ratio of 2
 
 

@@ -53,6 +53,8 @@ class Capabilities:
     pair_rows_bytes: what a pair adds with each evaluation that writes a long table of every
                     pair (held until the run ends): `validate` warns where N² · (pair_bytes +
                     evaluations · pair_rows_bytes) passes the machine's memory
+    pairs_round:    the pairs are of a round's clients (N above: clients_per_round), as the
+                    paper's are of every client under its full participation
     """
 
     needs_groups: bool = False
@@ -65,6 +67,7 @@ class Capabilities:
     pairs: str = ""
     pair_bytes: int = 0
     pair_rows_bytes: int = 0
+    pairs_round: bool = False
 
     def summary(self) -> str:
         flags = [name for name in ("needs_groups", "needs_public", "clustered", "personalized")

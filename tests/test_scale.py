@@ -159,3 +159,15 @@ def test_methods_name_says_what_keeps_a_method_from_the_bars_at_scale(capsys):
     assert main(["methods", "fedem"]) == 0
     out = capsys.readouterr().out
     assert "at 10,000 clients" not in out and "memory:" not in out
+
+
+def test_pairs_of_a_rounds_clients_are_weighed_at_the_rounds_clients(tmp_path, monkeypatch):
+    spec = {"seeds": [0], "training": {"model": "mlp", "rounds": 20, "clients_per_round": 3000},
+            "scenarios": {"big": {"dataset": {"name": "synthetic", "devices": 3000, "max_samples": 20},
+                                  "clients": 3000, "partition": [{"kind": "natural"}]}},
+            "methods": {"cfl": {}}, "results_dir": str(tmp_path)}
+    monkeypatch.setattr(_checks, "machine_memory", lambda: 64 << 20)
+    lines = [line for line in spec_warnings(parse_spec(spec)) if "memory" in line]
+    assert len(lines) == 1 and "about 0.2 GiB for its 3,000 clients a round, more than" in lines[0], lines
+    spec["training"]["clients_per_round"] = 100  # 100² pairs: nothing to say
+    assert not [line for line in spec_warnings(parse_spec(spec)) if "memory" in line]

@@ -80,9 +80,9 @@ def _fedtsdp_limits(hp: FedTSDPParams, training: Any, scenario: Any) -> list[tup
 
 
 declare("fedtsdp", FedTSDPParams, "cflpipe.methods.fedtsdp:FedTSDP",
-        Capabilities(clustered=True, personalized=True, needs_public=True), premises=_fedtsdp_premises,
+        Capabilities(clustered=True, personalized=True, needs_public=True, pairs="the Jensen–Shannon divergence and the weight distance of every pair of a round's clients (two-stage DBSCAN; of every client in the paper's full participation)", pair_bytes=24, pairs_round=True), premises=_fedtsdp_premises,
         limits=_fedtsdp_limits,
         needs="every client every round and the paper's local budget (2 epochs; 20 steps or more): its gate reads "
               "one round's drift of the round's clients' outputs",
         family="seed",
-        at_scale="its server work is the round's own (0.3 s at any population, 1.2× its training); every client's model and the evaluation's copy of them: 5 GiB; evaluating 10,000 distinct models: 2.9 rounds")
+        at_scale="its server work is the round's own (0.3 s at any population, 1.2× its training); every client's model and the evaluation's copy of them: 5 GiB; the final evaluation applies 10,000 distinct models, 6× two training rounds")

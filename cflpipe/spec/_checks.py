@@ -433,11 +433,13 @@ def spec_warnings(spec: Spec) -> list[str]:
             for found in info.premise_warnings(hp, training, spec.scenarios[scenario]):
                 premises.setdefault(found, []).append(scenario)
             caps, clients = info.capabilities, spec.scenarios[scenario].participants
+            if caps.pairs_round:
+                clients = min(clients, training.clients_per_round)
             evaluations = sum(training.is_evaluated(r) for r in range(1, training.rounds + 1))
             held = clients ** 2 * (caps.pair_bytes + evaluations * caps.pair_rows_bytes)
             if caps.pair_bytes and held > machine_memory():
                 lines.append(f"methods.{method}: on scenario {scenario} holds {caps.pairs}: about "
-                             f"{held / 2 ** 30:,.1f} GiB for its {clients:,} clients"
+                             f"{held / 2 ** 30:,.1f} GiB for its {clients:,} clients{' a round' * caps.pairs_round}"
                              + (f" and {evaluations} evaluations" if caps.pair_rows_bytes else "")
                              + f", more than this machine's {machine_memory() / 2 ** 30:,.1f} GiB of memory; its "
                              f"paper needs all pairs: fewer clients, or a machine with more memory")
