@@ -139,12 +139,10 @@ def test_a_configuration_is_measured_in_a_fresh_process(tmp_path):
 
 
 def test_the_setup_says_where_models_were_scored_on_a_sample_of_the_pooled_rows():
-    from cflpipe.report.sections import _evaluation_text
-    from cflpipe.spec import Training
+    from cflpipe.report.sections import _pooled_text
 
-    training = Training()
-    assert "pooled" not in _evaluation_text(training, 100, [])
-    assert _evaluation_text(training, 10000, [], [10000]).endswith(
+    assert _pooled_text([]) == ""
+    assert _pooled_text([10000, 10000]) == (
         "; global and intra/inter accuracy of the models scored on the pooled test data from a seeded sample of "
         "10,000 of its rows")
 
@@ -171,3 +169,12 @@ def test_pairs_of_a_rounds_clients_are_weighed_at_the_rounds_clients(tmp_path, m
     assert len(lines) == 1 and "about 0.2 GiB for its 3,000 clients a round, more than" in lines[0], lines
     spec["training"]["clients_per_round"] = 100  # 100² pairs: nothing to say
     assert not [line for line in spec_warnings(parse_spec(spec)) if "memory" in line]
+
+
+def test_a_large_table_is_projected_block_by_block_as_at_once(monkeypatch):
+    x = _blobs(300, 4000)
+    pca = tools.fit_pca(x, 5)
+    whole = pca.transform(x)
+    monkeypatch.setattr(tools, "_TRANSFORM_WHOLE_BYTES", 0)
+    blocks = pca.transform(x)  # _row_slices: several blocks of 262 rows
+    torch.testing.assert_close(blocks, whole, rtol=1e-5, atol=1e-5)

@@ -11,7 +11,8 @@ from typing import Literal
 import numpy as np
 import torch
 
-from cflpipe.clustering.engine import Seed, as_generator, as_matrix, canonical_labels, pairwise_sq_distances
+from cflpipe.clustering.engine import (Seed, _Centered, _row_slices, as_generator, as_matrix, canonical_labels,
+                                      pairwise_sq_distances)
 
 
 # ---------------------------------------------------------------------------- similarities
@@ -107,7 +108,7 @@ def hierarchical_clusters(x: torch.Tensor | np.ndarray, *, n_clusters: int | Non
         return np.zeros(1, dtype=np.int64)
     if linkage == "ward" and metric != "euclidean":
         raise ValueError("hierarchical_clusters: ward linkage needs the euclidean metric")
-    if metric == "euclidean" and x.numel() * 8 > LEAN_PAIRWISE_BYTES:
+    if lean_pairwise(x, metric):
         return _linkage_labels(_condensed_euclidean(x), n, linkage, n_clusters, distance_threshold)
     x = x.to(torch.float64)
     if metric == "euclidean":
@@ -147,27 +148,29 @@ _LEAN_BLOCK_BYTES = 128 << 20
 _LEAN_STEP_BYTES = 32 << 20
 
 
+def lean_pairwise(x: torch.Tensor, metric: str = "euclidean") -> bool:
+    """Whether hierarchical_clusters takes the rows' Euclidean distances block by block from their
+    mean (`_condensed_euclidean`) rather than through a float64 copy: translation-invariant, so a
+    caller may pass points that differ from its own by a common shift (FL+HC: models for updates)."""
+    return metric == "euclidean" and x.numel() * 8 > LEAN_PAIRWISE_BYTES
+
+
 def _condensed_euclidean(x: torch.Tensor) -> np.ndarray:
     """The condensed (scipy's upper-triangle order) Euclidean distances between the rows of x, in
     float64, with temporary memory of one block of rows: products of rows seen from their mean
-    in x's precision (model updates share little, so float32 products lose nothing that matters
-    to a dendrogram), norms and distances in float64."""
+    in x's precision (k-means' `_Centered`: model updates share little, so float32 products lose
+    nothing that matters to a dendrogram), norms and distances in float64."""
     n, p = x.shape
-    dtype = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
-    total = torch.zeros(p, dtype=torch.float64, device=x.device)
+    centered = _Centered(x)
+    sq = centered.sq
     rows = max(1, _LEAN_STEP_BYTES // max(4 * p, 1))
-    for start in range(0, n, rows):
-        total += x[start:start + rows].to(torch.float64).sum(0)
-    mean = (total / n).to(dtype)
-    sq = torch.cat([torch.linalg.vector_norm((x[s:s + rows].to(dtype) - mean).to(torch.float64), dim=1).square()
-                    for s in range(0, n, rows)])
     condensed = np.empty(n * (n - 1) // 2, dtype=np.float64)
     block = max(1, _LEAN_BLOCK_BYTES // max(4 * p, 1))
     for start in range(0, n - 1, block):
         stop = min(start + block, n - 1)
-        mine = x[start:stop].to(dtype) - mean
+        mine = centered.rows_of(slice(start, stop))
         for later in range(start, n, rows):
-            theirs = x[later:later + rows].to(dtype) - mean
+            theirs = centered.rows_of(slice(later, later + rows))
             d2 = (sq[start:stop, None] + sq[None, later:later + rows]
                   - 2.0 * (mine @ theirs.T).to(torch.float64)).clamp_min_(0.0).sqrt_()
             d2 = d2.cpu().numpy()
@@ -299,18 +302,22 @@ class PCAProjection:
 
     def transform(self, x: torch.Tensor | np.ndarray) -> torch.Tensor:
         x = as_matrix(x)
-        if x.numel() * x.element_size() <= LEAN_PAIRWISE_BYTES // 4:
+        if x.numel() * x.element_size() <= _TRANSFORM_WHOLE_BYTES:
             x = x.to(dtype=self.components.dtype, device=self.components.device)
             return (x - self.mean) @ self.components.T
         # Every client's model (FedAC's refit at 10,000 clients): blocks of rows, so that x − mean
         # is never a second (clients × parameters) matrix (#59).
         out = torch.empty(x.shape[0], self.components.shape[0], dtype=self.components.dtype,
                           device=self.components.device)
-        step = max(1, (32 << 20) // max(4 * x.shape[1], 1))
-        for start in range(0, x.shape[0], step):
-            block = x[start:start + step].to(dtype=self.components.dtype, device=self.components.device)
-            out[start:start + step] = (block - self.mean) @ self.components.T
+        for rows in _row_slices(*x.shape):
+            block = x[rows].to(dtype=self.components.dtype, device=self.components.device)
+            out[rows] = (block - self.mean) @ self.components.T
         return out
+
+
+# PCAProjection.transform takes rows past this many bytes block by block (below it at once, as
+# at the sizes the tests use).
+_TRANSFORM_WHOLE_BYTES = 256 << 20
 
 
 def fit_pca(x: torch.Tensor | np.ndarray, n_components: int, *, seed: Seed = 0,

@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from cflpipe.clustering import hierarchical_clusters, tools
+from cflpipe.clustering import hierarchical_clusters
+from cflpipe.clustering.tools import lean_pairwise
 from cflpipe.fl.method import ROUND, Context, Payload, Placement, Update, take_rows
 from cflpipe.methods.clustered import ClusterModels
 from cflpipe.fl.params import cluster_average
@@ -86,7 +87,7 @@ class FLHC(ClusterModels):
         clients, vectors = take_rows(models)
         sizes = self.ctx.train_sizes()
         weights = torch.as_tensor(sizes[clients], dtype=vectors.dtype, device=vectors.device)
-        if self.hp.metric == "euclidean" and vectors.numel() * 8 > tools.LEAN_PAIRWISE_BYTES:
+        if lean_pairwise(vectors, self.hp.metric):
             # At this size hierarchical_clusters works from the rows' mean, where the updates and the
             # models are the same points: no third (clients × parameters) matrix for the updates.
             self._mean_update_norm = float(torch.cat([(part - self.centers[0]).norm(dim=1)

@@ -119,8 +119,8 @@ class Sections:
                     ("lr", f"{t.lr:g}" + (f" (× {t.lr_decay:g} per round)" if t.lr_decay != 1 else "")),
                     ("momentum", f"{t.momentum:g}"), ("weight decay", f"{t.weight_decay:g}"),
                     ("clients per round", t.clients_per_round),
-                    ("evaluated every", _evaluation_text(t, sc.clients, _final_counts(view.runs, s),
-                                                         _final_counts(view.runs, s, "global_rows"))),
+                    ("evaluated every", _evaluation_text(t, sc.clients, _final_counts(view.runs, s))
+                     + _pooled_text(_final_counts(view.runs, s, "global_rows"))),
                     ("device", t.device), ("trainer", t.trainer),
                     ("seeds", ", ".join(str(k) for k in view.spec.seeds)),
                     ("scenario hyperparams", _kv_text(sc.hyperparams))):
@@ -488,23 +488,29 @@ def _final_counts(runs: pd.DataFrame, scenario: str, column: str = "train_evalua
     return [int(v) for v in values]
 
 
-def _evaluation_text(t: Training, clients: int | None, train_read: list[int], pooled_rows: list[int] = ()) -> str:
+def _span(values: list[int]) -> str:
+    """"n" or "low–high" of some counts (sorted, distinct)."""
+    return f"{values[0]:,}" if len(values) == 1 else f"{values[0]:,}–{values[-1]:,}"
+
+
+def _pooled_text(pooled_rows: list[int]) -> str:
+    """Where runs scored their models on a sample of the pooled test rows
+    (evaluation.MAX_SCORED_ROWS): how many rows each read."""
+    if not pooled_rows:
+        return ""
+    return (f"; global and intra/inter accuracy of the models scored on the pooled test data from a seeded "
+            f"sample of {_span(sorted(set(pooled_rows)))} of its rows")
+
+
+def _evaluation_text(t: Training, clients: int | None, train_read: list[int]) -> str:
     """How often and what evaluations read; `train_read`: how many clients' training splits the
-    scenario's runs read in their final evaluation (eval_train auto decides by the data);
-    `pooled_rows`: the pooled test rows each scored model read where runs scored their models on
-    a sample of them (evaluation.MAX_SCORED_ROWS)."""
-    if pooled_rows:
-        rows = sorted(set(pooled_rows))
-        counts = f"{rows[0]:,}" if len(rows) == 1 else f"{rows[0]:,}–{rows[-1]:,}"
-        return (_evaluation_text(t, clients, train_read) + f"; global and intra/inter accuracy of the models scored on "
-                f"the pooled test data from a seeded sample of {counts} of its rows")
+    scenario's runs read in their final evaluation (eval_train auto decides by the data)."""
     text = "round" if t.eval_every == 1 else f"{t.eval_every} rounds"
     read = sorted(set(train_read))
     if t.eval_train is False or (t.eval_train == "auto" and read == [0]):
         text += " (test splits only" + (": every client's already costs a training round)" if t.eval_train else ")")
     elif t.eval_train == "auto" and read and (clients is None or read[0] < clients):
-        counts = f"{read[0]}" if len(read) == 1 else f"{read[0]}–{read[-1]}"
-        text += (f" (training splits of a seeded sample of {counts}{'' if clients is None else f' of {clients}'} "
+        text += (f" (training splits of a seeded sample of {_span(read)}{'' if clients is None else f' of {clients}'} "
                  f"clients, so that an evaluation "
                  f"costs no more than a training round)")
     if t.eval_clients is None:
