@@ -397,8 +397,9 @@ def bench_scale(populations: tuple[int, ...] = (1000, 10000), repeats: int = 2, 
                         spec = parse_spec({
                             "seeds": [0],
                             # Round 1 of 2 is a sampled evaluation; of 1, the last, a full one.
+                            # "full": every client (not full_eval_clients auto's sample of them)
                             "training": {"model": "mlp", "rounds": 2 if sample else 1, "clients_per_round": 10,
-                                         "device": device, **sample},
+                                         "device": device, "full_eval_clients": "all", **sample},
                             "scenarios": {"bench": {"dataset": {"name": "synthetic", "devices": clients,
                                                                 "max_samples": 200},
                                                     "clients": clients, "partition": [{"kind": "natural"}]}},

@@ -24,6 +24,8 @@ MLP: seconds) and raises AssertionError with what went wrong:
   wrote to it (through a payload tensor that is a view of the server's) fails
 - check_state_round_trip: the method's checkpoint and client store round-trip through the
   engine's checkpoint into a fresh method that evaluates identically
+- check_sampled_predictor: what a sampled evaluation's clients predict with (`predictor(clients)`,
+  the default at scale: training.full_eval_clients) is what they predict with in a full one
 - check_k_rule: a number of clusters above the clients is refused in one line (methods with K)
 - check_batched_equals_sequential: the batched trainer trains what the sequential one trains
   (batchable methods)
@@ -452,8 +454,26 @@ def check_drift_resumes(name: str, workdir: Path) -> None:
         same_bytes(whole.run_dir("s", name, 0), resumed)  # drift.parquet among the tables
 
 
+def check_sampled_predictor(name: str, workdir: Path) -> None:
+    from cflpipe.fl.predictors import Mixture, Selected
+
+    run = prepare_run(parse_spec(spec_dict(Path(workdir), name)), "s", name, 0)
+    play(run, 3)
+    sample = np.array([0, 2, 5])
+    some, every = run.method.predictor(sample), run.method.predictor()
+    assert type(some) is type(every), f"{type(some).__name__} for a sample, {type(every).__name__} for all"
+    if isinstance(every, Mixture):
+        assert np.array_equal(np.asarray(some.weights)[sample], np.asarray(every.weights)[sample]), "mixture weights"
+        assert all(torch.equal(u, v) for u, v in zip(some.models, every.models)), "mixture components"
+    elif isinstance(every, Selected):
+        assert all(torch.equal(u, v) for u, v in zip(some.models, every.models)), "the models selected from"
+    for c in sample:  # each sampled client's model (its largest share for a mixture)
+        mine, theirs = some.models[int(some.index[c])], every.models[int(every.index[c])]
+        assert torch.equal(mine, theirs), f"client {c}'s model differs when the evaluation samples clients"
+
+
 CHECKS: tuple[Callable[[str, Path], None], ...] = (
-    check_k_rule, check_clients_use_only_what_they_were_sent, check_state_round_trip,
+    check_k_rule, check_clients_use_only_what_they_were_sent, check_state_round_trip, check_sampled_predictor,
     check_batched_equals_sequential, check_determinism, check_resume, check_outputs_from_last_checkpoint,
     check_evaluation_does_not_change_training, check_streamed_means_equal_held_updates,
     check_new_clients_change_no_training, check_drift_resumes)

@@ -112,6 +112,30 @@ def test_a_placement_that_changes_the_method_fails_the_conformance_check(tmp_pat
     check_new_clients_change_no_training("ifca", tmp_path / "ifca")
 
 
+def test_a_sampled_predictor_that_gives_other_models_fails_the_conformance_check(tmp_path, registry_copy):
+    """A sampled evaluation (the default past 1,000 clients) must give the sampled clients their
+    full evaluation's models: an IFCA that serves them its first cluster model fails."""
+    from cflpipe.fl.predictors import Models
+    from cflpipe.methods import register
+    from cflpipe.methods.ifca import IFCA
+    from cflpipe.methods.ifca_params import IFCAParams
+    from cflpipe.testing import check_sampled_predictor
+
+    @register("first_when_sampled", IFCAParams)
+    class FirstWhenSampled(IFCA):
+        """First when sampled: IFCA whose sampled evaluation serves every client cluster 0's model."""
+
+        def predictor(self, clients=None):
+            every = super().predictor(clients)
+            if clients is None:
+                return every
+            return Models(every.models, np.zeros(self.ctx.num_clients, dtype=np.int64))
+
+    with pytest.raises(AssertionError, match="model differs when the evaluation samples clients"):
+        check_sampled_predictor("first_when_sampled", tmp_path / "first")
+    check_sampled_predictor("ifca", tmp_path / "ifca")
+
+
 PROCESS_TRAINER = "process_trainer:ProcessTrainer"  # tests/process_trainer.py
 
 

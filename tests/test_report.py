@@ -973,6 +973,25 @@ def test_the_setup_says_how_many_training_splits_evaluations_read():
                                                                          "a")) == "5 rounds"
 
 
+def test_the_setup_says_when_full_evaluations_read_a_sample_of_the_clients():
+    import pandas as pd
+
+    from cflpipe.report.sections import _evaluation_text, _final_counts
+    from cflpipe.spec._models import Training
+
+    runs = pd.DataFrame({"scenario": ["a", "a", "b"], "evaluated_clients": [1000, 1000, 12]})
+    every = Training(eval_every=1, eval_train=False)
+    assert _evaluation_text(every, 10_000, [], _final_counts(runs, "a", "evaluated_clients")) == (
+        "round (test splits only): a seeded sample of 1,000 of 10,000 clients (the same for every method; "
+        "training.full_eval_clients)")
+    assert _evaluation_text(every, 12, [], _final_counts(runs, "b", "evaluated_clients")) == \
+        "round (test splits only)"
+    sampled = Training(eval_every=1, eval_train=False, eval_clients=100)
+    assert _evaluation_text(sampled, 10_000, [], _final_counts(runs, "a", "evaluated_clients")) == (
+        "round (test splits only): a seeded sample of 100 clients, a seeded sample of 1,000 of 10,000 clients "
+        "(the same for every method; training.full_eval_clients) in the last round")
+
+
 def test_at_a_glance_says_a_tie_when_the_best_means_are_equal():
     """ARI 1.00 in every seed for two methods is a tie, not a winner and a runner-up."""
     from types import SimpleNamespace

@@ -102,7 +102,8 @@ def test_full_evaluations_off_the_eval_every_grid_are_still_held(tmp_path):
 def test_runs_without_a_sample_keep_their_config(tmp_path):
     result, *_ = run(tmp_path, eval_train=True)  # what every run before eval_train: auto did
     config = yaml.safe_load((result.run_dir / "config.yaml").read_text())
-    later = {"eval_clients", "full_eval_every", "eval_train", "precision", "compile"}  # added after runs existed
+    later = {"eval_clients", "full_eval_every", "eval_train", "precision", "compile",
+             "full_eval_clients"}  # added after runs existed
     assert not later & set(config["training"])
     # auto reads other training splits than those runs did: it is recorded, so they are redone
     result, *_ = run(tmp_path / "auto")
@@ -223,3 +224,127 @@ def test_eval_train_auto_reads_its_sample_s_training_splits_in_every_evaluation(
     test_rows = lambda m: m[m["split"] == "test"].reset_index(drop=True)  # noqa: E731
     pd.testing.assert_frame_equal(test_rows(metrics[metrics["round"] == 4]), test_rows(full_metrics[
         full_metrics["round"] == 4]), check_exact=False, rtol=1e-5)
+
+
+# --------------------------------------------------------------------------- full_eval_clients
+
+
+def evaluated(metrics: pd.DataFrame, r: int) -> list[int]:
+    return metrics.loc[(metrics["round"] == r) & (metrics["split"] == "test"), "client"].tolist()
+
+
+# Models by cluster (ifca), a model per client built for the sample alone (fedper), a mixture (fedem).
+@pytest.mark.parametrize("method", ["ifca", "fedper", "fedem"])
+def test_a_full_evaluation_of_a_population_sample_reads_the_same_clients_for_every_method_and_round(
+        tmp_path, method):
+    result, rounds, metrics, clusters = run(tmp_path / "sample", method, full_eval_clients=5, eval_train=True)
+    population = evaluated(metrics, 1)
+    assert len(population) == 5 and rounds["evaluated_clients"].tolist() == [5] * 4
+    for r in range(1, 5):
+        assert evaluated(metrics, r) == population
+        assert metrics.loc[(metrics["round"] == r) & (metrics["split"] == "train"), "client"].tolist() == population
+        assert len(clusters[clusters["round"] == r]) == CLIENTS  # the clustering is always everyone's
+    _, _, fedavg_metrics, _ = run(tmp_path / "fedavg", "fedavg", full_eval_clients=5)
+    assert evaluated(fedavg_metrics, 4) == population  # by the run's seed alone
+    summary = json.loads((result.run_dir / "summary.json").read_text())
+    assert summary["best_round"] == int(rounds.loc[rounds["acc_macro"].idxmax(), "round"])
+
+    # Training does not see evaluation: the clients' figures are a full run's (two evaluation
+    # paths: rows applied in other groups, so to rounding).
+    _, full_rounds, full_metrics, full_clusters = run(tmp_path / "full", method, eval_train=True)
+    # IFCA's evaluated clients choose their cluster again by loss, the others keep their last choice
+    same = (lambda t: t[t["client"].isin(population)].reset_index(drop=True)) if method == "ifca" else (  # noqa: E731
+        lambda t: t)
+    pd.testing.assert_frame_equal(same(clusters), same(full_clusters))
+    mine = metrics.sort_values(["round", "split", "client"]).reset_index(drop=True)
+    theirs = full_metrics[full_metrics["client"].isin(population)].sort_values(["round", "split", "client"])
+    theirs = theirs.reset_index(drop=True)
+    assert (mine[["round", "client", "split", "model", "group", "n"]]
+            == theirs[["round", "client", "split", "model", "group", "n"]]).all().all()
+    np.testing.assert_allclose(mine["loss"], theirs["loss"], rtol=1e-5)
+    assert np.abs(mine["acc"] - theirs["acc"]).max() * mine["n"].max() <= 1.0  # a tie at most
+    np.testing.assert_allclose(rounds["train_loss"], full_rounds["train_loss"], rtol=0, atol=0)
+
+
+def population_of(tmp_path, seed: int = 0, raw: dict | None = None, **training):
+    from cflpipe.fl.data import build_federated_data
+    from cflpipe.fl.evaluation import evaluated_population
+
+    spec = parse_spec(raw or spec_dict(tmp_path, **training))
+    return evaluated_population(build_federated_data(spec, "s", torch.device("cpu")),
+                                spec.resolved_training("s", "ifca"), seed)
+
+
+def test_the_population_sample_is_seeded_by_the_run_and_a_larger_one_holds_a_smaller_one(tmp_path):
+    five = population_of(tmp_path, full_eval_clients=5)
+    assert list(five) == sorted(five) and len(five) == 5
+    assert np.array_equal(five, population_of(tmp_path, full_eval_clients=5))
+    assert not np.array_equal(five, population_of(tmp_path, seed=1, full_eval_clients=5))
+    assert set(five) < set(population_of(tmp_path, full_eval_clients=8))
+    assert population_of(tmp_path, full_eval_clients=CLIENTS) is None
+    assert population_of(tmp_path, full_eval_clients="all") is None
+    assert population_of(tmp_path) is None  # auto: 12 clients are far fewer than AUTO_EVAL_CLIENTS
+
+
+def test_auto_samples_a_population_larger_than_its_size_unless_clients_move(tmp_path, monkeypatch):
+    from cflpipe.fl import evaluation
+
+    monkeypatch.setattr(evaluation, "AUTO_EVAL_CLIENTS", 5)
+    assert len(population_of(tmp_path)) == 5
+    raw = spec_dict(tmp_path)
+    raw["scenarios"]["s"]["drift"] = [{"round": 2, "fraction": 0.25}]
+    assert population_of(tmp_path, raw=raw) is None  # drift figures follow every mover
+    raw["training"]["full_eval_clients"] = 5
+    assert len(population_of(tmp_path, raw=raw)) == 5  # unless asked for
+    _, rounds, metrics, _ = run(tmp_path / "auto", "ifca")
+    assert rounds["evaluated_clients"].tolist() == [5] * 4 and len(evaluated(metrics, 4)) == 5
+
+
+def test_sampled_rounds_between_full_ones_of_a_population_sample(tmp_path):
+    result, rounds, metrics, _ = run(tmp_path, eval_clients=3, full_eval_clients=6, full_eval_every=2)
+    assert rounds["evaluated_clients"].tolist() == [3, 6, 3, 6]
+    assert evaluated(metrics, 2) == evaluated(metrics, 4)
+    summary = json.loads((result.run_dir / "summary.json").read_text())
+    full = rounds[rounds["evaluated_clients"] == 6]
+    assert summary["best_test_acc_macro"] == pytest.approx(full["acc_macro"].max())
+    assert summary["best_round"] in (2, 4)
+
+
+@pytest.mark.parametrize("value", [0, -3, 2.5, "some", True, None])
+def test_a_bad_full_eval_clients_is_one_line(tmp_path, value):
+    with pytest.raises(SpecError) as info:
+        parse_spec(spec_dict(tmp_path, full_eval_clients=value))
+    shown = {0: "0", -3: "-3", 2.5: "2.5", "some": "'some'", True: "true", None: "null"}[value]
+    assert str(info.value) == (f"training.full_eval_clients: must be a number of clients (>= 1), 'auto' or 'all', "
+                               f"got {shown}")
+
+
+def test_a_sampled_evaluation_s_models_read_at_most_so_many_pooled_rows_per_row(tmp_path, monkeypatch):
+    """Models a sampled evaluation scores on its clients' pooled test data (here every sampled
+    client's own model) read a seeded sample of it past SCORED_ROWS_PER_TEST_ROW rows per row;
+    a full evaluation of every client reads all of it (MAX_SCORED_ROWS alone)."""
+    from cflpipe.fl import evaluation
+
+    monkeypatch.setattr(evaluation, "SCORED_ROWS_PER_TEST_ROW", 2)
+    _, rounds, metrics, _ = run(tmp_path / "sample", "ditto", full_eval_clients=5)
+    pooled = int(metrics.loc[(metrics["round"] == 4) & (metrics["split"] == "test"), "n"].sum())
+    assert rounds["global_models"].tolist() == [5] * 4
+    assert rounds["global_rows"].tolist() == [2 * pooled // 5] * 4
+    _, every, _, _ = run(tmp_path / "every", "ditto")
+    assert "global_rows" not in every.columns and every["global_models"].tolist() == [CLIENTS] * 4
+
+
+def test_auto_is_recorded_in_the_runs_it_samples_and_left_out_of_the_others(tmp_path):
+    """A population past AUTO_EVAL_CLIENTS evaluated every client before full_eval_clients
+    existed: its runs record auto (made again once), the others keep their definition."""
+    from cflpipe.fl.evaluation import AUTO_EVAL_CLIENTS
+    from cflpipe.fl.runs import resolved_config
+
+    raw = spec_dict(tmp_path)
+    raw["scenarios"]["big"] = {"dataset": {"name": "synthetic", "devices": AUTO_EVAL_CLIENTS + 1},
+                               "clients": AUTO_EVAL_CLIENTS + 1, "partition": [{"kind": "natural"}]}
+    spec = parse_spec(raw)
+    assert "full_eval_clients" not in resolved_config(spec, "s", "ifca", 0)["training"]
+    assert resolved_config(spec, "big", "ifca", 0)["training"]["full_eval_clients"] == "auto"
+    raw["training"]["full_eval_clients"] = "all"
+    assert resolved_config(parse_spec(raw), "big", "ifca", 0)["training"]["full_eval_clients"] == "all"

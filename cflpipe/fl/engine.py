@@ -22,7 +22,7 @@ from cflpipe.fl.checkpoint import STATE_HASH_FILE, adopt_previous, read_state, r
 from cflpipe.fl.data import FederatedData
 from cflpipe.fl.diagnosis import Degeneration, diagnose_clustering
 from cflpipe.fl import drift, newcomers
-from cflpipe.fl.evaluation import evaluate, train_split_clients
+from cflpipe.fl.evaluation import evaluate, evaluated_population, train_split_clients
 from cflpipe.fl.method import (Context, Method, Payload, Update, WeightedSum, divergence_error, client_update,
                                client_work, receive, streams_means)
 from cflpipe.fl.plan import Results
@@ -195,7 +195,10 @@ class Run:
         self.ctx = Context(self.data, self.space, self.training, hp, self.seed, self.space.read(),
                            self.scenario, self.method_name, self.trainer)
         self.training_clients = self.held_out_check(info)
-        self.train_split_clients = train_split_clients(self.data, self.training, self.seed, self.training_clients)
+        # the clients a full evaluation reads (training.full_eval_clients; None: every client)
+        self.population = evaluated_population(self.data, self.training, self.seed)
+        self.train_split_clients = train_split_clients(self.data, self.training, self.seed, self.training_clients,
+                                                       self.population)
         self.method: Method = info.cls(self.ctx)
         if self.newcomer_ids is not None:
             self.new_ctx = newcomers.sibling(self.ctx, self.new_data)
@@ -421,31 +424,41 @@ class Run:
 
     # ------------------------------------------------------------------ evaluation
 
+    @property
+    def population_size(self) -> int:
+        """How many clients a full evaluation reads."""
+        return self.data.num_clients if self.population is None else len(self.population)
+
     def full_evaluations(self, evals: pd.DataFrame) -> pd.DataFrame:
         if "evaluated_clients" not in evals.columns:
             return evals
-        return evals[evals["evaluated_clients"] == self.data.num_clients]
+        return evals[evals["evaluated_clients"] == self.population_size]
 
     def evaluation_sample(self, round_number: int) -> np.ndarray | None:
-        """The clients a sampled evaluation reads (seeded by run and round, sorted), or None: all."""
+        """The clients an evaluation reads (sorted), or None: all. A full one reads the run's
+        population (training.full_eval_clients), a drift round every client, the others a sample
+        seeded by run and round (training.eval_clients)."""
         m, wanted = self.data.num_clients, self.training.eval_clients
-        if self.training.is_full_evaluation(round_number) or wanted >= m or round_number in self.drift_evaluations:
+        if round_number in self.drift_evaluations:
             return None
+        if self.training.is_full_evaluation(round_number) or wanted >= self.population_size:
+            return self.population
         return np.sort(rng(self.seed, round_number, 0x62).choice(m, wanted, replace=False))
 
     def evaluate(self, round_number: int) -> dict[str, Any]:
         clients = self.evaluation_sample(round_number)
+        full = clients is None or clients is self.population
         result = evaluate(self.ctx, self.method, self.data, self.training.eval_batch_size, self.seed, round_number,
                           clients, self.training.eval_train is not False, self.train_split_clients,
                           self.training.eval_test)
-        if self.training.eval_clients is not None:  # so every figure of the round says what it read
+        if self.training.eval_clients is not None or self.population is not None:  # what each round read
             result.figures["evaluated_clients"] = self.data.num_clients if clients is None else len(clients)
         if self.training.eval_train == "auto":  # how many training splits it read
             evaluated = np.arange(self.data.num_clients) if clients is None else clients
             read = evaluated if self.train_split_clients is None else np.intersect1d(evaluated, self.train_split_clients)
             result.figures["train_evaluated_clients"] = int((self.data.train.sizes()[read] > 0).sum())
         # New clients and moved clients are scored on their test splits: not in a run that reads none.
-        if self.newcomer_ids is not None and clients is None and self.training.eval_test:
+        if self.newcomer_ids is not None and full and self.training.eval_test:
             figures, table = newcomers.place(self.method, self.new_ctx, self.ctx.round, round_number,
                                              self.training.eval_batch_size, self.newcomer_ids)
             result.figures.update(figures)

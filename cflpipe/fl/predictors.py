@@ -38,6 +38,18 @@ class Models:
         """A model per client, row c client c's."""
         return cls(list(models), np.arange(len(models)))
 
+    @classmethod
+    def own_of(cls, models: torch.Tensor, clients: np.ndarray | None, num_clients: int) -> "Models":
+        """A model per client, built for `clients` alone (a sampled evaluation's sorted ids; None:
+        every client, as `own`): row j is client clients[j]'s. As with `own`, client c's model is
+        models[c] (a client's `model` is its own id); the others' are None, never read."""
+        if clients is None:
+            return cls.own(models)
+        every: list = [None] * num_clients
+        for c, row in zip(clients.tolist(), models):
+            every[c] = row
+        return cls(every, np.arange(num_clients))
+
 
 @dataclass
 class Selected:

@@ -81,6 +81,18 @@ def resolve_run(spec: Spec, scenario: str, method: str, seed: int, threads: int 
         Path(spec.results_dir) / TRAINER_CHOICES)
 
 
+def training_definition(spec: Spec, scenario: str, method: str) -> dict[str, Any]:
+    """The run's training definition; full_eval_clients auto is recorded where it samples (a
+    population past AUTO_EVAL_CLIENTS), so the runs it changes are made again, the others kept."""
+    from cflpipe.fl.evaluation import AUTO_EVAL_CLIENTS
+
+    training = spec.resolved_training(scenario, method)
+    definition = training.definition()
+    if training.full_eval_clients == "auto" and spec.scenarios[scenario].participants > AUTO_EVAL_CLIENTS:
+        definition["full_eval_clients"] = "auto"
+    return definition
+
+
 def resolved_config(spec: Spec, scenario: str, method: str, seed: int, threads: int | None = None
                     ) -> dict[str, Any]:
     """What a run is made of, written as its config.yaml; `threads` (torch's CPU threads) is
@@ -95,7 +107,7 @@ def resolved_config(spec: Spec, scenario: str, method: str, seed: int, threads: 
         "method_type": method_type,
         "seed": seed,
         "hyperparams": hp.model_dump(mode="json"),
-        "training": spec.resolved_training(scenario, method).definition(),
+        "training": training_definition(spec, scenario, method),
         "scenario_spec": spec.scenarios[scenario].definition(),
         "data_dir": spec.data_dir,
         **({"inputs_sha256": digests} if (digests := input_digests(spec, scenario)) else {}),

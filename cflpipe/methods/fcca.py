@@ -326,9 +326,11 @@ class FCCA(_FCCAVariants, Method):
 
     def predictor(self, clients: np.ndarray | None = None) -> Models:
         if self.hp.personal:  # the global encoder with every client's own classifier, as FedPer's
-            models = self.global_model.repeat(self.ctx.num_clients, 1)
-            models[:, self.head_mask] = self.ctx.clients["head"]
-            return Models.own(models)
+            heads = self.ctx.clients["head"]
+            heads = heads if clients is None else heads[torch.from_numpy(clients).to(heads.device)]
+            models = self.global_model.repeat(len(heads), 1)
+            models[:, self.head_mask] = heads
+            return Models.own_of(models, clients, self.ctx.num_clients)
         return Models([self.cluster_model(k) for k in range(self.hp.clusters)], self.assign.copy())
 
     def assignment(self) -> np.ndarray | None:

@@ -62,11 +62,15 @@ class FedPer(Method):
 
     # --- evaluation: the global body with the client's own head (a client never sampled still
     # has the initial, untrained head, so its accuracy is that of a random decision layer)
-    def client_models(self, clients: Context | None = None) -> torch.Tensor:
-        """The global body with each client's own head (of `clients`' store: the participants' by default)."""
+    def client_models(self, clients: Context | None = None, only: np.ndarray | None = None) -> torch.Tensor:
+        """The global body with each client's own head (of `clients`' store: the participants' by
+        default), for the clients in `only` (sorted ids) where given."""
         clients = clients or self.ctx
-        models = self.global_model.repeat(clients.num_clients, 1)
-        models[:, self.head_mask] = clients.clients["head"]
+        heads = clients.clients["head"]
+        if only is not None:
+            heads = heads[torch.from_numpy(only).to(heads.device)]
+        models = self.global_model.repeat(len(heads), 1)
+        models[:, self.head_mask] = heads
         return models
 
     newcomer_rule = ("receives the shared body and trains body and its own head as a client does in a round, then "
@@ -85,4 +89,4 @@ class FedPer(Method):
         return view.update({}, trained, keep={"head": trained.vector[view.space.head]})
 
     def predictor(self, clients: np.ndarray | None = None) -> Models:
-        return Models.own(self.client_models())
+        return Models.own_of(self.client_models(only=clients), clients, self.ctx.num_clients)

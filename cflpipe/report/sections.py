@@ -119,7 +119,8 @@ class Sections:
                     ("lr", f"{t.lr:g}" + (f" (× {t.lr_decay:g} per round)" if t.lr_decay != 1 else "")),
                     ("momentum", f"{t.momentum:g}"), ("weight decay", f"{t.weight_decay:g}"),
                     ("clients per round", t.clients_per_round),
-                    ("evaluated every", _evaluation_text(t, sc.clients, _final_counts(view.runs, s))
+                    ("evaluated every", _evaluation_text(t, sc.clients, _final_counts(view.runs, s),
+                                                         _final_counts(view.runs, s, "evaluated_clients"))
                      + _pooled_text(_final_counts(view.runs, s, "global_rows"))),
                     ("device", t.device), ("trainer", t.trainer),
                     ("seeds", ", ".join(str(k) for k in view.spec.seeds)),
@@ -502,9 +503,10 @@ def _pooled_text(pooled_rows: list[int]) -> str:
             f"sample of {_span(sorted(set(pooled_rows)))} of its rows")
 
 
-def _evaluation_text(t: Training, clients: int | None, train_read: list[int]) -> str:
+def _evaluation_text(t: Training, clients: int | None, train_read: list[int], evaluated: list[int] = ()) -> str:
     """How often and what evaluations read; `train_read`: how many clients' training splits the
-    scenario's runs read in their final evaluation (eval_train auto decides by the data)."""
+    scenario's runs read in their final evaluation (eval_train auto decides by the data);
+    `evaluated`: how many clients their final evaluation read (full_eval_clients)."""
     text = "round" if t.eval_every == 1 else f"{t.eval_every} rounds"
     read = sorted(set(train_read))
     if t.eval_train is False or (t.eval_train == "auto" and read == [0]):
@@ -513,10 +515,15 @@ def _evaluation_text(t: Training, clients: int | None, train_read: list[int]) ->
         text += (f" (training splits of a seeded sample of {_span(read)}{'' if clients is None else f' of {clients}'} "
                  f"clients, so that an evaluation "
                  f"costs no more than a training round)")
+    counts = sorted(set(evaluated))
+    population = "every client"
+    if counts and clients is not None and counts[0] < clients:
+        population = (f"a seeded sample of {_span(counts)} of {clients:,} clients (the same for every method; "
+                      f"training.full_eval_clients)")
     if t.eval_clients is None:
-        return text
+        return text if population == "every client" else f"{text}: {population}"
     full = f"every {t.full_eval_every} rounds and the last" if t.full_eval_every else "the last round"
-    return f"{text}: a seeded sample of {t.eval_clients} clients, every client in {full}"
+    return f"{text}: a seeded sample of {t.eval_clients} clients, {population} in {full}"
 
 
 def _local_text(t: Training) -> str:

@@ -69,6 +69,13 @@ class Training(Strict):
         None, ge=1, description="evaluate a seeded sample of this many clients (and their pooled test data) at "
                                 "evaluation rounds that are not full ones; the clustering is always every "
                                 "client's (null: every evaluation is full)")
+    full_eval_clients: Annotated[int, Field(ge=1)] | Literal["auto", "all"] = Field(
+        "auto", description="the clients a full evaluation reads (every evaluation without eval_clients; with it, "
+                            "the last round's and full_eval_every's): all; n, a seeded sample of n (by the run's "
+                            "seed alone: every full evaluation of the run, and every method of the scenario, reads "
+                            "the same clients); auto: every client in a population of at most 1,000, a seeded sample "
+                            "of 1,000 in a larger one (every client where the scenario moves clients between "
+                            "groups: its drift figures follow each mover). The clustering is always every client's")
     eval_train: bool | Literal["auto"] = Field(
         "auto", description="also evaluate clients' models on their training split (metrics rows with split "
                             "train, train_acc_macro): true every client's, false none (the test split only), "
@@ -114,6 +121,14 @@ class Training(Strict):
     keep_state: bool = Field(
         False, description="keep a finished run's whole checkpoint (models, method state); false cuts it down "
                            "to the tables its outputs are written from")
+
+    @field_validator("full_eval_clients", mode="before")
+    @classmethod
+    def _population(cls, value: Any) -> Any:
+        # one line for a bad value, not one per branch of the union
+        if value in ("auto", "all") or (type(value) is int and value >= 1):
+            return value
+        raise ValueError(f"must be a number of clients (>= 1), 'auto' or 'all', got {_short(value)}")
 
     @field_validator("trainer")
     @classmethod
@@ -201,7 +216,7 @@ TRAINING_NOT_IN_RUN = ("keep_state", "workers")
 # Training keys added after runs were first recorded, with their defaults: left out of a run's
 # definition while at their default.
 LATER_TRAINING_DEFAULTS = {"eval_clients": None, "full_eval_every": None, "eval_train": True, "eval_test": True,
-                           "precision": "float32", "compile": False}
+                           "precision": "float32", "compile": False, "full_eval_clients": "auto"}
 
 
 def merge_training(layers: list[dict[str, Any]]) -> dict[str, Any]:

@@ -215,7 +215,7 @@ def run_params(wildcards):
 
 
 def method_params(s, m, spec=SPEC):
-    from cflpipe.fl.runs import run_plugins  # imports torch: only where a run's params are needed
+    from cflpipe.fl.runs import run_plugins, training_definition  # imports torch: only where a run's params are needed
     from cflpipe.registry import resolved_hyperparams
 
     # The resolved hyper-parameters (defaults included) and cflpipe's version (and the versions of
@@ -224,7 +224,7 @@ def method_params(s, m, spec=SPEC):
     plugins = run_plugins(spec, s, m)  # absent without plugins: older runs keep their params
     return {"method": spec.method_type(m), "cflpipe": __version__, **({"plugins": plugins} if plugins else {}),
             "hyperparams": resolved_hyperparams(spec, s, m).model_dump(mode="json"),
-            "training": spec.resolved_training(s, m).definition()}
+            "training": training_definition(spec, s, m)}
 
 
 def trial_names(wildcards):
