@@ -51,8 +51,9 @@ class Capabilities:
                     round's clients or with N, never N²
     pair_bytes:     about how many bytes a pair of clients costs at its peak (N² · pair_bytes)
     pair_rows_bytes: what a pair adds with each evaluation that writes a long table of every
-                    pair (held until the run ends): `validate` warns where N² · (pair_bytes +
-                    evaluations · pair_rows_bytes) passes the machine's memory
+                    pair of the clients full evaluations read, E (held until the run ends):
+                    `validate` warns where N² · pair_bytes + E² · evaluations · pair_rows_bytes
+                    passes the machine's memory
     pairs_round:    the pairs are of a round's clients (N above: clients_per_round), as the
                     paper's are of every client under its full participation
     """

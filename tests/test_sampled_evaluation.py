@@ -287,9 +287,9 @@ def test_the_population_sample_is_seeded_by_the_run_and_a_larger_one_holds_a_sma
 
 
 def test_auto_samples_a_population_larger_than_its_size_unless_clients_move(tmp_path, monkeypatch):
-    from cflpipe.fl import evaluation
+    from cflpipe.spec import _models
 
-    monkeypatch.setattr(evaluation, "AUTO_EVAL_CLIENTS", 5)
+    monkeypatch.setattr(_models, "AUTO_EVAL_CLIENTS", 5)
     assert len(population_of(tmp_path)) == 5
     raw = spec_dict(tmp_path)
     raw["scenarios"]["s"]["drift"] = [{"round": 2, "fraction": 0.25}]
@@ -337,7 +337,7 @@ def test_a_sampled_evaluation_s_models_read_at_most_so_many_pooled_rows_per_row(
 def test_auto_is_recorded_in_the_runs_it_samples_and_left_out_of_the_others(tmp_path):
     """A population past AUTO_EVAL_CLIENTS evaluated every client before full_eval_clients
     existed: its runs record auto (made again once), the others keep their definition."""
-    from cflpipe.fl.evaluation import AUTO_EVAL_CLIENTS
+    from cflpipe.spec._models import AUTO_EVAL_CLIENTS
     from cflpipe.fl.runs import resolved_config
 
     raw = spec_dict(tmp_path)
@@ -348,3 +348,21 @@ def test_auto_is_recorded_in_the_runs_it_samples_and_left_out_of_the_others(tmp_
     assert resolved_config(spec, "big", "ifca", 0)["training"]["full_eval_clients"] == "auto"
     raw["training"]["full_eval_clients"] = "all"
     assert resolved_config(parse_spec(raw), "big", "ifca", 0)["training"]["full_eval_clients"] == "all"
+
+
+def test_a_pair_table_holds_the_pairs_of_the_clients_full_evaluations_read(tmp_path):
+    """PACFL's proximity matrix as a long table: the population's pairs (every pair when it is
+    every client), the same values as the full matrix's."""
+    raw = spec_dict(tmp_path / "sample", "pacfl", full_eval_clients=5)
+    raw["methods"] = {"pacfl": {"clusters": 2}}
+    result = train_run(parse_spec(raw), "s", "pacfl", 0, progress=False)
+    pairs = pd.read_parquet(result.run_dir / "proximity.parquet")
+    population = sorted(pd.read_parquet(result.run_dir / "metrics.parquet")["client"].unique())
+    assert len(population) == 5 and len(pairs) == 4 * 25
+    assert sorted(pairs["client"].unique()) == population and sorted(pairs["other"].unique()) == population
+    raw = spec_dict(tmp_path / "every", "pacfl")
+    raw["methods"] = {"pacfl": {"clusters": 2}}
+    every = pd.read_parquet(train_run(parse_spec(raw), "s", "pacfl", 0, progress=False).run_dir / "proximity.parquet")
+    assert len(every) == 4 * CLIENTS ** 2
+    mine = every[every["client"].isin(population) & every["other"].isin(population)].reset_index(drop=True)
+    pd.testing.assert_frame_equal(pairs, mine)

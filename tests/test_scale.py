@@ -93,6 +93,10 @@ def test_validate_warns_where_all_pairs_pass_the_machines_memory(tmp_path, monke
     lines = [line for line in spec_warnings(parse_spec(spec)) if "memory" in line]
     assert len(lines) == 1 and lines[0].startswith("methods.pacfl: on scenario big holds the principal angle of "
                                                    "every pair of clients' subspaces"), lines
+    # the long tables of pairs are of the 1,000 clients full evaluations read (full_eval_clients auto)
+    assert "about 0.6 GiB for its 3,000 clients and 4 evaluations, more than this machine's 0.2 GiB" in lines[0]
+    spec["training"]["full_eval_clients"] = "all"
+    lines = [line for line in spec_warnings(parse_spec(spec)) if "memory" in line]
     assert "about 3.6 GiB for its 3,000 clients and 4 evaluations, more than this machine's 0.2 GiB" in lines[0]
 
 

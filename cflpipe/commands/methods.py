@@ -53,7 +53,8 @@ def cmd_methods(args) -> int:
         print(f"needs: {info.needs}")
     if info.capabilities.pairs:
         caps = info.capabilities
-        each = f" and {caps.pair_rows_bytes} more with each evaluation" if caps.pair_rows_bytes else ""
+        each = (f" and {caps.pair_rows_bytes} more with each evaluation (of the pairs of the clients it reads)"
+                if caps.pair_rows_bytes else "")
         print(f"memory: {caps.pairs}; its paper needs all pairs: about {caps.pair_bytes} bytes a pair{each}, "
               f"{caps.pair_bytes * 10_000 ** 2 / 2 ** 30:,.1f} GiB at 10,000 clients (validate warns past this "
               f"machine's memory)")

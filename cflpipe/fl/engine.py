@@ -197,6 +197,7 @@ class Run:
         self.training_clients = self.held_out_check(info)
         # the clients a full evaluation reads (training.full_eval_clients; None: every client)
         self.population = evaluated_population(self.data, self.training, self.seed)
+        self.ctx.population = self.population
         self.train_split_clients = train_split_clients(self.data, self.training, self.seed, self.training_clients,
                                                        self.population)
         self.method: Method = info.cls(self.ctx)

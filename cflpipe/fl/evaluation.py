@@ -21,6 +21,7 @@ from cflpipe.fl.data import FederatedData, SplitData as Split
 from cflpipe.fl.method import Context, Method
 from cflpipe.fl.predictors import Mixture, Selected
 from cflpipe.seeds import rng
+from cflpipe.spec._models import evaluated_clients
 from cflpipe.metrics import (clustering_scores, mixture_error, device_f1, f1_macro_over_classes, intra_inter_accuracy,
                              per_client_accuracy, per_client_f1, per_client_mean, personalized_summary)
 
@@ -41,11 +42,6 @@ MAX_SCORED_ROWS = 1_000_000
 # 16,600 pooled rows (1 M rows) were 1.8 s of a 2.6 s evaluation against 0.45 s a training round
 # (#59). At 5 a row K ≤ 5 cluster models read all of it, 100 per-client models 830 rows each.
 SCORED_ROWS_PER_TEST_ROW = 5
-# training.full_eval_clients auto: every client of a population up to this size, a seeded sample
-# of this many in a larger one. 1,000 clients' mean accuracy is within about ±1 point (95 %) of
-# every client's for a 15-point spread between clients; at 10,000 clients a full final evaluation
-# was 2.7–6.3 training rounds for the methods with a model per client (#59).
-AUTO_EVAL_CLIENTS = 1_000
 # Rows an evaluation may read per row a training round trains, for `eval_train: auto`: a forward
 # pass in chunks costs under half of a training step's forward and backward per row (the
 # yardstick on a CPU: 1.0 ms against 2.4 ms a row), so this keeps an evaluation within a round.
@@ -338,10 +334,9 @@ def evaluated_population(data: FederatedData, training, seed: int) -> np.ndarray
     """The clients a full evaluation reads (training.full_eval_clients; sorted ids, None: every
     client): the first of a seeded order of the clients (by the run's seed alone, so every method
     of a scenario reads the same ones and a larger sample holds a smaller one)."""
-    wanted, m = training.full_eval_clients, data.num_clients
-    if wanted == "auto":  # drift figures follow every mover: a scenario that moves clients reads all
-        wanted = "all" if data.moves else AUTO_EVAL_CLIENTS
-    if wanted == "all" or wanted >= m:
+    m = data.num_clients
+    wanted = evaluated_clients(training, m, bool(data.moves))
+    if wanted >= m:
         return None
     return np.sort(rng(seed, 0x65).permutation(m)[:wanted])
 

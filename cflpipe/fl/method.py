@@ -135,6 +135,9 @@ class Context:
         self.device = space.device
         self.trainer = trainer or SequentialTrainer()
         self.clients = ClientStore(data.num_clients, space.device)
+        # the clients a full evaluation reads (training.full_eval_clients' sample; None: all),
+        # set by the engine
+        self.population: np.ndarray | None = None
         # Traffic beyond the sampled clients' payloads and updates (the questions of ask); the
         # engine adds it to the round's bytes and resets it.
         self.extra_bytes_down = 0
@@ -649,6 +652,20 @@ class Method:
         values}}, written as `<name>.parquet` with the round in front (e.g. FCCA's similarity
         matrix, `similarity.parquet`). Columns must keep their names and types across rounds."""
         return {}
+
+    def pair_table(self, matrix: torch.Tensor) -> dict[str, np.ndarray]:
+        """A (clients × clients) matrix of the server's as an eval table, long format: client,
+        other, value; the pairs of the clients full evaluations read (training.full_eval_clients'
+        sample past 1,000 clients: 10,000 clients' 100 M pairs an evaluation were past 8 GiB as
+        table rows, #59), every pair where they read every client."""
+        clients = self.ctx.population
+        if clients is None:
+            clients = np.arange(self.ctx.num_clients)
+        else:
+            index = torch.from_numpy(clients).to(matrix.device)
+            matrix = matrix[index[:, None], index[None, :]]
+        n = len(clients)
+        return {"client": np.repeat(clients, n), "other": np.tile(clients, n), "value": matrix.reshape(-1).cpu().numpy()}
 
     # --- resume: the attributes named in `checkpoint`
     def state_dict(self) -> dict[str, Any]:

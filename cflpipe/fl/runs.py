@@ -17,6 +17,7 @@ from cflpipe import __version__, store
 from cflpipe.errors import SpecError
 from cflpipe.fl.checkpoint import manifest_bytes, read_state, rows_folder, state_bytes, write_state
 from cflpipe.fl.data import FederatedData, build_federated_data, input_digests
+from cflpipe.spec._models import AUTO_EVAL_CLIENTS
 from cflpipe.fl.live import live_dir
 from cflpipe.registry import method_info, resolved_hyperparams
 from cflpipe.data.base import dataset_info
@@ -84,8 +85,6 @@ def resolve_run(spec: Spec, scenario: str, method: str, seed: int, threads: int 
 def training_definition(spec: Spec, scenario: str, method: str) -> dict[str, Any]:
     """The run's training definition; full_eval_clients auto is recorded where it samples (a
     population past AUTO_EVAL_CLIENTS), so the runs it changes are made again, the others kept."""
-    from cflpipe.fl.evaluation import AUTO_EVAL_CLIENTS
-
     training = spec.resolved_training(scenario, method)
     definition = training.definition()
     if training.full_eval_clients == "auto" and spec.scenarios[scenario].participants > AUTO_EVAL_CLIENTS:

@@ -45,4 +45,4 @@ def _cfl_starts(hp: CFLParams) -> tuple[str, int]:
 declare("cfl", CFLParams, "cflpipe.methods.cfl:CFL",
         Capabilities(clustered=True, pairs="the cosine similarity of every pair of a cluster's clients in a round (of every client in the paper's full participation)", pair_bytes=24, pairs_round=True), _cfl_starts, cluster_options("cfl"), family="clustered",
         variant_family="modifier",
-        at_scale="the K cluster models scored on every pooled test row make the final evaluation 1.3× two training rounds")
+        at_scale="its bipartition round (cosine similarities of a cluster's round updates) is as long as that round's training (1.1×)")

@@ -375,6 +375,4 @@ class FCCA(_FCCAVariants, Method):
     def eval_tables(self) -> dict[str, dict[str, np.ndarray]]:
         """The server's similarity matrix D of the last clustering (the paper's Fig. 2), long
         format: client, other, value (NaN for clients the server has not heard from)."""
-        m = self.ctx.num_clients
-        return {"similarity": {"client": np.repeat(np.arange(m), m), "other": np.tile(np.arange(m), m),
-                               "value": self.similarity.reshape(-1).cpu().numpy()}}
+        return {"similarity": self.pair_table(self.similarity)}

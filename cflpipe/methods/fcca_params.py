@@ -132,7 +132,7 @@ def _fcca_premises(hp: FCCAParams, training: Any, scenario: Any) -> list[tuple[s
 
 
 declare("fcca", FCCAParams, "cflpipe.methods.fcca:FCCA",
-        Capabilities(clustered=True, k_param="clusters", pairs="the similarity D of every pair of clients' cINNs (kept, and its rows centered for k-means); cflpipe writes it at each evaluation as a long table of every pair", pair_bytes=24, pair_rows_bytes=100), variants=fcca_options("fcca"), premises=_fcca_premises,
+        Capabilities(clustered=True, k_param="clusters", pairs="the similarity D of every pair of clients' cINNs (kept, and its rows centered for k-means); cflpipe writes it at each evaluation as a long table of every pair of the clients full evaluations read (training.full_eval_clients)", pair_bytes=24, pair_rows_bytes=100), variants=fcca_options("fcca"), premises=_fcca_premises,
         needs="cINNs that have learnt each held label's conditional: the paper's K = 20 as passes over the "
               "client's data (flow_epochs; with 5 mini-batch steps D carried no group signal); under label skew "
               "at its paper's settings even that recovered the label-exchange groups only in part (docs/fcca.md)",

@@ -27,4 +27,4 @@ class FedACParams(LCFedParams):
 
 declare("fedac", FedACParams, "cflpipe.methods.fedac:FedAC",
         Capabilities(clustered=True, personalized=True, k_param="clusters"), family="seed",
-        at_scale="the M-step and CNT read every client's ω_i each round: server 15× its training; 3,140 MiB; the final evaluation applies every client's own model, 4× two training rounds")
+        at_scale="the M-step and CNT read every client's ω_i each round: server 15× its training; 3,140 MiB")

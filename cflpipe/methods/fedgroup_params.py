@@ -22,5 +22,4 @@ class FedGroupParams(HyperParams):
 
 
 declare("fedgroup", FedGroupParams, "cflpipe.methods.fedgroup:FedGroup",
-        Capabilities(clustered=True, k_param="clusters"), variants=cluster_options("fedgroup"), family="clustered", variant_family="modifier",
-        at_scale="the K cluster models scored on every pooled test row make the final evaluation 1.1× two training rounds")
+        Capabilities(clustered=True, k_param="clusters"), variants=cluster_options("fedgroup"), family="clustered", variant_family="modifier")

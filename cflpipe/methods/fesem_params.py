@@ -37,4 +37,4 @@ declare("fesem", FeSEMParams, "cflpipe.methods.fesem:FeSEM",
         Capabilities(clustered=True, k_param="clusters"), variants=cluster_options("fesem"), premises=_fesem_premises,
         needs="a first round of local training long enough to tell the groups apart: it keeps its first clustering",
         family="seed", variant_family="modifier",
-        at_scale="its first round gathers every client's model for k-means (the paper's initialization): 4.3 GiB; the final evaluation 1.4× two training rounds (K cluster models on every pooled test row)")
+        at_scale="its first round gathers every client's model for k-means (the paper's initialization): 4.3 GiB")

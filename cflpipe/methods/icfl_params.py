@@ -19,4 +19,4 @@ class ICFLParams(HyperParams):
 
 declare("icfl", ICFLParams, "cflpipe.methods.icfl:ICFL",
         Capabilities(clustered=True, pairs="the cosine similarity of every pair of clients in a cluster it tests for a split (all of them at first)", pair_bytes=16), family="clustered",
-        at_scale="two clients × parameters tables and a cosine-similarity matrix of a cluster's members: server 1.9× its training, 5.1 GiB; the final evaluation 2.7× two training rounds")
+        at_scale="two clients × parameters tables and a cosine-similarity matrix of a cluster's members: server 1.9× its training, 5.1 GiB")

@@ -20,5 +20,4 @@ class IFCAParams(HyperParams):
 
 
 declare("ifca", IFCAParams, "cflpipe.methods.ifca:IFCA",
-        Capabilities(clustered=True, k_param="clusters"), variants=cluster_options("ifca"), family="clustered", variant_family="modifier",
-        at_scale="every client picks its cluster by loss under the K models at evaluation: the final evaluation 4.7× two training rounds")
+        Capabilities(clustered=True, k_param="clusters"), variants=cluster_options("ifca"), family="clustered", variant_family="modifier")

@@ -24,4 +24,4 @@ def _kmeans_cfl_starts(hp: KMeansCFLParams) -> tuple[str, int]:
 declare("kmeans_cfl", KMeansCFLParams, "cflpipe.methods.kmeans_cfl:KMeansCFL",
         Capabilities(clustered=True, k_param="clusters"), _kmeans_cfl_starts, cluster_options("kmeans_cfl", awcfl="awcfl", mcfl="mcfl"),
         family="clustered", variant_family="seed",
-        at_scale="once every client has uploaded, k-means over all N latest models each round: 5.5 s (it would be 2.5 s warm-started) against 0.3 s of training; the final evaluation 1.5× two training rounds")
+        at_scale="once every client has uploaded, k-means over all N latest models each round: 5.5 s (it would be 2.5 s warm-started) against 0.3 s of training")

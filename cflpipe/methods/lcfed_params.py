@@ -23,4 +23,4 @@ class LCFedParams(HyperParams):
 
 declare("lcfed", LCFedParams, "cflpipe.methods.lcfed:LCFed",
         Capabilities(clustered=True, personalized=True, k_param="clusters"), family="clustered",
-        at_scale="FedAC's M-step over every client's ω_i each round: server 7× its training; the final evaluation applies every client's own model, 5× two training rounds")
+        at_scale="FedAC's M-step over every client's ω_i each round: server 7× its training")

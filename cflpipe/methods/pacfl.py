@@ -179,6 +179,4 @@ class PACFL(ClusterModels):
     def eval_tables(self) -> dict[str, dict[str, np.ndarray]]:
         """The proximity matrix A (degrees) the clusters were cut from, long format: client,
         other, value."""
-        m = self.ctx.num_clients
-        return {"proximity": {"client": np.repeat(np.arange(m), m), "other": np.tile(np.arange(m), m),
-                              "value": self.proximity.reshape(-1).cpu().numpy()}}
+        return {"proximity": self.pair_table(self.proximity)}

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from cflpipe.errors import SpecError
 from cflpipe.spec._errors import _format_error, _short, errors_to_lines
-from cflpipe.spec._models import MODEL_NAMES, TRAINING_KEYS, Scenario, Training, merge_training
+from cflpipe.spec._models import MODEL_NAMES, TRAINING_KEYS, Scenario, Training, evaluated_clients, merge_training
 from cflpipe.spec._spec import Spec
 from cflpipe.spec._sweeps import _sweep_paths, expand_sweeps
 
@@ -433,10 +433,12 @@ def spec_warnings(spec: Spec) -> list[str]:
             for found in info.premise_warnings(hp, training, spec.scenarios[scenario]):
                 premises.setdefault(found, []).append(scenario)
             caps, clients = info.capabilities, spec.scenarios[scenario].participants
+            # the tables of pairs evaluations write: of the clients full evaluations read
+            evaluated = evaluated_clients(training, clients, bool(spec.scenarios[scenario].drift))
             if caps.pairs_round:
                 clients = min(clients, training.clients_per_round)
             evaluations = sum(training.is_evaluated(r) for r in range(1, training.rounds + 1))
-            held = clients ** 2 * (caps.pair_bytes + evaluations * caps.pair_rows_bytes)
+            held = clients ** 2 * caps.pair_bytes + evaluated ** 2 * evaluations * caps.pair_rows_bytes
             if caps.pair_bytes and held > machine_memory():
                 lines.append(f"methods.{method}: on scenario {scenario} holds {caps.pairs}: about "
                              f"{held / 2 ** 30:,.1f} GiB for its {clients:,} clients{' a round' * caps.pairs_round}"

@@ -48,6 +48,22 @@ def model_layers(name: str) -> int | None:
     return mlp_depth(name) or MODEL_LAYERS.get(name)
 
 
+# training.full_eval_clients auto: every client of a population up to this size, a seeded sample
+# of this many in a larger one. 1,000 clients' mean accuracy is within about ±1 point (95 %) of
+# every client's for a 15-point spread between clients; at 10,000 clients a full final evaluation
+# was 2.7–6.3 training rounds for the methods with a model per client (#59).
+AUTO_EVAL_CLIENTS = 1_000
+
+
+def evaluated_clients(training: "Training", clients: int, moves: bool = False) -> int:
+    """How many clients a full evaluation of a population of `clients` reads
+    (training.full_eval_clients; `moves`: the scenario moves clients between groups)."""
+    wanted = training.full_eval_clients
+    if wanted == "auto":  # drift figures follow every mover: a scenario that moves clients reads all
+        wanted = "all" if moves else AUTO_EVAL_CLIENTS
+    return clients if wanted == "all" else min(wanted, clients)
+
+
 class Training(Strict):
     """Training settings shared by every run; a scenario or method may override any key."""
 
