@@ -457,14 +457,23 @@ def check_drift_resumes(name: str, workdir: Path) -> None:
 def check_sampled_predictor(name: str, workdir: Path) -> None:
     from cflpipe.fl.predictors import Mixture, Selected
 
-    run = prepare_run(parse_spec(spec_dict(Path(workdir), name)), "s", name, 0)
-    play(run, 3)
+    # two runs that trained alike, so that neither evaluation sees what the other did to the
+    # method (IFCA's choice by loss is kept)
+    spec = parse_spec(spec_dict(Path(workdir), name))
+    runs = [prepare_run(spec, "s", name, 0) for _ in range(2)]
+    for run in runs:
+        play(run, 3)
     sample = np.array([0, 2, 5])
-    some, every = run.method.predictor(sample), run.method.predictor()
+    some, every = runs[0].method.predictor(sample), runs[1].method.predictor()
     assert type(some) is type(every), f"{type(some).__name__} for a sample, {type(every).__name__} for all"
     if isinstance(every, Mixture):
         assert np.array_equal(np.asarray(some.weights)[sample], np.asarray(every.weights)[sample]), "mixture weights"
         assert all(torch.equal(u, v) for u, v in zip(some.models, every.models)), "mixture components"
+        if every.rows is not None:  # weights per input row (FedGMM's)
+            for c in sample:
+                x = runs[0].ctx.data.test.of(int(c))[0]
+                owners = np.full(len(x), c)
+                assert torch.equal(some.rows(x, owners), every.rows(x, owners)), f"client {c}'s weights per row"
     elif isinstance(every, Selected):
         assert all(torch.equal(u, v) for u, v in zip(some.models, every.models)), "the models selected from"
     for c in sample:  # each sampled client's model (its largest share for a mixture)

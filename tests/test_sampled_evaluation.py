@@ -240,10 +240,16 @@ def test_a_full_evaluation_of_a_population_sample_reads_the_same_clients_for_eve
     result, rounds, metrics, clusters = run(tmp_path / "sample", method, full_eval_clients=5, eval_train=True)
     population = evaluated(metrics, 1)
     assert len(population) == 5 and rounds["evaluated_clients"].tolist() == [5] * 4
+    from sklearn.metrics import adjusted_rand_score
+
     for r in range(1, 5):
         assert evaluated(metrics, r) == population
         assert metrics.loc[(metrics["round"] == r) & (metrics["split"] == "train"), "client"].tolist() == population
-        assert len(clusters[clusters["round"] == r]) == CLIENTS  # the clustering is always everyone's
+        held = clusters[clusters["round"] == r]
+        assert len(held) == CLIENTS  # clusters.parquet holds everyone's, the ARI is the population's
+        mine = held[held["client"].isin(population)]
+        assert rounds.loc[rounds["round"] == r, "ari"].item() == pytest.approx(
+            adjusted_rand_score(mine["true_group"], mine["cluster"]))
     _, _, fedavg_metrics, _ = run(tmp_path / "fedavg", "fedavg", full_eval_clients=5)
     assert evaluated(fedavg_metrics, 4) == population  # by the run's seed alone
     summary = json.loads((result.run_dir / "summary.json").read_text())
@@ -304,6 +310,7 @@ def test_sampled_rounds_between_full_ones_of_a_population_sample(tmp_path):
     result, rounds, metrics, _ = run(tmp_path, eval_clients=3, full_eval_clients=6, full_eval_every=2)
     assert rounds["evaluated_clients"].tolist() == [3, 6, 3, 6]
     assert evaluated(metrics, 2) == evaluated(metrics, 4)
+    assert set(evaluated(metrics, 1)) | set(evaluated(metrics, 3)) <= set(evaluated(metrics, 4))  # drawn from it
     summary = json.loads((result.run_dir / "summary.json").read_text())
     full = rounds[rounds["evaluated_clients"] == 6]
     assert summary["best_test_acc_macro"] == pytest.approx(full["acc_macro"].max())
@@ -332,6 +339,19 @@ def test_a_sampled_evaluation_s_models_read_at_most_so_many_pooled_rows_per_row(
     assert rounds["global_rows"].tolist() == [2 * pooled // 5] * 4
     _, every, _, _ = run(tmp_path / "every", "ditto")
     assert "global_rows" not in every.columns and every["global_models"].tolist() == [CLIENTS] * 4
+    # a sampled round of a run that reads every client in full evaluations reads what it read before
+    _, sampled, _, _ = run(tmp_path / "eval_clients", "ditto", eval_clients=5)
+    assert "global_rows" not in sampled.columns and sampled["global_models"].tolist() == [5, 5, 5, CLIENTS]
+
+
+def test_drift_rounds_read_every_client_and_count_as_full_evaluations(tmp_path):
+    raw = spec_dict(tmp_path, eval_every=4, full_eval_clients=5)
+    raw["scenarios"]["s"]["drift"] = [{"round": 2, "fraction": 0.25}]
+    result = train_run(parse_spec(raw), "s", "ifca", 0, progress=False)
+    rounds = pd.read_parquet(result.run_dir / "rounds.parquet").dropna(subset=["acc_macro"])
+    assert dict(zip(rounds["round"], rounds["evaluated_clients"])) == {1: CLIENTS, 2: CLIENTS, 4: 5}
+    summary = json.loads((result.run_dir / "summary.json").read_text())
+    assert summary["best_test_acc_macro"] == pytest.approx(rounds["acc_macro"].max())
 
 
 def test_auto_is_recorded_in_the_runs_it_samples_and_left_out_of_the_others(tmp_path):
@@ -346,8 +366,12 @@ def test_auto_is_recorded_in_the_runs_it_samples_and_left_out_of_the_others(tmp_
     spec = parse_spec(raw)
     assert "full_eval_clients" not in resolved_config(spec, "s", "ifca", 0)["training"]
     assert resolved_config(spec, "big", "ifca", 0)["training"]["full_eval_clients"] == "auto"
-    raw["training"]["full_eval_clients"] = "all"
-    assert resolved_config(parse_spec(raw), "big", "ifca", 0)["training"]["full_eval_clients"] == "all"
+    raw["training"]["full_eval_clients"] = "all"  # every client, as runs before it: nothing to redo
+    assert "full_eval_clients" not in resolved_config(parse_spec(raw), "big", "ifca", 0)["training"]
+    raw["training"]["full_eval_clients"] = 5  # a sample: recorded wherever it samples
+    assert resolved_config(parse_spec(raw), "s", "ifca", 0)["training"]["full_eval_clients"] == 5
+    raw["training"]["full_eval_clients"] = CLIENTS
+    assert "full_eval_clients" not in resolved_config(parse_spec(raw), "s", "ifca", 0)["training"]
 
 
 def test_a_pair_table_holds_the_pairs_of_the_clients_full_evaluations_read(tmp_path):

@@ -433,7 +433,8 @@ class Run:
     def full_evaluations(self, evals: pd.DataFrame) -> pd.DataFrame:
         if "evaluated_clients" not in evals.columns:
             return evals
-        return evals[evals["evaluated_clients"] == self.population_size]
+        # (a drift round reads every client: more than a population sample)
+        return evals[evals["evaluated_clients"] >= self.population_size]
 
     def evaluation_sample(self, round_number: int) -> np.ndarray | None:
         """The clients an evaluation reads (sorted), or None: all. A full one reads the run's
@@ -444,7 +445,9 @@ class Run:
             return None
         if self.training.is_full_evaluation(round_number) or wanted >= self.population_size:
             return self.population
-        return np.sort(rng(self.seed, round_number, 0x62).choice(m, wanted, replace=False))
+        # from the population: a sampled round estimates what full evaluations read
+        return np.sort(rng(self.seed, round_number, 0x62).choice(m if self.population is None else self.population,
+                                                                 wanted, replace=False))
 
     def evaluate(self, round_number: int) -> dict[str, Any]:
         clients = self.evaluation_sample(round_number)

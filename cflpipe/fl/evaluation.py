@@ -81,7 +81,7 @@ def evaluate(ctx: Context, method: Method, data: FederatedData, eval_batch_size:
     if clients is not None:
         data = data.subset(clients, train=train_split)
     scoring = _Scoring(ctx, data, everyone.num_groups, eval_batch_size, seed, round_number, clients is not None,
-                       train_split, train_only, test_split)
+                       train_split, train_only, test_split, capped=clients is not None and ctx.population is not None)
     if isinstance(predictor, Mixture):
         scored = _mixture(scoring, predictor, client_ids)
     elif isinstance(predictor, Selected):
@@ -101,7 +101,11 @@ def evaluate(ctx: Context, method: Method, data: FederatedData, eval_batch_size:
     figures["n_clusters"] = int(len(np.unique(clusters)))
     sizes = np.unique(clusters, return_counts=True)[1]
     figures["singleton_clients"] = int((sizes == 1).sum())  # clients alone in their cluster
-    figures.update(clustering_scores(clusters, everyone.groups))
+    # Where full evaluations read a sample of the clients (ctx.population), the clustering is scored
+    # on them: a method that assigns clients as it evaluates them (IFCA's choice by loss) holds
+    # only its last choice, or none, for the others. clusters.parquet keeps every client's.
+    scored_on = slice(None) if ctx.population is None else ctx.population
+    figures.update(clustering_scores(clusters[scored_on], everyone.groups[scored_on]))
     tables["clusters"] = {"round": np.full(m_all, round_number), "client": np.arange(m_all), "cluster": clusters,
                           "true_group": everyone.groups}
     own = {name: {"round": np.full(len(next(iter(columns.values()))) if columns else 0, round_number), **columns}
@@ -125,6 +129,9 @@ class _Scoring:
     train_split: bool
     train_only: np.ndarray | None = None  # the clients whose training split is read; None: all
     test_split: bool = True
+    # pooled rows capped at SCORED_ROWS_PER_TEST_ROW per row: a sample of a run that samples its
+    # population (runs that read every client in full evaluations keep what they read before)
+    capped: bool = False
 
     @property
     def splits(self) -> tuple[tuple[str, Split], ...]:
@@ -211,9 +218,9 @@ def _one_model_each(scoring: _Scoring, models: list[torch.Tensor], client_model:
         if split_name == "test":
             # Models scored on the pooled test data that no evaluated client shares all of it with
             # read a seeded sample of its rows once they would read over MAX_SCORED_ROWS together
-            # (in a sampled evaluation, over SCORED_ROWS_PER_TEST_ROW per row of that data).
+            # (in a run that samples its population, over SCORED_ROWS_PER_TEST_ROW per row of that data).
             only_scored, rows = [j for j in whole if len(members.get(j, ())) != m], int(split.y.shape[0])
-            most = min(MAX_SCORED_ROWS, SCORED_ROWS_PER_TEST_ROW * rows) if scoring.sampled else MAX_SCORED_ROWS
+            most = min(MAX_SCORED_ROWS, SCORED_ROWS_PER_TEST_ROW * rows) if scoring.capped else MAX_SCORED_ROWS
             if len(only_scored) * rows > most:
                 pooled_sample = scoring.pooled_rows(rows, max(1, most // len(only_scored)))
                 whole = [j for j in whole if len(members.get(j, ())) == m]

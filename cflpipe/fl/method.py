@@ -612,7 +612,8 @@ class Method:
     def predictor(self, clients: np.ndarray | None = None) -> Predictor:
         """What the clients predict with at this evaluation round (fl/predictors.py): Models (a
         model per client, by index), Selected (a model chosen by the inputs) or Mixture. `clients`:
-        the clients a sampled evaluation reads (training.eval_clients), None for all; a method
+        the clients a sampled evaluation reads (training.eval_clients, or full_eval_clients'
+        sample of the population), None for all; a method
         whose models cost work per client (IFCA's choice by loss, Per-FedAvg's fine-tuning) does
         that work for these only, and the entries of the others are not read."""
         raise NotImplementedError
@@ -656,8 +657,8 @@ class Method:
     def pair_table(self, matrix: torch.Tensor) -> dict[str, np.ndarray]:
         """A (clients × clients) matrix of the server's as an eval table, long format: client,
         other, value; the pairs of the clients full evaluations read (training.full_eval_clients'
-        sample past 1,000 clients: 10,000 clients' 100 M pairs an evaluation were past 8 GiB as
-        table rows, #59), every pair where they read every client."""
+        sample: 10,000 clients' 100 M pairs an evaluation were past 8 GiB as table rows, #59),
+        every pair where they read every client."""
         clients = self.ctx.population
         if clients is None:
             clients = np.arange(self.ctx.num_clients)

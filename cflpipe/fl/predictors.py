@@ -80,3 +80,14 @@ class Mixture:
 
 
 Predictor = Models | Selected | Mixture
+
+
+def with_heads(shared: torch.Tensor, head_mask: torch.Tensor, heads: torch.Tensor,
+               only: np.ndarray | None = None) -> torch.Tensor:
+    """A shared model with each client's own head (rows of `heads` in the `head_mask` columns;
+    FedPer's and FCCA+Per's client models), for the clients in `only` (sorted ids) where given."""
+    if only is not None:
+        heads = heads[torch.from_numpy(only).to(heads.device)]
+    models = shared.repeat(len(heads), 1)
+    models[:, head_mask] = heads
+    return models

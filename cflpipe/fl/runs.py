@@ -17,7 +17,7 @@ from cflpipe import __version__, store
 from cflpipe.errors import SpecError
 from cflpipe.fl.checkpoint import manifest_bytes, read_state, rows_folder, state_bytes, write_state
 from cflpipe.fl.data import FederatedData, build_federated_data, input_digests
-from cflpipe.spec._models import AUTO_EVAL_CLIENTS
+from cflpipe.spec._models import evaluated_clients
 from cflpipe.fl.live import live_dir
 from cflpipe.registry import method_info, resolved_hyperparams
 from cflpipe.data.base import dataset_info
@@ -83,12 +83,14 @@ def resolve_run(spec: Spec, scenario: str, method: str, seed: int, threads: int 
 
 
 def training_definition(spec: Spec, scenario: str, method: str) -> dict[str, Any]:
-    """The run's training definition; full_eval_clients auto is recorded where it samples (a
-    population past AUTO_EVAL_CLIENTS), so the runs it changes are made again, the others kept."""
-    training = spec.resolved_training(scenario, method)
+    """The run's training definition, with full_eval_clients where it samples the clients: runs
+    made before it existed read every client, so those it changes (past AUTO_EVAL_CLIENTS under
+    auto) are made again, and a value that reads every client (`all` included) redoes none."""
+    training, sc = spec.resolved_training(scenario, method), spec.scenarios[scenario]
     definition = training.definition()
-    if training.full_eval_clients == "auto" and spec.scenarios[scenario].participants > AUTO_EVAL_CLIENTS:
-        definition["full_eval_clients"] = "auto"
+    definition.pop("full_eval_clients", None)
+    if evaluated_clients(training, sc.participants, bool(sc.drift)) < sc.participants:
+        definition["full_eval_clients"] = training.full_eval_clients
     return definition
 
 

@@ -50,7 +50,7 @@ from cflpipe.fl.local import KEPT_MOMENTS, AdamStep, Anchor, SGDStep, steps_for
 from cflpipe.fl.method import ROUND, SERVE, ClientView, Context, Method, Payload, Placement, Update, stack_updates
 from cflpipe.fl.params import cluster_average, weighted_average
 from cflpipe.fl.plan import ClientPlan, Trained
-from cflpipe.fl.predictors import Models
+from cflpipe.fl.predictors import Models, with_heads
 from cflpipe.seeds import mix_seed
 from cflpipe.methods.fcca_params import fcca_options
 
@@ -326,10 +326,7 @@ class FCCA(_FCCAVariants, Method):
 
     def predictor(self, clients: np.ndarray | None = None) -> Models:
         if self.hp.personal:  # the global encoder with every client's own classifier, as FedPer's
-            heads = self.ctx.clients["head"]
-            heads = heads if clients is None else heads[torch.from_numpy(clients).to(heads.device)]
-            models = self.global_model.repeat(len(heads), 1)
-            models[:, self.head_mask] = heads
+            models = with_heads(self.global_model, self.head_mask, self.ctx.clients["head"], clients)
             return Models.own_of(models, clients, self.ctx.num_clients)
         return Models([self.cluster_model(k) for k in range(self.hp.clusters)], self.assign.copy())
 

@@ -17,7 +17,7 @@ import torch
 
 from cflpipe.fl.method import ROUND, ClientView, Context, Method, Payload, Placement, Update, stack_updates
 from cflpipe.fl.plan import ClientPlan, Trained
-from cflpipe.fl.predictors import Models
+from cflpipe.fl.predictors import Models, with_heads
 from cflpipe.fl.params import weighted_average
 
 
@@ -65,13 +65,7 @@ class FedPer(Method):
     def client_models(self, clients: Context | None = None, only: np.ndarray | None = None) -> torch.Tensor:
         """The global body with each client's own head (of `clients`' store: the participants' by
         default), for the clients in `only` (sorted ids) where given."""
-        clients = clients or self.ctx
-        heads = clients.clients["head"]
-        if only is not None:
-            heads = heads[torch.from_numpy(only).to(heads.device)]
-        models = self.global_model.repeat(len(heads), 1)
-        models[:, self.head_mask] = heads
-        return models
+        return with_heads(self.global_model, self.head_mask, (clients or self.ctx).clients["head"], only)
 
     newcomer_rule = ("receives the shared body and trains body and its own head as a client does in a round, then "
                      "keeps the head: served the shared body with that head")

@@ -110,7 +110,7 @@ class FigureBuilder:
             # A sampled evaluation's point (training.eval_clients) is an estimate from fewer clients.
             sampled = [""] * len(x)
             if "evaluated_clients_mean" in rows.columns:
-                everyone = view.spec.scenarios[scenario].clients
+                everyone = view.spec.scenarios[scenario].participants  # new clients are not evaluated
                 sampled = [f" (a sample of {n:.0f} of {everyone} clients)" if np.isfinite(n) and n < everyone else ""
                            for n in rows["evaluated_clients_mean"].to_numpy(dtype=float)]
             fig.add_trace(go.Scatter(x=x, y=clean(mean), mode="lines+markers", name=name, legendgroup=m,

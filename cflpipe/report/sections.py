@@ -119,7 +119,7 @@ class Sections:
                     ("lr", f"{t.lr:g}" + (f" (× {t.lr_decay:g} per round)" if t.lr_decay != 1 else "")),
                     ("momentum", f"{t.momentum:g}"), ("weight decay", f"{t.weight_decay:g}"),
                     ("clients per round", t.clients_per_round),
-                    ("evaluated every", _evaluation_text(t, sc.clients, _final_counts(view.runs, s),
+                    ("evaluated every", _evaluation_text(t, sc.participants, _final_counts(view.runs, s),
                                                          _final_counts(view.runs, s, "evaluated_clients"))
                      + _pooled_text(_final_counts(view.runs, s, "global_rows"))),
                     ("device", t.device), ("trainer", t.trainer),

@@ -207,7 +207,8 @@ class Training(Strict):
             (self.full_eval_every is not None and round_number % self.full_eval_every == 0)
 
     def is_full_evaluation(self, round_number: int) -> bool:
-        """Whether an evaluation in this round reads every client."""
+        """Whether an evaluation in this round is a full one: it reads every client, or
+        full_eval_clients' sample of them."""
         return self.eval_clients is None or round_number == self.rounds or \
             (self.full_eval_every is not None and round_number % self.full_eval_every == 0)
 
