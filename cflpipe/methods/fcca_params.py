@@ -137,4 +137,4 @@ declare("fcca", FCCAParams, "cflpipe.methods.fcca:FCCA",
               "client's data (flow_epochs; with 5 mini-batch steps D carried no group signal); under label skew "
               "at its paper's settings even that recovered the label-exchange groups only in part (docs/fcca.md)",
         family="seed",
-        at_scale="every client's cINN and Adam moments, the server's copy of every cINN and D over every pair: past 8 GiB")
+        at_scale="k-means on the rows of D over every client heard from: its heaviest round's server 1.3× that round's training")

@@ -36,4 +36,4 @@ declare("pacfl", PACFLParams, "cflpipe.methods.pacfl:PACFL",
         Capabilities(clustered=True, k_param="clusters", pairs="the principal angle of every pair of clients' subspaces (the proximity matrix A: kept, and symmetrized for the dendrogram); cflpipe writes it at each evaluation as a long table of every pair of the clients full evaluations read (training.full_eval_clients)", pair_bytes=28, pair_rows_bytes=100), variants=cluster_options("pacfl"), premises=_pacfl_premises,
         needs="groups that differ in their inputs (rotation, flip, label skew); label swaps look alike to it",
         family="clustered", variant_family="modifier",
-        at_scale="the proximity matrix of every pair of clients, kept and written at each evaluation: past 8 GiB")
+        at_scale="the proximity matrix of every pair of clients (float64, kept and symmetrized): 3.9 GiB")

@@ -91,7 +91,8 @@ class Training(Strict):
                             "seed alone: every full evaluation of the run, and every method of the scenario, reads "
                             "the same clients); auto: every client in a population of at most 1,000, a seeded sample "
                             "of 1,000 in a larger one (every client where the scenario moves clients between "
-                            "groups: its drift figures follow each mover). The clustering is always every client's")
+                            "groups: its drift figures follow each mover). clusters.parquet is always every client's; ARI "
+                            "and NMI are scored on the clients read")
     eval_train: bool | Literal["auto"] = Field(
         "auto", description="also evaluate clients' models on their training split (metrics rows with split "
                             "train, train_acc_macro): true every client's, false none (the test split only), "
