@@ -39,7 +39,26 @@ def cmd_validate(args) -> int:
                   f"{count(len(spec.tuned_methods()), 'method')} × {count(len(spec.tuning.seeds), 'tuning seed')} "
                   f"× their scenarios)")
     print(f"{args.config}: ok ({count(runs, 'run')}: {counts}{tuning}; results in {spec.results_dir}/)")
+    for line in _sampled_populations(spec):
+        print(line)
     return 0
+
+
+def _sampled_populations(spec) -> list[str]:
+    """A line for each scenario whose full evaluations read a sample of its clients: its figures
+    are then estimates (training.full_eval_clients)."""
+    from cflpipe.spec._models import evaluated_clients
+
+    lines = []
+    for scenario, sc in spec.scenarios.items():
+        read = sorted({evaluated_clients(spec.resolved_training(scenario, m), sc.participants, bool(sc.drift))
+                       for m in spec.methods if spec.runs_on(m, scenario)})
+        if read and read[0] < sc.participants:
+            counts = " or ".join(f"{n:,}" for n in read)
+            lines.append(f"scenario {scenario}: full evaluations read a seeded sample of {counts} of its "
+                         f"{sc.participants:,} clients, the same for every method (training.full_eval_clients; "
+                         f"all: every client)")
+    return lines
 
 
 def cmd_download(args) -> int:

@@ -390,3 +390,19 @@ def test_a_pair_table_holds_the_pairs_of_the_clients_full_evaluations_read(tmp_p
     assert len(every) == 4 * CLIENTS ** 2
     mine = every[every["client"].isin(population) & every["other"].isin(population)].reset_index(drop=True)
     pd.testing.assert_frame_equal(pairs, mine)
+
+
+def test_validate_says_where_full_evaluations_read_a_sample(tmp_path, capsys):
+    from cflpipe.cli import main
+    from cflpipe.spec._models import AUTO_EVAL_CLIENTS
+
+    raw = spec_dict(tmp_path)
+    raw["scenarios"]["big"] = {"dataset": {"name": "synthetic", "devices": AUTO_EVAL_CLIENTS + 1, "max_samples": 10},
+                               "clients": AUTO_EVAL_CLIENTS + 1, "partition": [{"kind": "natural"}]}
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    assert main(["validate", "--config", str(path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1:] == [f"scenario big: full evaluations read a seeded sample of 1,000 of its "
+                         f"{AUTO_EVAL_CLIENTS + 1:,} clients, the same for every method "
+                         f"(training.full_eval_clients; all: every client)"]
