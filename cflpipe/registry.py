@@ -271,12 +271,14 @@ def declared_starts(cls: type, hp: Any) -> tuple[str, int] | None:
 
 # Runs at import, before mutmut picks a mutant: its mutants could never run (docs/testing.md).
 def register(name: str, params: type[HyperParams] = HyperParams, *, starts: ClusteringStarts | None = None,
-             premises: Premises | None = None, needs: str = "", limits: Limits | None = None):  # pragma: no mutate block
+             premises: Premises | None = None, needs: str = "", limits: Limits | None = None,
+             at_scale: str = ""):  # pragma: no mutate block
     """Register a plugin's method class under `name`, with what `declare` says of a built-in:
     when its clustering may start (`starts`; by default its nearest declared ancestor's, so a
     subclass of CFL delays its clustering as CFL does), what its premises ask of a run
     (`premises`, warned about by validate), what it cannot run with (`limits`, errors at validate)
-    and, in a sentence, what it needs (`needs`). A class
+    and, in a sentence, what it needs (`needs`) and what keeps it from the bars at 10,000
+    clients (`at_scale`, printed by `cflpipe methods NAME`; docs/performance.md). A class
     that offers variants (the cluster-model base: AWCFL and MCFL) registers them here too, as the
     same class with the variant's hyper-parameters added, so they exist whatever order the
     modules are imported in.
@@ -295,11 +297,11 @@ def register(name: str, params: type[HyperParams] = HyperParams, *, starts: Clus
         description = first_paragraph(inspect.getdoc(cls) or "")
         capabilities = cls.capabilities
         _add(MethodInfo(name, params, description, capabilities, where, starts=starts, premises=premises, needs=needs,
-                        limits=limits))
+                        limits=limits, at_scale=at_scale))
         for variant, extra, what in (cls.variants(name) if hasattr(cls, "variants") else []):
             _add(MethodInfo(variant, _variant_params(params, extra), description, capabilities, where, base=name,
                             starts=starts, premises=premises, needs=needs, family=getattr(cls, "variant_family", ""),
-                            limits=limits, variant_what=what))
+                            limits=limits, variant_what=what, at_scale=at_scale))
         _CLASSES[where] = cls
         return cls
 

@@ -433,3 +433,14 @@ def test_runs_of_built_in_methods_models_and_datasets_record_no_plugins(tmp_path
 
     spec = parse_spec(small_spec(tmp_path, {"fedavg": {}, "cfl_awcfl": {}}, model="cnn"))
     assert [run_plugins(spec, "s", m) for m in spec.methods] == [{}, {}]
+
+
+def test_a_plugin_says_what_keeps_it_from_the_bars_at_scale(registry_copy, capsys):
+    from cflpipe.cli import main
+    from cflpipe.methods.fedavg import FedAvg
+    from cflpipe.registry import register
+
+    register("wide_fedavg", at_scale="every client's copy of the model at once: 2 GiB")(
+        type("WideFedAvg", (FedAvg,), {"__doc__": "Wide FedAvg: a test's."}))
+    assert main(["methods", "wide_fedavg"]) == 0
+    assert "\nat 10,000 clients: every client's copy of the model at once: 2 GiB" in capsys.readouterr().out
