@@ -165,6 +165,11 @@ def cmd_bench(args) -> int:
         import torch
 
         torch.set_num_threads(max(1, args.threads))
+    parts = args.part or []
+    if args.rounds is not None and "scale" in parts and {"overhead", "yardstick"} & set(parts):
+        others = " and ".join(p for p in ("overhead", "yardstick") if p in parts)
+        raise SpecError(f"--rounds: {args.rounds} would be the rounds of both --part scale and --part {others}; "
+                        f"allowed: --rounds with one of them (run scale alone for its own rounds)")
     run_bench(workloads=args.workload, rounds=args.rounds, output=args.output, repeats=args.repeats,
               parts=args.part, device=args.device, trainers=args.trainer, users=args.users, data_dir=args.data_dir,
               precisions=args.precision, compiled=args.compile, populations=args.clients, methods=args.method,

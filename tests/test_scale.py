@@ -182,3 +182,12 @@ def test_a_large_table_is_projected_block_by_block_as_at_once(monkeypatch):
     monkeypatch.setattr(tools, "_TRANSFORM_WHOLE_BYTES", 0)
     blocks = pca.transform(x)  # _row_slices: several blocks of 262 rows
     torch.testing.assert_close(blocks, whole, rtol=1e-5, atol=1e-5)
+
+
+def test_rounds_for_scale_and_another_part_at_once_is_one_line(capsys):
+    from cflpipe.cli import main
+
+    assert main(["bench", "--part", "scale", "--part", "yardstick", "--rounds", "200"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: --rounds: 200 would be the rounds of both --part scale and --part yardstick; allowed: --rounds with "
+        "one of them (run scale alone for its own rounds)")
