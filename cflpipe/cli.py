@@ -52,12 +52,12 @@ def _sampled_populations(spec) -> list[str]:
     lines = []
     for scenario, sc in spec.scenarios.items():
         read = sorted({evaluated_clients(spec.resolved_training(scenario, m), sc.participants, bool(sc.drift))
-                       for m in spec.methods if spec.runs_on(m, scenario)})
-        if read and read[0] < sc.participants:
-            counts = " or ".join(f"{n:,}" for n in read)
-            lines.append(f"scenario {scenario}: full evaluations read a seeded sample of {counts} of its "
-                         f"{sc.participants:,} clients, the same for every method (training.full_eval_clients; "
-                         f"all: every client)")
+                       for m in spec.methods if spec.runs_on(m, scenario)} - {sc.participants})
+        if read:
+            same = ", the same for every method" if len(read) == 1 else " (by method)"
+            lines.append(f"scenario {scenario}: full evaluations read a seeded sample of "
+                         f"{' or '.join(f'{n:,}' for n in read)} of its {sc.participants:,} clients{same} "
+                         f"(training.full_eval_clients; all: every client)")
     return lines
 
 

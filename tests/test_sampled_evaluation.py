@@ -301,7 +301,7 @@ def test_auto_samples_a_population_larger_than_its_size_unless_clients_move(tmp_
     raw["scenarios"]["s"]["drift"] = [{"round": 2, "fraction": 0.25}]
     assert population_of(tmp_path, raw=raw) is None  # drift figures follow every mover
     raw["training"]["full_eval_clients"] = 5
-    assert len(population_of(tmp_path, raw=raw)) == 5  # unless asked for
+    assert population_of(tmp_path, raw=raw) is None  # whatever the value
     _, rounds, metrics, _ = run(tmp_path / "auto", "ifca")
     assert rounds["evaluated_clients"].tolist() == [5] * 4 and len(evaluated(metrics, 4)) == 5
 
@@ -344,12 +344,15 @@ def test_a_sampled_evaluation_s_models_read_at_most_so_many_pooled_rows_per_row(
     assert "global_rows" not in sampled.columns and sampled["global_models"].tolist() == [5, 5, 5, CLIENTS]
 
 
-def test_drift_rounds_read_every_client_and_count_as_full_evaluations(tmp_path):
-    raw = spec_dict(tmp_path, eval_every=4, full_eval_clients=5)
+def test_a_scenario_that_moves_clients_reads_every_client_whatever_the_value(tmp_path):
+    """Drift figures follow every mover at every full evaluation (drift.parquet, the summary's
+    final figures): a sample would leave them at the move rounds alone."""
+    raw = spec_dict(tmp_path / "five", eval_every=4, full_eval_clients=5, eval_clients=3)
     raw["scenarios"]["s"]["drift"] = [{"round": 2, "fraction": 0.25}]
     result = train_run(parse_spec(raw), "s", "ifca", 0, progress=False)
     rounds = pd.read_parquet(result.run_dir / "rounds.parquet").dropna(subset=["acc_macro"])
-    assert dict(zip(rounds["round"], rounds["evaluated_clients"])) == {1: CLIENTS, 2: CLIENTS, 4: 5}
+    assert dict(zip(rounds["round"], rounds["evaluated_clients"])) == {1: CLIENTS, 2: CLIENTS, 4: CLIENTS}
+    assert sorted(pd.read_parquet(result.run_dir / "drift.parquet")["round"].unique()) == [1, 2, 4]
     summary = json.loads((result.run_dir / "summary.json").read_text())
     assert summary["best_test_acc_macro"] == pytest.approx(rounds["acc_macro"].max())
 

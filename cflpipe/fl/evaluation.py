@@ -37,7 +37,8 @@ MAX_GLOBAL_MODELS = 100
 # fesem.yaml's FEMNIST and CelebA scenarios (3,550 and 9,343 clients) do for its per-client
 # methods, and the report's setup says so.
 MAX_SCORED_ROWS = 1_000_000
-# A sampled evaluation's models on its clients' pooled test data read at most this many rows per
+# In a run whose full evaluations read a sample of the clients (training.full_eval_clients), a
+# sampled evaluation's models on its clients' pooled test data read at most this many rows per
 # row of that data (besides MAX_SCORED_ROWS): 100 per-client models on 1,000 sampled clients'
 # 16,600 pooled rows (1 M rows) were 1.8 s of a 2.6 s evaluation against 0.45 s a training round
 # (#59). At 5 a row K ≤ 5 cluster models read all of it, 100 per-client models 830 rows each.

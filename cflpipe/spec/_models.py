@@ -59,9 +59,9 @@ def evaluated_clients(training: "Training", clients: int, moves: bool = False) -
     """How many clients a full evaluation of a population of `clients` reads
     (training.full_eval_clients; `moves`: the scenario moves clients between groups)."""
     wanted = training.full_eval_clients
-    if wanted == "auto":  # drift figures follow every mover: a scenario that moves clients reads all
-        wanted = "all" if moves else AUTO_EVAL_CLIENTS
-    return clients if wanted == "all" else min(wanted, clients)
+    if moves:  # drift figures follow every mover at every full evaluation: a scenario that moves clients reads all
+        return clients
+    return clients if wanted == "all" else min(AUTO_EVAL_CLIENTS if wanted == "auto" else wanted, clients)
 
 
 class Training(Strict):
@@ -83,16 +83,17 @@ class Training(Strict):
     eval_every: int = Field(5, ge=1, description="evaluate every N rounds (and the last round)")
     eval_clients: int | None = Field(
         None, ge=1, description="evaluate a seeded sample of this many clients (and their pooled test data) at "
-                                "evaluation rounds that are not full ones; the clustering is always every "
-                                "client's (null: every evaluation is full)")
+                                "evaluation rounds that are not full ones (drawn from full_eval_clients' sample "
+                                "where it samples); clusters.parquet is always every client's (null: every "
+                                "evaluation is full)")
     full_eval_clients: Annotated[int, Field(ge=1)] | Literal["auto", "all"] = Field(
         "auto", description="the clients a full evaluation reads (every evaluation without eval_clients; with it, "
                             "the last round's and full_eval_every's): all; n, a seeded sample of n (by the run's "
                             "seed alone: every full evaluation of the run, and every method of the scenario, reads "
                             "the same clients); auto: every client in a population of at most 1,000, a seeded sample "
-                            "of 1,000 in a larger one (every client where the scenario moves clients between "
-                            "groups: its drift figures follow each mover). clusters.parquet is always every client's; ARI "
-                            "and NMI are scored on the clients read")
+                            "of 1,000 in a larger one; every client, whatever the value, where the scenario moves "
+                            "clients between groups (its drift figures follow each mover). clusters.parquet is always "
+                            "every client's; ARI, AMI and NMI are scored on the clients full evaluations read")
     eval_train: bool | Literal["auto"] = Field(
         "auto", description="also evaluate clients' models on their training split (metrics rows with split "
                             "train, train_acc_macro): true every client's, false none (the test split only), "
