@@ -409,3 +409,17 @@ def test_validate_says_where_full_evaluations_read_a_sample(tmp_path, capsys):
     assert lines[1:] == [f"scenario big: full evaluations read a seeded sample of 1,000 of its "
                          f"{AUTO_EVAL_CLIENTS + 1:,} clients, the same for every method "
                          f"(training.full_eval_clients; all: every client)"]
+
+
+@pytest.mark.parametrize("method", ["ifca", "fedtsdp", "fcca"])
+def test_a_run_that_samples_its_population_resumes_to_the_same_bytes(tmp_path, method):
+    """Killed after a checkpoint, a run whose full evaluations read a sample (IFCA's choice by
+    loss, FedTSDP's models built for the sample, FCCA's table of the sample's pairs) resumes to
+    the uninterrupted run's outputs."""
+    from cflpipe.testing import _killed_then_resumed, finished, same_bytes, spec_dict as checks_spec
+
+    whole = finished(tmp_path / "whole", method, full_eval_clients=4, eval_every=1)
+    resumed = _killed_then_resumed(parse_spec(checks_spec(tmp_path / "resumed", method, full_eval_clients=4,
+                                                          eval_every=1)), method, 2)
+    assert pd.read_parquet(whole / "rounds.parquet")["evaluated_clients"].tolist() == [4] * 4
+    same_bytes(whole, resumed)
