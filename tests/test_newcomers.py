@@ -213,3 +213,20 @@ def test_stocfl_places_new_clients_under_the_numbers_its_participants_carry(tmp_
     placed = rows[rows["round"] == rows["round"].max()]
     assert set(placed["cluster"]) <= set(last["cluster"])
     assert final["new_ari"] == 1.0 and final["new_joined"] == 1.0
+
+
+def test_where_full_evaluations_read_a_sample_the_new_clients_placed_are_as_large_a_share(tmp_path):
+    """Placing a new client trains it a round: with a third of the 9 participants evaluated,
+    one of the 3 new clients (seeded) is placed at each full evaluation, the same each time."""
+    s = spec(tmp_path, {"ifca": {}}, full_eval_clients=3)
+    result = train_run(s, "swap", "ifca", 0, progress=False)
+    rows = pd.read_parquet(result.run_dir / "newcomers.parquet")
+    summary = json.loads((result.run_dir / "summary.json").read_text())
+    assert len(summary["new_clients"]) == 3 and sorted(rows["round"].unique()) == [5, 10]
+    placed = rows.groupby("round")["client"].apply(list).tolist()
+    assert placed[0] == placed[1] and len(placed[0]) == 1 and placed[0][0] in summary["new_clients"]
+    rounds = pd.read_parquet(result.run_dir / "rounds.parquet").dropna(subset=["acc_macro"])
+    assert rounds["evaluated_clients"].tolist() == [3, 3] and rounds["new_acc_macro"].notna().all()
+    every = pd.read_parquet(train_run(spec(tmp_path / "every", {"ifca": {}}), "swap", "ifca", 0,
+                                      progress=False).run_dir / "newcomers.parquet")
+    assert len(every[every["round"] == 10]) == 3

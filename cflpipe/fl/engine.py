@@ -201,6 +201,14 @@ class Run:
         self.train_split_clients = train_split_clients(self.data, self.training, self.seed, self.training_clients,
                                                        self.population)
         self.method: Method = info.cls(self.ctx)
+        # the new clients placed at full evaluations (placing one trains it a round): all, or
+        # where full evaluations read a sample of the participants, a seeded sample of them in
+        # the same share
+        self.placed_newcomers = self.newcomer_ids
+        if self.newcomer_ids is not None and self.population is not None:
+            chosen = newcomers.placed_sample(len(self.newcomer_ids), self.population_size / self.data.num_clients,
+                                             self.seed)
+            self.placed_newcomers, self.new_data = self.newcomer_ids[chosen], self.new_data.subset(chosen)
         if self.newcomer_ids is not None:
             self.new_ctx = newcomers.sibling(self.ctx, self.new_data)
         self.trainer.took_measurement()  # what a method's setup trained is no round's warm-up
@@ -464,7 +472,7 @@ class Run:
         # New clients and moved clients are scored on their test splits: not in a run that reads none.
         if self.newcomer_ids is not None and full and self.training.eval_test:
             figures, table = newcomers.place(self.method, self.new_ctx, self.ctx.round, round_number,
-                                             self.training.eval_batch_size, self.newcomer_ids)
+                                             self.training.eval_batch_size, self.placed_newcomers)
             result.figures.update(figures)
             if table:
                 self.tables.setdefault("newcomers", defaultdict(list))

@@ -12,6 +12,7 @@ eval_seconds."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -34,6 +35,14 @@ def choose(data: FederatedData, count: int, seed: int) -> np.ndarray:
     training samples (a new client adapts on its own training split)."""
     candidates = np.flatnonzero(data.train.sizes() > 0)
     return np.sort(rng(seed, _CHOICE).choice(candidates, size=min(count, len(candidates)), replace=False))
+
+
+def placed_sample(count: int, share: float, seed: int) -> np.ndarray:
+    """The new clients placed where full evaluations read a sample of the participants (their
+    places among the new clients, sorted): a seeded choice, by the run's seed, of `share` of the
+    `count` of them, at least one."""
+    wanted = min(count, max(1, math.ceil(share * count)))
+    return np.sort(rng(seed, _CHOICE, 1).permutation(count)[:wanted])
 
 
 def split(data: FederatedData, newcomers: np.ndarray) -> tuple[FederatedData, FederatedData]:
