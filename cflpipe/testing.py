@@ -457,6 +457,11 @@ def check_drift_resumes(name: str, workdir: Path) -> None:
 def check_sampled_predictor(name: str, workdir: Path) -> None:
     from cflpipe.fl.predictors import Mixture, Selected
 
+    # close, not equal: a method that trains at evaluation (Per-FedAvg's fine-tuning) may batch 3
+    # clients' plans otherwise than 6, which moves the last bits
+    def same(u: torch.Tensor, v: torch.Tensor) -> bool:
+        return u.shape == v.shape and torch.allclose(u, v, rtol=1e-5, atol=1e-6)
+
     # two runs that trained alike, so that neither evaluation sees what the other did to the
     # method (IFCA's choice by loss is kept)
     spec = parse_spec(spec_dict(Path(workdir), name))
@@ -468,17 +473,17 @@ def check_sampled_predictor(name: str, workdir: Path) -> None:
     assert type(some) is type(every), f"{type(some).__name__} for a sample, {type(every).__name__} for all"
     if isinstance(every, Mixture):
         assert np.array_equal(np.asarray(some.weights)[sample], np.asarray(every.weights)[sample]), "mixture weights"
-        assert all(torch.equal(u, v) for u, v in zip(some.models, every.models)), "mixture components"
+        assert all(same(u, v) for u, v in zip(some.models, every.models)), "mixture components"
         if every.rows is not None:  # weights per input row (FedGMM's)
             for c in sample:
                 x = runs[0].ctx.data.test.of(int(c))[0]
                 owners = np.full(len(x), c)
-                assert torch.equal(some.rows(x, owners), every.rows(x, owners)), f"client {c}'s weights per row"
+                assert same(some.rows(x, owners), every.rows(x, owners)), f"client {c}'s weights per row"
     elif isinstance(every, Selected):
-        assert all(torch.equal(u, v) for u, v in zip(some.models, every.models)), "the models selected from"
+        assert all(same(u, v) for u, v in zip(some.models, every.models)), "the models selected from"
     for c in sample:  # each sampled client's model (its largest share for a mixture)
         mine, theirs = some.models[int(some.index[c])], every.models[int(every.index[c])]
-        assert torch.equal(mine, theirs), f"client {c}'s model differs when the evaluation samples clients"
+        assert same(mine, theirs), f"client {c}'s model differs when the evaluation samples clients"
 
 
 CHECKS: tuple[Callable[[str, Path], None], ...] = (
