@@ -130,7 +130,7 @@ def _download(url: str, dest_dir: Path, filename: str, progress: bool) -> Path:
         with os.fdopen(fd, "wb") as out:
             request = urllib.request.Request(url, headers=_HEADERS)
             with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
-                total = response.length
+                total = getattr(response, "length", None)  # file:// responses have none
                 received = 0
                 with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=filename,
                           file=sys.stderr, disable=not progress, leave=False) as bar:
