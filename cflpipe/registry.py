@@ -149,7 +149,15 @@ class MethodInfo:
     def premise_warnings(self, hp: Any, training: Any, scenario: Any) -> list[tuple[str, str]]:
         """What in a run's settings or scenario goes against the method's premises (declared, or
         given to a plugin's `register`)."""
-        return [] if self.premises is None else list(self.premises(hp, training, scenario))
+        found = [] if self.premises is None else list(self.premises(hp, training, scenario))
+        k = self.capabilities.k_param and getattr(hp, self.capabilities.k_param, None)
+        from cflpipe.methods.intercluster_params import AWCFLParams  # it imports this module
+        beta = hp.beta if isinstance(hp, AWCFLParams) else None
+        if isinstance(k, int) and k > 1 and beta is not None and abs(beta - (k - 1) / k) < 1e-12:
+            # AWCFL's Eq. 2 at β = (K−1)/K: every cluster gets the mean of all (the run is marked collapsed)
+            found.append(("beta", f"with {k} clusters, AWCFL's Eq. 2 at beta {beta:g} = (K-1)/K gives every "
+                                  f"cluster the same model, the mean of all: one averaged model, not {k}"))
+        return found
 
     def limit_errors(self, hp: Any, training: Any, scenario: Any) -> list[tuple[str, str]]:
         """What in a run's settings the method cannot run with (declared, or given to `register`)."""

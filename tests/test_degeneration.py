@@ -244,3 +244,13 @@ def test_validate_warns_when_a_run_goes_against_a_methods_premises_and_only_then
     two = spec_dict(tmp_path, {"pacfl": {}})
     two["scenarios"]["t"] = dict(two["scenarios"]["s"])
     assert spec_warnings(parse_spec(two))[0].endswith("(scenarios s, t)")
+
+
+def test_validate_warns_when_awcfls_beta_makes_its_clusters_one_model(tmp_path):
+    """AWCFL's Eq. 2 at β = (K−1)/K with a fixed K (K-means' clusters, IFCA's) is one averaged model."""
+    methods = {"awcfl": {"clusters": 2, "beta": 0.5, "cluster_start": 1}, "ifca_awcfl": {"clusters": 4, "beta": 0.75},
+               "quarter": {"method": "awcfl", "clusters": 2, "beta": 0.25, "cluster_start": 1}, "ifca": {"clusters": 2}}
+    lines = spec_warnings(parse_spec(spec_dict(tmp_path, methods)))
+    assert [line.split(":")[0] for line in lines] == ["methods.awcfl.beta", "methods.ifca_awcfl.beta"], lines
+    assert "with 2 clusters, AWCFL's Eq. 2 at beta 0.5 = (K-1)/K gives every cluster the same model" in lines[0]
+    assert "with 4 clusters" in lines[1] and "beta 0.75" in lines[1]

@@ -163,3 +163,25 @@ def test_table2_shape_on_digits_rotated_0_and_180(tmp_path):
     assert aw_intra <= cfl_intra + 0.01, figures  # ... at some (here small) cost to intra
     assert mc_intra >= cfl_intra - 0.01, figures  # MCFL keeps intra ...
     assert mc_inter > cfl_inter + 0.1, figures  # ... and raises inter
+
+
+def test_awcfl_at_beta_k_minus_one_over_k_is_marked_as_one_model(tmp_path):
+    """Eq. 2 at β = (K−1)/K (the paper's 0.5 with K = 2) gives every cluster the mean of all: the
+    run says it collapsed to one model although its clients stay in two clusters; β = 0.25 keeps
+    two models and is not marked."""
+    import pandas as pd
+
+    spec = rot2_spec(tmp_path, {"half": {"method": "awcfl", "clusters": 2, "cluster_start": 1, "beta": 0.5},
+                                "quarter": {"method": "awcfl", "clusters": 2, "cluster_start": 1, "beta": 0.25}},
+                     rounds=4, seeds=(0,))
+    runs = {m: train_run(spec, "rot2", m, 0, progress=False) for m in ("half", "quarter")}
+    half, quarter = (runs[m].summary for m in ("half", "quarter"))
+    assert half["final"]["n_clusters"] == 2, half  # two clusters of clients ...
+    assert half["final"]["inter_acc"] == pytest.approx(half["final"]["intra_acc"])  # ... one model for both
+    assert half["degenerate_kind"] == "collapsed" and "one averaged model" in half["degenerate"], half
+    assert quarter["final"]["n_clusters"] == 2 and not quarter["degenerate"], quarter
+    # the rule reads the final cluster count: at K = 4 it is β = 0.75
+    method = prepare_run(parse_spec({**spec.model_dump(mode="json"), "methods": {
+        "awcfl": {"clusters": 4, "beta": 0.75}}}), "rot2", "awcfl", 0).method
+    assert method.collapse_note(pd.DataFrame({"n_clusters": [4, 4]})) is not None
+    assert method.collapse_note(pd.DataFrame({"n_clusters": [4, 3]})) is None

@@ -33,10 +33,11 @@ class Degeneration:
 
 
 def diagnose_clustering(rounds: pd.DataFrame, clients: int, gate_note: str | None = None, true_groups: int = 0,
-                        soft: bool = False) -> Degeneration | None:
+                        soft: bool = False, collapse_note: str | None = None) -> Degeneration | None:
     """The first of: a gate of the method's own that kept it from clustering (`gate_note`, its
     own line), never more than one cluster in an evaluated round, one cluster at the final
-    evaluation after more before, about one cluster per client or most clients alone in their
+    evaluation after more before, several clusters served one model at the end (`collapse_note`,
+    the method's own line), about one cluster per client or most clients alone in their
     cluster at the final evaluation (unless the scenario has as many `true_groups`). None for a
     run that ended with a clustering (or has no evaluated round). A `soft` method's clusters are its clients' largest shares: it still
     predicts with every component, so its lines say so rather than naming FedAvg or Local."""
@@ -58,6 +59,8 @@ def diagnose_clustering(rounds: pd.DataFrame, clients: int, gate_note: str | Non
                                            f"({before})")
         return Degeneration(COLLAPSED, f"collapsed to one cluster by the end ({before}): its final figures are those "
                                        f"of one model for all")
+    if collapse_note is not None:
+        return Degeneration(COLLAPSED, collapse_note)
     if clients < SINGLETON_MIN_CLIENTS or final <= true_groups:
         return None
     if final >= SINGLETON_SHARE * clients:

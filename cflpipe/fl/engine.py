@@ -570,7 +570,7 @@ class Run:
         if capabilities.k_param and getattr(self.method.hp, capabilities.k_param, None) == 1:
             return None
         found = diagnose_clustering(rounds, self.data.num_clients, self.method.gate_note(rounds),
-                                    self.data.num_groups, capabilities.soft)
+                                    self.data.num_groups, capabilities.soft, self.method.collapse_note(rounds))
         if found is not None and (hint := self.method.clustering_hint(rounds, found.kind)):
             found = Degeneration(found.kind, f"{found.line}; {hint}")
         return found

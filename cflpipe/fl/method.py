@@ -642,6 +642,12 @@ class Method:
         that opened without its clustering ever splitting the clients is said here too."""
         return None
 
+    def collapse_note(self, rounds: Any) -> str | None:
+        """After a run whose clients stay in several clusters that all ended with one model (AWCFL's
+        Eq. 2 at β = (K−1)/K gives every cluster the mean of all), why, as one line; read from the
+        rounds table and the hyper-parameters, as `gate_note`. None otherwise."""
+        return None
+
     def clustering_hint(self, rounds: Any, kind: str) -> str | None:
         """After a run whose clustering came to none (`kind`: fl/diagnosis.KINDS), what of the
         method's own settings did it, when the method can tell from the rounds table (PACFL: a

@@ -13,6 +13,8 @@ declared with each method (`cluster_options` in its `X_params.py`), a plugin's s
 
 from __future__ import annotations
 
+import math
+
 from typing import Any, ClassVar
 
 import numpy as np
@@ -221,6 +223,17 @@ class ClusterModels(Method):
 
     def assignment(self) -> np.ndarray | None:
         return self.clusters.copy()
+
+    def collapse_note(self, rounds) -> str | None:
+        counts = rounds["n_clusters"].dropna() if "n_clusters" in rounds else rounds[:0]
+        if self.awcfl_beta is None or not len(counts):
+            return None
+        k = int(counts.iloc[-1])
+        if k > 1 and math.isclose(self.awcfl_beta, (k - 1) / k):
+            return (f"collapsed to one model by the end: AWCFL's Eq. 2 at beta {self.awcfl_beta:g} with {k} clusters "
+                    f"(beta = (K-1)/K) gives every cluster the same model, the mean of all: its final figures are "
+                    f"those of one averaged model for all")
+        return None
 
     # ------------------------------------------------------------------ MCFL
 
