@@ -262,9 +262,10 @@ def build_parser() -> argparse.ArgumentParser:
              "      --method fedavg --seed 0\n")
     _add_config(p)
     p.add_argument("--scenario", required=True, metavar="NAME", help="one of the spec's scenarios")
-    p.add_argument("--method", required=True, nargs="+", metavar="NAME",
+    # extend: `--method a --method b` is `--method a b` (append would keep only b's list, silently)
+    p.add_argument("--method", required=True, nargs="+", action="extend", metavar="NAME",
                    help="one or more of the spec's method entries (each method's seeds run before the next method's)")
-    p.add_argument("--seed", required=True, type=int, nargs="+", metavar="SEED",
+    p.add_argument("--seed", required=True, type=int, nargs="+", action="extend", metavar="SEED",
                    help="one or more of the spec's seeds, run one after the other in this process "
                         "(the workflow passes all of them, and with workflow.train_jobs: scenario every method "
                         "of the scenario: start-up is paid once)")
@@ -285,8 +286,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config(p)
     p.add_argument("--scenario", required=True, metavar="NAME", help="one of the spec's scenarios")
     p.add_argument("--method", required=True, metavar="NAME", help="a method entry that tuning.space tunes")
-    p.add_argument("--trial", nargs="+", metavar="TRIAL", help="these trials only (default: all of them)")
-    p.add_argument("--seed", type=int, nargs="+", metavar="SEED", help="these tuning seeds only (default: all)")
+    p.add_argument("--trial", nargs="+", action="extend", metavar="TRIAL", help="these trials only (default: all of them)")
+    p.add_argument("--seed", type=int, nargs="+", action="extend", metavar="SEED",
+                   help="these tuning seeds only (default: all)")
     p.add_argument("--force", action="store_true", help="re-run finished trials from scratch")
     p.add_argument("--threads", type=int, default=1, metavar="N", help="CPU threads for torch (default 1)")
     _add_quiet(p)

@@ -142,3 +142,21 @@ def test_cflpipe_partition_does_not_import_torch(tmp_path):
             "print(code, 'torch' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
     assert done.stdout.strip().splitlines()[-1] == "0 False", done.stdout + done.stderr
+
+
+def test_repeated_method_and_seed_flags_add_up_rather_than_replace():
+    """`--method fedavg --method ifca` asks for both (argparse's default kept only the last list, so
+    the first method was silently not trained)."""
+    args = build_parser().parse_args(["train", "--scenario", "s", "--method", "fedavg", "--method", "ifca", "cfl",
+                                      "--seed", "0", "--seed", "1"])
+    assert args.method == ["fedavg", "ifca", "cfl"] and args.seed == [0, 1]
+    args = build_parser().parse_args(["tune", "--scenario", "s", "--method", "ifca", "--trial", "a", "--trial", "b",
+                                      "--seed", "100", "--seed", "101"])
+    assert args.trial == ["a", "b"] and args.seed == [100, 101]
+
+
+def test_a_method_named_twice_across_flags_is_one_line(tmp_path, capsys):
+    spec = _spec_file(tmp_path)
+    code = main(["train", "--config", spec, "--scenario", "s", "--method", "fedavg", "--method", "fedavg",
+                 "--seed", "0", "--quiet"])
+    assert code == 2 and capsys.readouterr().err.strip() == "error: --method: fedavg given twice; give each method once"
