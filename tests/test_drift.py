@@ -182,3 +182,19 @@ def test_a_client_that_moves_twice_is_followed_by_each_event_until_its_next_move
     assert first["placed_with_group_final"] == 1.0
     assert second == {"round": 6, "clients": [0], "moved_acc_before": 0.8, "moved_acc_after": 0.4,
                       "moved_acc_final": 0.7, "placed_with_group_final": 0.0, "rounds_to_place": [None]}
+
+
+def test_one_validate_pass_reports_every_problem_of_a_scenario(tmp_path):
+    """Every drift event past the rounds and a clients_per_round past the clients, in one pass (the
+    checks across layers stopped at the first), each line once whatever the number of methods."""
+    raw = {"seeds": [0], "training": {"model": "mlp", "rounds": 5, "clients_per_round": 9, "local_steps": 2},
+           "scenarios": {"s": {"dataset": "digits", "clients": 8,
+                               "partition": [{"kind": "iid"}, {"kind": "label_swap", "groups": 2}],
+                               "drift": [{"round": 9, "fraction": 0.2}, {"round": 12, "fraction": 0.2}]}},
+           "methods": {"fedavg": {}, "ifca": {}}}
+    with pytest.raises(SpecError) as err:
+        parse_spec(raw)
+    assert str(err.value).splitlines() == [
+        "scenarios.s.drift[0].round: must be <= the rounds of its runs (training.rounds: 5), got 9",
+        "scenarios.s.drift[1].round: must be <= the rounds of its runs (training.rounds: 5), got 12",
+        "training.clients_per_round: must be <= clients of scenario s (8), got 9"], str(err.value)

@@ -297,6 +297,8 @@ def _check_training(spec: Spec, data: dict, scenario: str, method: str | None) -
                 where = next((w for w, layer in reversed(layers) if key in layer), layers[0][0])
             lines.append(_format_error(err, merged, where))
         return lines
+    # Across layers, every problem of the run's settings and scenario at once (one validate pass).
+    found: list[str] = []
     image_models = ("cnn", "cnn_tsdp", "cnn_pfl", "resnet18")
     if training.model in image_models:
         from cflpipe.data.base import dataset_info
@@ -304,28 +306,28 @@ def _check_training(spec: Spec, data: dict, scenario: str, method: str | None) -
         dataset = spec.scenarios[scenario].dataset.name
         if _registered(dataset) and dataset_info(dataset).images is False:
             where = next((w for w, layer in reversed(layers) if "model" in layer), "training")
-            return [f"{where}.model: {training.model} needs images, but scenario {scenario}'s dataset "
-                    f"{dataset} has feature vectors; use mlp"]
-    # Across layers: a run's merged training (a method's layer may add the sample).
+            found.append(f"{where}.model: {training.model} needs images, but scenario {scenario}'s dataset "
+                         f"{dataset} has feature vectors; use mlp")
+    # A run's merged training (a method's layer may add the sample).
     if method is not None and training.full_eval_every is not None and training.eval_clients is None:
         where = next((w for w, layer in reversed(layers) if "full_eval_every" in layer), "training")
-        return [f"{where}.full_eval_every: needs eval_clients (without a sample every evaluation is full), "
-                f"got {training.full_eval_every}"]
+        found.append(f"{where}.full_eval_every: needs eval_clients (without a sample every evaluation is full), "
+                     f"got {training.full_eval_every}")
     sc = spec.scenarios[scenario]
     if sc.participants < 1:
-        return [f"scenarios.{scenario}.new_clients: {sc.new_clients} of {sc.clients} clients holds out "
-                f"{sc.new_client_count()}, leaving none to train; allowed: a share that leaves at least one"]
+        found.append(f"scenarios.{scenario}.new_clients: {sc.new_clients} of {sc.clients} clients holds out "
+                     f"{sc.new_client_count()}, leaving none to train; allowed: a share that leaves at least one")
     for index, event in enumerate(sc.drift or []):
         if event.round > training.rounds:
             where = next((w for w, layer in reversed(layers) if "rounds" in layer), "training")
-            return [f"scenarios.{scenario}.drift[{index}].round: must be <= the rounds of its runs ({where}.rounds: "
-                    f"{training.rounds}), got {event.round}"]
-    if training.clients_per_round > sc.participants:
+            found.append(f"scenarios.{scenario}.drift[{index}].round: must be <= the rounds of its runs "
+                         f"({where}.rounds: {training.rounds}), got {event.round}")
+    if sc.participants >= 1 and training.clients_per_round > sc.participants:
         where = next((w for w, layer in reversed(layers) if "clients_per_round" in layer), "training")
         of = f" less its {sc.new_client_count()} new clients" if sc.new_clients is not None else ""
-        return [f"{where}.clients_per_round: must be <= clients of scenario {scenario}{of} ({sc.participants}), "
-                f"got {training.clients_per_round}"]
-    return []
+        found.append(f"{where}.clients_per_round: must be <= clients of scenario {scenario}{of} ({sc.participants}), "
+                     f"got {training.clients_per_round}")
+    return found
 
 
 def _registered(dataset: str) -> bool:
