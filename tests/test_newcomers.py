@@ -230,3 +230,16 @@ def test_where_full_evaluations_read_a_sample_the_new_clients_placed_are_as_larg
     every = pd.read_parquet(train_run(spec(tmp_path / "every", {"ifca": {}}), "swap", "ifca", 0,
                                       progress=False).run_dir / "newcomers.parquet")
     assert len(every[every["round"] == 10]) == 3
+
+
+def test_placed_with_their_group_counts_every_cluster_tied_for_most():
+    """Group 0's participants split 2–2 between clusters 0 and 1: a new client of group 0 in either is
+    with its group (the lower id alone was, before); in cluster 2, group 1's, it is not."""
+    from cflpipe.fl.newcomers import with_their_group
+
+    held, held_groups = np.array([0, 0, 1, 1, 2, 2]), np.array([0, 0, 0, 0, 1, 1])
+    out = with_their_group(held, held_groups, clusters=np.array([0, 1, 2, 2, -1]), groups=np.array([0, 0, 0, 1, 1]))
+    np.testing.assert_array_equal(out, [1.0, 1.0, 0.0, 1.0, np.nan])
+    # no tie: only the cluster holding most
+    out = with_their_group(np.array([0, 0, 1, 2]), np.array([0, 0, 0, 1]), np.array([0, 1]), np.array([0, 0]))
+    np.testing.assert_array_equal(out, [1.0, 0.0])
