@@ -204,6 +204,10 @@ def _sub(sub, name: str, summary: str, description: str, example: str) -> argpar
 def _add_config(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", default=DEFAULT_CONFIG, metavar="FILE",
                    help=f"experiment spec (YAML; default: {DEFAULT_CONFIG})")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override one key of the spec, checked as the spec is: a dotted key and a YAML value, "
+                        "e.g. --set training.rounds=5 --set seeds=[0]; repeatable, applied in order (the "
+                        "runs' config.yaml records what ran)")
 
 
 def _add_quiet(p: argparse.ArgumentParser) -> None:

@@ -483,3 +483,52 @@ def test_validate_keeps_the_files_positions_and_says_nothing_of_what_it_left_out
     assert "methods.fedavg.scenarios[1]: unknown scenario 'nope'; allowed: c" in lines, lines
     # clusters is IFCA's, left out for its bad label: not "no method has this hyper-parameter"
     assert not any(line.startswith("scenarios.c.hyperparams") for line in lines), lines
+
+
+def test_set_overrides_keys_of_the_spec_and_is_checked_as_the_spec(tmp_path):
+    """`--set KEY=VALUE`: dotted keys into the spec, YAML values, in order; what they make is
+    validated as the file is, and a malformed one is one line naming it."""
+    from cflpipe.spec import apply_overrides
+
+    data = {"seeds": [0], "training": {"rounds": 5}, "scenarios": {"a-b": {"clients": 4}}}
+    out = apply_overrides(data, ["training.rounds=2", "seeds=[0, 1]", "scenarios.a-b.clients=8",
+                                 "training.lr=1e-3", "report.tables=[]", "training.rounds=3"])
+    assert out == {"seeds": [0, 1], "training": {"rounds": 3, "lr": 0.001}, "scenarios": {"a-b": {"clients": 8}},
+                   "report": {"tables": []}}
+    assert data["training"] == {"rounds": 5}  # the file's data is not changed
+    for item, line in [("training.rounds", "--set: 'training.rounds' is not KEY=VALUE"),
+                       ("=5", "--set: '=5' is not KEY=VALUE"),
+                       ("training..rounds=5", "--set: 'training..rounds=5' is not KEY=VALUE"),
+                       ("training.rounds=[", "--set training.rounds: '[' is not a YAML value"),
+                       ("training.rounds.x=1", "--set training.rounds.x: training.rounds is 5 in the spec, not a "
+                                               "mapping")]:
+        with pytest.raises(SpecError) as err:
+            apply_overrides(data, [item])
+        assert str(err.value).startswith(line), str(err.value)
+
+
+def test_set_on_the_command_line_changes_the_runs_and_validate_checks_it(tmp_path):
+    import subprocess
+    import sys
+
+    import yaml
+
+    spec = tmp_path / "s.yaml"
+    spec.write_text(yaml.safe_dump({"seeds": [0], "results_dir": str(tmp_path / "r"),
+                                    "training": {"model": "mlp", "rounds": 3, "clients_per_round": 2},
+                                    "scenarios": {"s": {"dataset": "digits", "clients": 4}},
+                                    "methods": {"fedavg": {}}}))
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "cflpipe", *args], capture_output=True, text=True)
+
+    ok = cli("validate", "--config", str(spec), "--set", "training.rounds=1", "--set", "seeds=[0,1]")
+    assert ok.returncode == 0 and "(2 runs: 1 scenario, 1 method, 2 seeds;" in ok.stdout, ok.stdout + ok.stderr
+    bad = cli("validate", "--config", str(spec), "--set", "training.rounds=0")
+    assert bad.returncode == 2 and bad.stderr.strip() == "error: training.rounds: must be >= 1, got 0"
+    assert cli("partition", "--config", str(spec), "--scenario", "s").returncode == 0
+    trained = cli("train", "--config", str(spec), "--set", "training.rounds=1", "--scenario", "s", "--method",
+                  "fedavg", "--seed", "0", "--quiet")
+    assert trained.returncode == 0, trained.stderr
+    config = yaml.safe_load((tmp_path / "r/runs/s/fedavg/seed0/config.yaml").read_text())
+    assert config["training"]["rounds"] == 1

@@ -302,3 +302,28 @@ def test_a_tuning_spec_runs_end_to_end_and_a_new_trial_reruns_only_what_depends_
     chosen = json.loads((results / "tuning/chosen/swap/fedprox.json").read_text())
     if chosen["chosen"] != "lr0p05":  # the same choice: the final run is the one trained before
         assert run_bytes(results, TINY_RUNS) == before
+
+
+@pytest.mark.slow
+def test_overrides_reach_every_job_and_a_bad_one_is_one_line(tmp_path):
+    """`--config set="training.rounds=1 seeds=[0]"`: the jobs read the spec with its overrides
+    (written once to RESULTS/.spec-set/), the runs record them, and the same overrides again find
+    nothing to do; a bad key is the spec's own one line, another --config key is refused."""
+    spec = dict(TINY_SPEC, seeds=[0, 1], results_dir=str(tmp_path / "results"))
+    path = write_spec(tmp_path / "tiny.yaml", spec)
+    sets = "set=training.rounds=1 seeds=[0] methods.fedprox.mu=0.5"
+    first = snakemake("--cores", "1", "--configfile", str(path), "--config", sets, cwd=tmp_path)
+    assert first.returncode == 0, first.stdout
+    run_dir = tmp_path / "results/runs/swap/fedprox/seed0"
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert config["training"]["rounds"] == 1 and config["hyperparams"]["mu"] == 0.5, config
+    assert not (tmp_path / "results/runs/swap/fedprox/seed1").exists()  # seeds=[0]
+    written = read_yaml(tmp_path / "results/.spec-set/tiny.yaml")
+    assert written["training"]["rounds"] == 1 and written["seeds"] == [0]
+    again = snakemake("--cores", "1", "--configfile", str(path), "--config", sets, cwd=tmp_path)
+    assert again.returncode == 0 and "Nothing to be done" in again.stdout, again.stdout
+    bad = snakemake("-n", "--configfile", str(path), "--config", "set=training.roundz=1", cwd=tmp_path)
+    assert bad.returncode != 0 and "error: training.roundz: unknown key, got 1; allowed:" in bad.stdout
+    other = snakemake("-n", "--configfile", str(path), "--config", "rounds=1", cwd=tmp_path)
+    assert other.returncode != 0 and "error: --config: cflpipe rules read the spec file and its overrides " \
+        "only" in other.stdout

@@ -40,7 +40,7 @@ def load(args, **kwargs):
     if args.config == DEFAULT_CONFIG and not Path(DEFAULT_CONFIG).is_file():
         raise SpecError(f"--config: no {DEFAULT_CONFIG} in {Path.cwd()} (the default spec); run from the "
                         f"cflpipe checkout or give --config FILE")
-    return load_spec(args.config, **kwargs)
+    return load_spec(args.config, overrides=getattr(args, "set", None), **kwargs)
 
 
 def positive(flag: str):

@@ -74,10 +74,12 @@ from cflpipe.spec._yaml import (
     MAX_SPEC_BYTES,
     DuplicateKeyError,
     UniqueKeyLoader,
+    apply_overrides,
     default_results_dir,
     dump_yaml,
     load_spec,
     read_yaml,
+    spec_data,
 )
 
 __all__ = [
@@ -89,6 +91,8 @@ __all__ = [
     "DriftEvent", "RUN_OUTPUT_FILES", "ReportOptions", "RotationStep", "step_text", "SPEC_HASH_EXCLUDES", "SWEEP_KEY", "Scenario",
     "Spec", "Strict", "SweepOrigin", "TABLE_FIGURES", "TRAINING_KEYS", "TRAINING_NOT_IN_RUN", "Training",
     "UniqueKeyLoader", "WorkflowOptions", "check_label", "default_results_dir", "dump_yaml",
-    "errors_to_lines", "expand_sweeps", "label_field", "load_spec", "merge_training", "mlp_depth", "model_layers",
+    "errors_to_lines", "expand_sweeps", "label_field", "load_spec",
+    "apply_overrides",
+    "spec_data", "merge_training", "mlp_depth", "model_layers",
     "parse_spec", "read_yaml", "same_trainer_as_sequential", "spec_sha256", "spec_warnings", "training_key_path", "without_threads",
 ]

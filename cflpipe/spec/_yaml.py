@@ -59,7 +59,49 @@ def read_yaml(path: str | Path) -> Any:
     return yaml.load(Path(path).read_text(), Loader=UniqueKeyLoader)
 
 
-def load_spec(path: str | Path, **kwargs: Any) -> Spec:
+def apply_overrides(data: Any, overrides: list[str]) -> Any:
+    """The spec's data with each `KEY=VALUE` of `overrides` set, in order: KEY a dotted path into the
+    spec (`training.rounds`, `scenarios.digits-swap4.clients`; mappings missing on the way are
+    created), VALUE a YAML value (`5`, `[0, 1]`, `{kind: iid}`). What the result means is checked
+    as the spec is (parse_spec), so a wrong key or value gets the spec's own line with its path."""
+    if not overrides:
+        return data
+    if not isinstance(data, dict):
+        return data  # parse_spec says what the file is instead of a mapping
+    data = _copied(data)
+    for item in overrides:
+        key, eq, text = item.partition("=")
+        parts = key.strip().split(".")
+        if not eq or not all(parts):
+            raise SpecError(f"--set: {item!r} is not KEY=VALUE; allowed: a dotted key into the spec, '=' and a "
+                            f"YAML value, e.g. training.rounds=5 or seeds=[0,1]")
+        try:
+            value = yaml.load(text, Loader=UniqueKeyLoader) if text.strip() else None
+        except yaml.YAMLError as exc:
+            raise SpecError(f"--set {key}: {text!r} is not a YAML value ({getattr(exc, 'problem', None) or exc})") \
+                from None
+        node = data
+        for depth, part in enumerate(parts[:-1]):
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise SpecError(f"--set {key}: {'.'.join(parts[:depth + 1])} is {child!r} in the spec, not a "
+                                f"mapping; set it whole ({'.'.join(parts[:depth + 1])}=...)")
+            node = child
+        node[parts[-1]] = value
+    return data
+
+
+def _copied(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _copied(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_copied(v) for v in value]
+    return value
+
+
+def spec_data(path: str | Path, overrides: list[str] | None = None) -> Any:
+    """A spec file's data as load_spec parses it: read, `results_dir` defaulted from the file's
+    name, and `overrides` (KEY=VALUE, apply_overrides) set."""
     path = Path(path)
     if path.is_dir():
         raise SpecError(f"--config: {str(path)!r} is a folder; give the spec's YAML file")
@@ -86,7 +128,13 @@ def load_spec(path: str | Path, **kwargs: Any) -> Spec:
         raise SpecError(f"{path}: {problem}{where}") from None
     if isinstance(data, dict) and "results_dir" not in data:
         data = {**data, "results_dir": default_results_dir(path)}
-    spec = parse_spec(data, **kwargs)
+    return apply_overrides(data, overrides or [])
+
+
+def load_spec(path: str | Path, overrides: list[str] | None = None, **kwargs: Any) -> Spec:
+    """The spec of a YAML file, with `overrides` (`KEY=VALUE`, apply_overrides) set before it is
+    checked; its runs record what they ran (config.yaml), overrides included."""
+    spec = parse_spec(spec_data(path, overrides), **kwargs)
     spec._source = str(path)
     return spec
 

@@ -33,9 +33,10 @@ def spec_file():
     given = list(workflow.config_settings.configfiles)  # --configfile, made absolute by snakemake
     if len(given) > 1:
         fail([f"--configfile: give one spec file, got {len(given)}: " + ", ".join(map(str, given))])
-    if workflow.config_settings.config:
-        fail(["--config: cflpipe rules read the spec file only; edit it or pass another one with "
-              "--configfile"])
+    others = sorted(set(workflow.config_settings.config or {}) - {"set"})
+    if others:
+        fail([f"--config: cflpipe rules read the spec file and its overrides only (--config set=\"KEY=VALUE "
+              f"...\"), got {', '.join(others)}; edit the spec or pass another one with --configfile"])
     path = Path(given[0]) if given else Path(DEFAULT_CONFIG)
     # Absolute without resolving symlinks: the spec's file name names its default results
     # folder, and a link must name the same folder here as in `cflpipe … --config LINK`.
@@ -52,14 +53,50 @@ def choice(names):
     return "|".join(names) if names else "(?!)"
 
 
+def spec_overrides():
+    """`--config set="training.rounds=5 seeds=[0]"`: the spec's overrides (`cflpipe … --set`), split
+    as a shell splits words (quote a value with spaces: set="'seeds=[0, 1]'"), or a YAML list of them."""
+    given = (workflow.config_settings.config or {}).get("set")
+    if given is None:
+        return []
+    if isinstance(given, str):
+        import shlex
+
+        try:
+            return shlex.split(given)
+        except ValueError as exc:
+            fail([f"--config set: {given!r} cannot be split into KEY=VALUE words ({exc})"])
+    if isinstance(given, list) and all(isinstance(item, str) for item in given):
+        return given
+    fail([f"--config set: KEY=VALUE words in one string (set=\"training.rounds=5 seeds=[0]\"), got {given!r}"])
+
+
+def overridden_spec_file(path, overrides):
+    """The spec with its overrides, written where every rule's `cflpipe … --config` reads it (the
+    rules take one file): RESULTS/.spec-set/<name>, rewritten only when its text changes, so that
+    a rerun with the same overrides finds every job done (a rule's spec input is `ancient`; what
+    changes in the spec reruns jobs through their params, as an edit of the file does)."""
+    from cflpipe.spec import dump_yaml, spec_data
+
+    text = dump_yaml(spec_data(path, overrides))
+    target = Path(SPEC.results_dir) / ".spec-set" / Path(path).name
+    if not target.exists() or target.read_text() != text:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+    return str(target)
+
+
 DEFAULT_CONFIG = "config/config.yaml"
 SPEC_FILE = spec_file()
+SPEC_SETS = spec_overrides()
 try:
     # Jobs spawned on a cluster node parse this file again: the main process has validated the
     # methods already, so they skip that (it imports torch, seconds per job).
-    SPEC = load_spec(SPEC_FILE, check_methods=workflow.is_main_process)
+    SPEC = load_spec(SPEC_FILE, overrides=SPEC_SETS, check_methods=workflow.is_main_process)
 except CflpipeError as exc:
     fail(str(exc).splitlines(), exc.exit_code)
+if SPEC_SETS:
+    SPEC_FILE = overridden_spec_file(SPEC_FILE, SPEC_SETS)
 if workflow.is_main_process:  # the same warnings as `cflpipe validate`, once
     from cflpipe.spec import spec_warnings
 
