@@ -17,72 +17,22 @@ Otherwise last round's clustering stays. Then the clients' models are averaged w
 cluster, weighted by n_i; a client is evaluated (and trains next round) with its cluster's shared
 layers and its own personalization layers.
 
-Readings where the paper leaves a choice (parameters where the choice depends on scale):
-- Dampening: Eq. 11 writes ψ^r, "the dampening ratio at round r", and the settings table lists
-  "ψ^r: 0.98". Taken literally as 0.98^r, the first shrink after round 50 would cut 4 shared
-  layers to 1.5, whereas Fig. 11 shows 4 → 3.5 around round 50; so the default multiplies by the
-  constant ψ = 0.98 each time the clustering runs (`dampening_schedule: constant`); `power` is the
-  0.98^r reading.
-- Rounding: L_s is kept as a real number and the first round(L_s) layers are shared (`layer_rounding`;
-  with ψ = 0.98 four layers become three after seven clusterings). With every layer shared at the
-  start, a run in which H never passes h_th is FedAvg, which is the paper's argument for IID data
-  (the run says so: summary.json's `degenerate`). L_s is one number for all clusters: Algorithm 1 shrinks every
-  cluster's count at the same moments, and new clusters start from it.
-- Layers: a layer is an entry of the model's `layers` (the CNN: conv1, conv2, fc1, fc2; ResNet-18:
-  stem, eight basic blocks, fc), i.e. a block counts as one layer, as the paper's figures count
-  ResNet-18's shared layers.
-- Public batch: one weighted draw per round (`public_batch` samples without replacement, the
-  paper's B = its batch size 50) shared by all clients, so their outputs are comparable; the
-  paper's Algorithm draws inside the client loop.
-- Sampling weights, literally Eq. 7–8: adding |D_pub|/|D_B| to the drawn batch and normalizing
-  gives that batch nearly all the weight (with 10,000 public samples and B = 50, 99.99 % after one
-  clustering), so from the first clustering on the same batch is drawn nearly every round; the
-  other weights shrink about |D_pub|/|D_B|-fold per clustering (they stay positive or underflow to
-  0, which `choice` accepts while B weights are positive). The paper's "amended sampling" is this.
-- JS: divergence (not scipy's distance, its square root) with the natural log, the mean over the
-  batch of each sample's divergence, which equals the divergence of the flattened outputs.
-- Hopkins: m̃ = round(`hopkins_fraction`·m) of the m round's clients (the paper: m̃ ≪ m; 0.1 after
-  Banerjee & Dave, whom it cites), one draw a round, uniform points in the bounding box of the
-  outputs. At 18–20 clients H's expectation before a first clustering sits under h_th in grouped
-  and IID runs alike, and the gate first opens on a draw in the statistic's upper tail
-  (docs/robustness.md, FedTSDP's Hopkins gate): the paper's m̃ (2 points at 20 clients), a
-  noisier statistic, opens it early, and clustered every seed of a grouped case well (ARI ≥ 0.8
-  in 12 of 12) where our earlier floor of 5 points (`hopkins_min_samples`) did in 9. `hopkins_draws` averages
-  several draws (H's expectation: no luck, and no clustering where it stays under h_th).
-- Weight distance: L2 of the whole uploaded model (shared and personal layers); Eq. 9's Υe is
-  torch's pairwise-distance epsilon, without effect here.
-- Radii. ε1 = 0.15 is the paper's everywhere: a JS divergence lies in [0, ln 2] whatever the model,
-  so the paper's value means the same thing at any scale. ε2 = 3.5 fits the paper's CNN on CIFAR;
-  weight distances grow with the number of parameters and shrink with the learning rate, so at
-  other scales it either merges everything (the 2NN on digits: stage 2 then never splits) or,
-  rescaled by the RMS ratio of the models (0.28), shatters clients into singletons. `radii:
-  relative` (default) makes ε2 scale-free as DBSCAN's authors choose ε (Ester et al. 1996, the
-  k-distance plot): a multiple (`eps_weights`, default 2) of the median distance from a member of
-  the stage-1 group to its nearest other member that round; a member twice as far from everyone
-  as the typical neighbour is not reached. `radii: absolute` takes `eps_weights` as a distance,
-  by default the paper's 3.5. A first version made ε1 relative too (2 × the median nearest-
-  neighbour JS divergence); on four label-permuted groups of digits it over-split them (6–7
-  clusters, ARI 0.83 over seeds 0–2) where the paper's values found them (ARI 1.0).
-- Initial shared layers (`shared_layers`): all layers (Fig. 11 starts the 4-layer CNN at 4), so
-  personalization layers exist only after the first clustering; `shared_layers: body` starts
-  with every layer but the last shared, FedPer's split (a number picks any other count).
-- DBSCAN's noise points (`noise`): the paper flattens the stage-2 groups into J' ≥ J clusters
-  and says nothing of noise, but calls one client per cluster "meaningless" (its Sec. 2 and
-  3.2.2). By default the noise points of a stage form one cluster, DBSCAN's label -1 taken as a
-  group when its labels are flattened (a stage-1 noise group is then split by stage 2 like any
-  other). `singletons` makes each noise point its own cluster (our first reading: under Dirichlet
-  0.2 most clients ended alone, 2 points under FedPer), `previous` keeps each in the cluster it
-  was in (docs/robustness.md, FedTSDP's noise points).
-- Traffic: the whole model goes up (the server needs it for the outputs and the weight
-  distances), the cluster's shared layers come down.
-- Partial participation (the paper uses all 20 clients each round): only the round's clients
-  are clustered; a client not sampled keeps its cluster's last model.
+Readings where the paper leaves a choice, each an option (docs/fedtsdp.md has why, with the
+measurements): ψ applied as a constant at each clustering, not ψ^r (`dampening_schedule`); L_s a
+real number, round(L_s) layers shared (`layer_rounding`); a layer is an entry of the model's
+`layers` (a ResNet block counts as one); one weighted public batch a round for every client
+(`public_batch`); Eq. 7–8 literally (the drawn batch takes nearly all the weight); JS divergence
+with the natural log; Hopkins at the paper's m̃ = round(0.1·m), one draw a round, uniform points in
+the outputs' bounding box (`hopkins_fraction`, `hopkins_min_samples`, `hopkins_draws`); weight
+distance on the whole model; ε1 = 0.15 as the paper's, ε2 relative to the stage-1 group's median
+nearest-neighbour distance (`radii`, `eps_weights`; `absolute` is the paper's 3.5); every layer
+shared at the start (`shared_layers`); DBSCAN's noise points of a stage as one cluster (`noise`:
+the paper says nothing of them); the whole model up, the cluster's shared layers down; with
+partial participation only the round's clients are clustered.
 
-What it needs (docs/robustness.md has the measurements): every client every round, and a local
-budget near the paper's 2 epochs. The gate and both stages read one round's drift of the round's
-clients away from the model they were sent; after 5 local steps the clients' outputs differ by
-their label mix as much as by their group, and with half of the clients a round the Hopkins
-statistic of 9 points stayed near its no-structure level. `cflpipe validate` warns for either.
+What it needs: every client every round and a local budget near the paper's 2 epochs (the gate
+and both stages read one round's drift away from the model sent); `cflpipe validate` warns for
+either.
 """
 
 from __future__ import annotations
