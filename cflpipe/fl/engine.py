@@ -21,6 +21,7 @@ from cflpipe.errors import DivergenceError, SpecError
 from cflpipe.fl.checkpoint import STATE_HASH_FILE, adopt_previous, read_state, rows_folder, write_state
 from cflpipe.fl.data import FederatedData
 from cflpipe.fl.diagnosis import Degeneration, diagnose_clustering
+from cflpipe.fl.heartbeat import Heartbeat
 from cflpipe.fl import drift, newcomers
 from cflpipe.fl.evaluation import evaluate, evaluated_population, train_split_clients
 from cflpipe.fl.method import (Context, Method, Payload, Update, WeightedSum, divergence_error, client_update,
@@ -276,7 +277,17 @@ class Run:
             from cflpipe.fl.live import LiveCurves
 
             self.live = LiveCurves(self.resolved.live_dir, self.start_round)  # closed by execute
+        with Heartbeat(str(self.run_dir), rounds, enabled=not progress) as beat:
+            self._rounds(rounds, bar, beat)
+            bar.close()
+            self.check_trained()
+            beat.at(rounds, "writing its outputs")
+            summary = self.write_outputs()
+        return RunResult(self.run_dir, False, summary)
+
+    def _rounds(self, rounds: int, bar: Any, beat: Heartbeat) -> None:
         for r in range(self.start_round, rounds):
+            beat.at(r + 1, "training")
             self.data.drift_to(r + 1)  # scenario drift: the moves up to this round (after a resume, all before it)
             self.ctx.round = r
             self.ctx.extra_bytes_down = self.ctx.extra_bytes_up = 0
@@ -293,12 +304,14 @@ class Run:
             if streams_means(type(self.method)):
                 means, bytes_up, losses, skipped = self.train_summed(r, payloads)
                 t1 = time.perf_counter()
+                beat.at(r + 1, "server")
                 if means is not None:
                     self.method.aggregate_means(means)
             else:
                 updates, bytes_up, losses, skipped = self.collect_updates(
                     r, payloads, *self.train_clients(payloads))
                 t1 = time.perf_counter()
+                beat.at(r + 1, "server")
                 receive(self.method, updates)
                 # Nor is a round's traffic kept while the next round trains (2× the uploads at
                 # full participation, #17).
@@ -313,6 +326,7 @@ class Run:
             self.warn_if_exploding(row["train_loss"])
             evaluated = self.training.is_evaluated(r + 1) or r + 1 in self.drift_evaluations
             if evaluated:
+                beat.at(r + 1, "evaluating")
                 row.update(self.evaluate(r + 1))
                 bar.set_postfix(acc=f"{row.get('acc_macro', row.get('val_acc_macro', math.nan)):.3f}",
                                 clusters=row["n_clusters"])
@@ -334,11 +348,8 @@ class Run:
             _process_warm = True
             bar.update(1)
             if (r + 1) % self.training.checkpoint_every == 0 or r + 1 == rounds:
+                beat.at(r + 1, "saving its checkpoint")
                 self.save_state(r + 1)
-        bar.close()
-        self.check_trained()
-        summary = self.write_outputs()
-        return RunResult(self.run_dir, False, summary)
 
     def train_clients(self, payloads: dict[int, Payload]) -> tuple[dict[int, Results], dict[int, Any]]:
         """Every sampled client's plans, trained together by the trainer, and their scratch."""

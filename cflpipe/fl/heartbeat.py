@@ -1,0 +1,44 @@
+"""A quiet run says where it is at least every `interval` seconds: workflow jobs train with
+`--quiet` (no progress bar), and one round of FCCA or a final evaluation at scale can take minutes,
+in which a log that says nothing reads as a hung job. One daemon thread; the run's loop only
+sets the round and phase it is in, so nothing of the run's work or bytes depends on it."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+ENV = "CFLPIPE_HEARTBEAT_SECONDS"
+INTERVAL = 30.0
+
+
+class Heartbeat:
+    def __init__(self, name: str, rounds: int, enabled: bool, interval: float | None = None):
+        self.name, self.rounds = name, rounds
+        self.interval = interval if interval is not None else float(os.environ.get(ENV, INTERVAL))
+        self.enabled = enabled and self.interval > 0
+        self.round, self.phase = 0, "starting"
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._started = time.monotonic()
+
+    def at(self, round_number: int, phase: str) -> None:
+        """The run is now in `phase` of round `round_number` (1-based)."""
+        self.round, self.phase = round_number, phase
+
+    def __enter__(self) -> "Heartbeat":
+        if self.enabled:
+            self._thread = threading.Thread(target=self._beat, name="cflpipe-heartbeat", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.interval):
+            elapsed = time.monotonic() - self._started
+            print(f"{self.name}: round {self.round} of {self.rounds}, {self.phase} ({elapsed:.0f} s)", flush=True)

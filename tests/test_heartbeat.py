@@ -1,0 +1,39 @@
+"""A quiet run (workflow jobs) says which round and phase it is in at least every interval."""
+
+from __future__ import annotations
+
+import re
+import time
+
+from cflpipe.fl.heartbeat import Heartbeat
+from cflpipe.fl.engine import train_run
+from cflpipe.spec import parse_spec
+
+
+def test_a_quiet_run_says_its_round_and_phase_and_a_bar_run_does_not(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("CFLPIPE_HEARTBEAT_SECONDS", "0.01")
+    spec = parse_spec({"seeds": [0], "results_dir": str(tmp_path),
+                       "training": {"model": "mlp", "rounds": 3, "clients_per_round": 4, "local_steps": 40,
+                                    "eval_every": 1, "device": "cpu", "trainer": "sequential"},
+                       "scenarios": {"s": {"dataset": "digits", "clients": 4}}, "methods": {"fedavg": {}}})
+    train_run(spec, "s", "fedavg", 0, progress=False)
+    lines = [line for line in capsys.readouterr().out.splitlines() if "round" in line]
+    beats = [re.match(r".*s/fedavg/seed0: round (\d) of 3, (training|server|evaluating|saving its checkpoint|"
+                      r"writing its outputs) \(\d+ s\)$", line) for line in lines]
+    assert beats and all(beats), lines
+    assert {int(b.group(1)) for b in beats} <= {0, 1, 2, 3}
+    train_run(spec, "s", "fedavg", 0, progress=True, force=True)
+    assert "of 3," not in capsys.readouterr().out
+
+
+def test_the_beat_stops_with_the_run_and_is_off_at_zero(capsys):
+    with Heartbeat("run", 5, enabled=True, interval=0.01) as beat:
+        beat.at(2, "training")
+        time.sleep(0.05)
+    out = capsys.readouterr().out
+    assert "run: round 2 of 5, training" in out
+    time.sleep(0.05)
+    assert capsys.readouterr().out == ""  # nothing after the run
+    with Heartbeat("run", 5, enabled=True, interval=0) as beat:
+        time.sleep(0.02)
+    assert capsys.readouterr().out == "" and beat._thread is None
