@@ -17,23 +17,25 @@ def test_a_quiet_run_says_its_round_and_phase_and_a_bar_run_does_not(tmp_path, c
                                     "eval_every": 1, "device": "cpu", "trainer": "sequential"},
                        "scenarios": {"s": {"dataset": "digits", "clients": 4}}, "methods": {"fedavg": {}}})
     train_run(spec, "s", "fedavg", 0, progress=False)
-    lines = [line for line in capsys.readouterr().out.splitlines() if "round" in line]
+    out = capsys.readouterr()
+    assert "of 3," not in out.out  # stdout keeps the finished-run lines alone
+    lines = [line for line in out.err.splitlines() if "round" in line]
     beats = [re.match(r".*s/fedavg/seed0: round (\d) of 3, (training|server|evaluating|saving its checkpoint|"
                       r"writing its outputs) \(\d+ s\)$", line) for line in lines]
     assert beats and all(beats), lines
     assert {int(b.group(1)) for b in beats} <= {0, 1, 2, 3}
     train_run(spec, "s", "fedavg", 0, progress=True, force=True)
-    assert "of 3," not in capsys.readouterr().out
+    assert "of 3," not in capsys.readouterr().err
 
 
 def test_the_beat_stops_with_the_run_and_is_off_at_zero(capsys):
     with Heartbeat("run", 5, enabled=True, interval=0.01) as beat:
         beat.at(2, "training")
         time.sleep(0.05)
-    out = capsys.readouterr().out
+    out = capsys.readouterr().err
     assert "run: round 2 of 5, training" in out
     time.sleep(0.05)
-    assert capsys.readouterr().out == ""  # nothing after the run
+    assert capsys.readouterr().err == ""  # nothing after the run
     with Heartbeat("run", 5, enabled=True, interval=0) as beat:
         time.sleep(0.02)
-    assert capsys.readouterr().out == "" and beat._thread is None
+    assert capsys.readouterr().err == "" and beat._thread is None

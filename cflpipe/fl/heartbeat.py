@@ -1,11 +1,13 @@
 """A quiet run says where it is at least every `interval` seconds: workflow jobs train with
 `--quiet` (no progress bar), and one round of FCCA or a final evaluation at scale can take minutes,
 in which a log that says nothing reads as a hung job. One daemon thread; the run's loop only
-sets the round and phase it is in, so nothing of the run's work or bytes depends on it."""
+sets the round and phase it is in, so nothing of the run's work or bytes depends on it. On stderr:
+stdout keeps one line per finished run (the workflow's jobs send both to their log)."""
 
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 
@@ -41,4 +43,5 @@ class Heartbeat:
     def _beat(self) -> None:
         while not self._stop.wait(self.interval):
             elapsed = time.monotonic() - self._started
-            print(f"{self.name}: round {self.round} of {self.rounds}, {self.phase} ({elapsed:.0f} s)", flush=True)
+            print(f"{self.name}: round {self.round} of {self.rounds}, {self.phase} ({elapsed:.0f} s)", file=sys.stderr,
+                  flush=True)
