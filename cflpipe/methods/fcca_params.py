@@ -124,10 +124,10 @@ def _fcca_premises(hp: FCCAParams, training: Any, scenario: Any) -> list[tuple[s
     if swaps and skews:
         found.append(("", f"label-swap groups under {skews[0]} label skew: FCCA's similarity D separates "
                           f"them only once each client's cINN has learnt its labels' conditionals (with ideal "
-                          f"ones it did, ARI 1.00); at its paper's own settings, Dirichlet 0.5, its cINNs had "
-                          f"not: with K = 20 as mini-batch steps ARI 0.13 or less on LEAF Synthetic and MNIST-1D; "
-                          f"as passes (the default) only in part "
-                          f"(docs/fcca.md)"))
+                          f"ones it did, ARI 1.00); at its paper's settings with Dirichlet 0.5 (our reading of its "
+                          f"\"Dirichlet distribution\"), its cINNs had not: with K = 20 as mini-batch steps ARI 0.13 or "
+                          f"less on LEAF Synthetic and MNIST-1D; as passes (the default) in part, and IFCA at the same "
+                          f"budget recovered them better (docs/fcca.md, docs/reproduction.md)"))
     return found
 
 
