@@ -22,7 +22,7 @@ measurements): ψ applied as a constant at each clustering, not ψ^r (`dampening
 real number, round(L_s) layers shared (`layer_rounding`); a layer is an entry of the model's
 `layers` (a ResNet block counts as one); one weighted public batch a round for every client
 (`public_batch`); Eq. 7–8 literally (the drawn batch takes nearly all the weight); JS divergence
-with the natural log; Hopkins at the paper's m̃ = round(0.1·m), one draw a round, uniform points in
+with the natural log; Hopkins at m̃ = round(0.1·m) (the paper: m̃ ≪ m), one draw a round, uniform points in
 the outputs' bounding box (`hopkins_fraction`, `hopkins_min_samples`, `hopkins_draws`); weight
 distance on the whole model; ε1 = 0.15 as the paper's, ε2 relative to the stage-1 group's median
 nearest-neighbour distance (`radii`, `eps_weights`; `absolute` is the paper's 3.5); every layer
