@@ -11,7 +11,7 @@ from cflpipe.registry import Capabilities, HyperParams, declare
 
 
 class KMeansCFLParams(HyperParams):
-    clusters: int = Field(2, ge=1, description="K of the K-means on client models (paper: 2)")
+    clusters: int = Field(2, ge=1, description="K of the K-means on client models (AWCFL/MCFL's paper states none; 2: its two groups)")
     cluster_start: int = Field(20, ge=0, description="rounds of plain FedAvg before clustering (paper: 20)")
     n_init: int = Field(10, ge=1, description="K-means restarts (the best inertia wins)")
 
