@@ -13,7 +13,7 @@ Algorithm 1 of the paper, per round t:
           G > b → split in two (two new centers, one re-clustering pass).
 
 Choices the paper leaves open, made here and documented as hyper-parameters: μ and λ are not
-stated (its Fig. 4 sweeps them; defaults μ=0.01, λ=0.1 here — note that μ shrinks the intra-cluster
+stated (its Fig. 3a–b sweeps them; defaults μ=0.01, λ=0.1 here — note that μ shrinks the intra-cluster
 distance, so a larger μ drives G below the merge threshold a and CNT then merges true clusters:
 on digits with 4 label-swap groups μ=0.1 gives G≈0.12–0.3 for the true partition and CNT ends
 at 1–2 clusters); PCA projections are centered (sklearn's PCA.transform), which the paper's M·ω
