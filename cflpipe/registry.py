@@ -151,9 +151,9 @@ class MethodInfo:
         given to a plugin's `register`)."""
         found = [] if self.premises is None else list(self.premises(hp, training, scenario))
         k = self.capabilities.k_param and getattr(hp, self.capabilities.k_param, None)
-        from cflpipe.methods.intercluster_params import AWCFLParams  # it imports this module
+        from cflpipe.methods.intercluster_params import AWCFLParams, awcfl_collapses  # they import this module
         beta = hp.beta if isinstance(hp, AWCFLParams) else None
-        if isinstance(k, int) and k > 1 and beta is not None and abs(beta - (k - 1) / k) < 1e-12:
+        if isinstance(k, int) and beta is not None and awcfl_collapses(beta, k):
             # AWCFL's Eq. 2 at β = (K−1)/K: every cluster gets the mean of all (the run is marked collapsed)
             found.append(("beta", f"with {k} clusters, AWCFL's Eq. 2 at beta {beta:g} = (K-1)/K gives every "
                                   f"cluster the same model, the mean of all: one averaged model, not {k}"))

@@ -20,8 +20,8 @@ def test_a_quiet_run_says_its_round_and_phase_and_a_bar_run_does_not(tmp_path, c
     out = capsys.readouterr()
     assert "of 3," not in out.out  # stdout keeps the finished-run lines alone
     lines = [line for line in out.err.splitlines() if "round" in line]
-    beats = [re.match(r".*s/fedavg/seed0: round (\d) of 3, (training|server|evaluating|saving its checkpoint|"
-                      r"writing its outputs) \(\d+ s\)$", line) for line in lines]
+    beats = [re.match(r".*s/fedavg/seed0: round (\d) of 3, (starting|training|server|evaluating|saving its "
+                      r"checkpoint|writing its outputs) \(\d+ s\)$", line) for line in lines]
     assert beats and all(beats), lines
     assert {int(b.group(1)) for b in beats} <= {0, 1, 2, 3}
     train_run(spec, "s", "fedavg", 0, progress=True, force=True)

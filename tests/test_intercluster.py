@@ -180,8 +180,13 @@ def test_awcfl_at_beta_k_minus_one_over_k_is_marked_as_one_model(tmp_path):
     assert half["final"]["inter_acc"] == pytest.approx(half["final"]["intra_acc"])  # ... one model for both
     assert half["degenerate_kind"] == "collapsed" and "one averaged model" in half["degenerate"], half
     assert quarter["final"]["n_clusters"] == 2 and not quarter["degenerate"], quarter
-    # the rule reads the final cluster count: at K = 4 it is β = 0.75
+    # the rule reads the cluster models mixed (K = 4: β = 0.75), however many hold clients, as long
+    # as the clients are in more than one
     method = prepare_run(parse_spec({**spec.model_dump(mode="json"), "methods": {
         "awcfl": {"clusters": 4, "beta": 0.75}}}), "rot2", "awcfl", 0).method
+    method.centers = method.centers[:1].repeat(4, 1)  # as after its first clustering
     assert method.collapse_note(pd.DataFrame({"n_clusters": [4, 4]})) is not None
+    assert method.collapse_note(pd.DataFrame({"n_clusters": [4, 3]})) is not None
+    assert method.collapse_note(pd.DataFrame({"n_clusters": [4, 1]})) is None
+    method.awcfl_beta = 2 / 3  # K = 3's rule, not K = 4's
     assert method.collapse_note(pd.DataFrame({"n_clusters": [4, 3]})) is None

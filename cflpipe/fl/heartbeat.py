@@ -15,11 +15,20 @@ ENV = "CFLPIPE_HEARTBEAT_SECONDS"
 INTERVAL = 30.0
 
 
+def _seconds(text: str | None) -> float:
+    """The environment's interval; anything but a number falls back to the default (a progress
+    line is not worth stopping a run for)."""
+    try:
+        return float(text) if text not in (None, "") else INTERVAL
+    except ValueError:
+        return INTERVAL
+
+
 class Heartbeat:
     def __init__(self, name: str, rounds: int, enabled: bool, interval: float | None = None):
         self.name, self.rounds = name, rounds
-        self.interval = interval if interval is not None else float(os.environ.get(ENV, INTERVAL))
-        self.enabled = enabled and self.interval > 0
+        self.interval = interval if interval is not None else _seconds(os.environ.get(ENV))
+        self.enabled = enabled and 0 < self.interval < 1e6
         self.round, self.phase = 0, "starting"
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

@@ -13,7 +13,6 @@ declared with each method (`cluster_options` in its `X_params.py`), a plugin's s
 
 from __future__ import annotations
 
-import math
 
 from typing import Any, ClassVar
 
@@ -28,7 +27,7 @@ from cflpipe.fl.params import cluster_average
 from cflpipe.fl.plan import ClientPlan, Plans, Results
 from cflpipe.fl.predictors import Models, Selected
 from cflpipe.fl.local import Anchor
-from cflpipe.methods.intercluster_params import AWCFLParams, MCFLParams, cluster_options
+from cflpipe.methods.intercluster_params import AWCFLParams, MCFLParams, awcfl_collapses, cluster_options
 from cflpipe.methods.intercluster import awcfl_mix, sample_mean
 
 # Purposes of the server randomness that samples MCFL's feature means.
@@ -225,11 +224,13 @@ class ClusterModels(Method):
         return self.clusters.copy()
 
     def collapse_note(self, rounds) -> str | None:
+        # Eq. 2 mixes every cluster model (num_clusters), whether or not clients are in it; the
+        # clients must still be in several clusters for "one model for all" to be news.
         counts = rounds["n_clusters"].dropna() if "n_clusters" in rounds else rounds[:0]
-        if self.awcfl_beta is None or not len(counts):
+        if self.awcfl_beta is None or not len(counts) or int(counts.iloc[-1]) < 2:
             return None
-        k = int(counts.iloc[-1])
-        if k > 1 and math.isclose(self.awcfl_beta, (k - 1) / k):
+        k = self.num_clusters
+        if awcfl_collapses(self.awcfl_beta, k):
             return (f"collapsed to one model by the end: AWCFL's Eq. 2 at beta {self.awcfl_beta:g} with {k} clusters "
                     f"(beta = (K-1)/K) gives every cluster the same model, the mean of all: its final figures are "
                     f"those of one averaged model for all")

@@ -17,6 +17,12 @@ class MCFLParams(HyperParams):
     feature_samples: int = Field(100, ge=1, description="MCFL: inputs averaged into a feature mean (n)")
 
 
+def awcfl_collapses(beta: float, clusters: int) -> bool:
+    """Whether AWCFL's Eq. 2 gives all `clusters` cluster models one model, the mean of all:
+    β = (K−1)/K (the paper's 0.5 with K = 2)."""
+    return clusters > 1 and abs(beta - (clusters - 1) / clusters) < 1e-9
+
+
 def cluster_options(name: str, awcfl: str = "{name}_awcfl", mcfl: str = "{name}_mcfl") -> tuple:
     """The AWCFL and MCFL variants every cluster-model method has (methods/clustered.py), ICFL aside."""
     return ((awcfl.format(name=name), AWCFLParams, "AWCFL inter-cluster aggregation (β)"),

@@ -3,6 +3,7 @@ where a spec file without `results_dir` writes, and writing YAML."""
 
 from __future__ import annotations
 
+import copy
 import re
 from pathlib import Path
 from typing import Any
@@ -68,7 +69,7 @@ def apply_overrides(data: Any, overrides: list[str]) -> Any:
         return data
     if not isinstance(data, dict):
         return data  # parse_spec says what the file is instead of a mapping
-    data = _copied(data)
+    data = copy.deepcopy(data)  # YAML anchors may share or nest objects; the file's data stays as read
     for item in overrides:
         key, eq, text = item.partition("=")
         parts = key.strip().split(".")
@@ -89,14 +90,6 @@ def apply_overrides(data: Any, overrides: list[str]) -> Any:
             node = child
         node[parts[-1]] = value
     return data
-
-
-def _copied(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _copied(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_copied(v) for v in value]
-    return value
 
 
 def spec_data(path: str | Path, overrides: list[str] | None = None) -> Any:

@@ -54,8 +54,10 @@ def choice(names):
 
 
 def spec_overrides():
-    """`--config set="training.rounds=5 seeds=[0]"`: the spec's overrides (`cflpipe … --set`), split
-    as a shell splits words (quote a value with spaces: set="'seeds=[0, 1]'"), or a YAML list of them."""
+    """`--config set="training.rounds=5 seeds=[0,1]"`: the spec's overrides (`cflpipe … --set`), split
+    as a shell splits words. Snakemake reads the value as YAML first (quotes are dropped, `: ` makes
+    a mapping, ` #` starts a comment), so write values without spaces (`seeds=[0,1]`) and set
+    mappings with the CLI's `--set`."""
     given = (workflow.config_settings.config or {}).get("set")
     if given is None:
         return []
@@ -75,7 +77,9 @@ def overridden_spec_file(path, overrides):
     """The spec with its overrides, written where every rule's `cflpipe … --config` reads it (the
     rules take one file): RESULTS/.spec-set/<name>, rewritten only when its text changes, so that
     a rerun with the same overrides finds every job done (a rule's spec input is `ancient`; what
-    changes in the spec reruns jobs through their params, as an edit of the file does)."""
+    the overrides change reruns jobs through their params). Switching between overrides and none
+    changes every job's input file, so every job runs once more: a train job then finds its runs
+    finished and skips them or rebuilds their outputs from their final checkpoints."""
     from cflpipe.spec import dump_yaml, spec_data
 
     text = dump_yaml(spec_data(path, overrides))
