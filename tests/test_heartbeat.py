@@ -11,9 +11,9 @@ from cflpipe.spec import parse_spec
 
 
 def test_a_quiet_run_says_its_round_and_phase_and_a_bar_run_does_not(tmp_path, capsys, monkeypatch):
-    monkeypatch.setenv("CFLPIPE_HEARTBEAT_SECONDS", "0.01")
+    monkeypatch.setenv("CFLPIPE_HEARTBEAT_SECONDS", "0.002")
     spec = parse_spec({"seeds": [0], "results_dir": str(tmp_path),
-                       "training": {"model": "mlp", "rounds": 3, "clients_per_round": 4, "local_steps": 40,
+                       "training": {"model": "mlp", "rounds": 3, "clients_per_round": 4, "local_steps": 5,
                                     "eval_every": 1, "device": "cpu", "trainer": "sequential"},
                        "scenarios": {"s": {"dataset": "digits", "clients": 4}}, "methods": {"fedavg": {}}})
     train_run(spec, "s", "fedavg", 0, progress=False)
