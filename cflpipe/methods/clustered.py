@@ -224,12 +224,16 @@ class ClusterModels(Method):
         return self.clusters.copy()
 
     def collapse_note(self, rounds) -> str | None:
-        # Eq. 2 mixes every cluster model (num_clusters), whether or not clients are in it; the
-        # clients must still be in several clusters for "one model for all" to be news.
+        # Eq. 2 mixes every cluster model, whether or not clients are in it: K is the method's fixed
+        # K where it has one, else the clusters its clustering found (CFL, PACFL by threshold: as
+        # many models as clusters). Read from the rounds table and the hyper-parameters, never the
+        # state: outputs are rebuilt from a last checkpoint that holds no models. The clients must
+        # still be in several clusters for "one model for all" to be news.
         counts = rounds["n_clusters"].dropna() if "n_clusters" in rounds else rounds[:0]
         if self.awcfl_beta is None or not len(counts) or int(counts.iloc[-1]) < 2:
             return None
-        k = self.num_clusters
+        fixed = self.capabilities.k_param and getattr(self.hp, self.capabilities.k_param, None)
+        k = int(fixed) if fixed else int(counts.iloc[-1])
         if awcfl_collapses(self.awcfl_beta, k):
             return (f"collapsed to one model by the end: AWCFL's Eq. 2 at beta {self.awcfl_beta:g} with {k} clusters "
                     f"(beta = (K-1)/K) gives every cluster the same model, the mean of all: its final figures are "
