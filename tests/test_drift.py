@@ -198,3 +198,42 @@ def test_one_validate_pass_reports_every_problem_of_a_scenario(tmp_path):
         "scenarios.s.drift[0].round: must be <= the rounds of its runs (training.rounds: 5), got 9",
         "scenarios.s.drift[1].round: must be <= the rounds of its runs (training.rounds: 5), got 12",
         "training.clients_per_round: must be <= clients of scenario s (8), got 9"], str(err.value)
+
+
+def test_the_headline_says_who_serves_new_clients_and_movers_best(tmp_path):
+    """"At a glance" (glance.txt and the page), the Setup table, the scenario cards and DVC's
+    metrics.json carry both evaluation axes where a scenario has them, and only there."""
+    from cflpipe.report.aggregate import aggregate
+    from cflpipe.report.build import build_report
+
+    raw = raw_spec(tmp_path, rounds=8, eval_every=4, clients_per_round=9)
+    raw["methods"] = {"fedavg": {}, "ifca": {}}
+    raw["scenarios"]["new"] = {**raw["scenarios"]["rot"], "drift": None, "new_clients": 0.25}
+    spec = parse_spec(raw)
+    for scenario in ("rot", "new"):
+        for method in ("fedavg", "ifca"):
+            train_run(spec, scenario, method, 0, progress=False)
+    out = aggregate(spec)
+    page = build_report(spec)
+    lines = (page.parent / "glance.txt").read_text().splitlines()
+    moved = [line for line in lines if line.startswith("rot: best moved clients' accuracy at the end ")]
+    new = [line for line in lines if line.startswith("new: best new clients' accuracy ")]
+    assert len(moved) == 1 and len(new) == 1, lines
+    assert "placed with their new group" in moved[0] and "rounds to place" in moved[0] and "runner-up" in moved[0]
+    assert "placed with their group" in new[0] and not any(line.startswith("rot: best new") for line in lines)
+    metrics = json.loads((out / "metrics.json").read_text())
+    runs = pd.read_parquet(out / "runs.parquet").set_index(["scenario", "method"])
+    for method in ("fedavg", "ifca"):
+        assert "moved_acc" in metrics["rot"][method] and "new_acc" not in metrics["rot"][method]
+        assert "new_acc" in metrics["new"][method] and "moved_acc" not in metrics["new"][method]
+        assert metrics["rot"][method]["moved_acc"] == round(runs.loc[("rot", method), "moved_acc_macro"], 4)
+    # where a clustering places them (FedAvg has none: no share, no line part)
+    assert {"moved_placed", "rounds_to_place"} <= set(metrics["rot"]["ifca"]) and "new_placed" in metrics["new"]["ifca"]
+    assert "moved_placed" not in metrics["rot"]["fedavg"] and "(placed" not in moved[0].split("runner-up")[1]
+    html = page.read_text()
+    glance = html[html.index('<section id="glance">'):html.index('<section id="setup">')]
+    assert glance.count('<tr class="axis">') == 2
+    setup = html[html.index('id="setup-scenarios"'):html.index('id="setup-methods"')]
+    assert "3 of 12 clients held out" in setup and "3 of 12 clients in round 6" in setup
+    overview = html[html.index('<section id="overview">'):]
+    assert "<dt>new clients</dt>" in overview and "<dt>groups that change</dt>" in overview

@@ -22,8 +22,11 @@ writes `results/aggregate/`, every file atomically:
                      (SUMMARY_FIGURES), `seeds` (how many runs were averaged).
 - `metrics.json`     the headline for DVC (`dvc metrics show`, `dvc exp show`): per scenario ×
                      method the seeds' mean of the final personalized accuracy (`acc`), ARI
-                     (`ari`, with ground-truth groups) and clusters (`clusters`), as {scenario:
-                     {method: {figure: value}}}, no wall-clock figure. Kept small so an
+                     (`ari`, with ground-truth groups) and clusters (`clusters`), and where a
+                     scenario has them the new clients' accuracy and share placed with their
+                     group (`new_acc`, `new_placed`) and the moved clients' (`moved_acc`,
+                     `moved_placed`, `rounds_to_place`), as {scenario: {method: {figure:
+                     value}}}, no wall-clock figure. Kept small so an
                      experiment table stays readable; summary.csv has every figure and the time.
 - `plots.csv`        personalized accuracy per evaluated round, a column `<scenario>/<method>`
                      each (the seeds' mean; empty where that run was not evaluated).
@@ -66,7 +69,14 @@ AGGREGATE_FILES = ("runs.parquet", "curves.parquet", "summary.parquet", "summary
 # metrics.json's figures: its name there ← the summary's column (the mean over seeds).
 # No wall-clock figure: an experiment table compares what the runs computed (a rerun's seconds
 # differ, and would show every finished run as changed); seconds stay in summary.csv.
-HEADLINE_FIGURES = {"acc": "acc_macro_mean", "ari": "ari_mean", "clusters": "n_clusters_mean"}
+# The evaluation axes' final figures (scenario keys new_clients and drift; NaN where a scenario has
+# none): new clients' accuracy and share placed with their group, the moved clients' accuracy at the
+# end, share placed with their new group, and rounds trained after a move until first so placed.
+AXIS_FIGURES = ("new_acc_macro", "new_joined", "moved_acc_macro", "drift_joined", "rounds_to_place")
+HEADLINE_FIGURES = {"acc": "acc_macro_mean", "ari": "ari_mean", "clusters": "n_clusters_mean",
+                    "new_acc": "new_acc_macro_mean", "new_placed": "new_joined_mean",
+                    "moved_acc": "moved_acc_macro_mean", "moved_placed": "drift_joined_mean",
+                    "rounds_to_place": "rounds_to_place_mean"}
 # The figure drawn per round in plots.csv.
 PLOTTED_FIGURE = "acc_macro_mean"
 
@@ -81,7 +91,7 @@ TOTALS = ("bytes_down_total", "bytes_up_total", "bytes_total")
 # Figures averaged over seeds into summary.parquet (`<name>_mean`, `<name>_std`).
 SUMMARY_FIGURES = ("acc_macro", "acc_micro", "acc_worst10", "global_acc_mean", "f1_macro", "f1_micro",
                    "ari", "nmi", "n_clusters", "intra_acc", "inter_acc", "mixture_error", "bytes_down_total",
-                   "bytes_up_total", "bytes_total", "seconds_per_round")
+                   "bytes_up_total", "bytes_total", "seconds_per_round", *AXIS_FIGURES)
 TIMING_FIGURES = ("seconds_total", "seconds_per_round", "server_seconds_per_round")
 # runs.parquet columns from summary.json's `provenance` (deterministic: what made the run).
 PROVENANCE_COLUMNS = {"cflpipe_version": "cflpipe", "torch_version": "torch", "python_version": "python",
@@ -295,6 +305,14 @@ def _diagnosed(spec: Spec, r: RunOutputs):
                                true_groups=spec.scenarios[r.scenario].true_groups, soft=capabilities.soft)
 
 
+def _rounds_to_place(events: list[dict] | None) -> float:
+    """The mean over every moved client the method placed with its new group of the rounds it
+    trained after its move until first so placed (summary.json's `drift`); NaN where none was
+    placed or the scenario moves none (drift_joined says how many were)."""
+    placed = [r for event in events or [] for r in event.get("rounds_to_place", []) if r is not None]
+    return float(np.mean(placed)) if placed else math.nan
+
+
 def runs_frame(spec: Spec, runs: list[RunOutputs]) -> pd.DataFrame:
     extra = sorted({k for r in runs for k, v in r.summary.get("final", {}).items()
                     if k not in FINAL_FIGURES and k not in _NOT_FIGURES and _is_scalar_figure(v)})
@@ -310,6 +328,7 @@ def runs_frame(spec: Spec, runs: list[RunOutputs]) -> pd.DataFrame:
             "final_round": _float(final.get("round")),
         }
         row.update({f: _float(final.get(f)) for f in figures})
+        row["rounds_to_place"] = _rounds_to_place(r.summary.get("drift"))
         # The best round chosen on validation data (best_acc_macro: its test figure), or, without
         # a validation split, on the test data itself (best_test_acc_macro; a summary written
         # before the split existed called that best_acc_macro).

@@ -140,14 +140,18 @@ def glance_lines(glance: dict[str, Any]) -> list[str]:
     """The report's "At a glance" table and rank sentence, one line per scenario and figure."""
     lines = []
     for row in glance["rows"]:
-        for name, leader in (("personalized accuracy", row["accuracy"]), ("ARI", row["ari"])):
+        for name, leader in (("personalized accuracy", row["accuracy"]), ("ARI", row["ari"]),
+                             ("new clients' accuracy", row.get("new")),
+                             ("moved clients' accuracy at the end", row.get("movers"))):
             if leader is None:
                 continue
             if name == "ARI" and leader["next"] is None and leader["best"].startswith("none recovered"):
                 lines.append(f"{row['scenario']}: ARI: {leader['best']} {leader['value']}; {leader['verdict']}")
                 continue
+            also = f" ({leader['best_also']})" if leader.get("best_also") else ""
             runner = f"; runner-up {leader['next']} {leader['next_value']}" if leader["next"] else ""
-            lines.append(f"{row['scenario']}: best {name} {leader['best']} {leader['value']}{runner} "
+            runner += f" ({leader['next_also']})" if leader["next"] and leader.get("next_also") else ""
+            lines.append(f"{row['scenario']}: best {name} {leader['best']} {leader['value']}{also}{runner} "
                          f"({leader['verdict']})")
     if (rank := glance["rank"]) is not None:
         then = f", then {rank['next']} ({rank['next_average']})" if rank["next"] else ""

@@ -58,9 +58,16 @@ class Sections:
         for s in view.spec.scenarios:
             methods = [m for m in view.methods_on(s) if not is_reference(view.method_types[m])]
             clustered = [m for m in methods if m in view.clustering_methods()]
+            sc = view.spec.scenarios[s]
             rows.append({"scenario": view.scenario_labels[s], "anchor": s,
                          "accuracy": self._leader(s, methods, "acc_macro", 100.0, 1, " %"),
-                         "ari": self._leader(s, clustered, "ari", 1.0, 2, "") if view.has_groups(s) else None})
+                         "ari": self._leader(s, clustered, "ari", 1.0, 2, "") if view.has_groups(s) else None,
+                         "new": self._axis_leader(s, methods, "new_acc_macro", (("new_joined", "placed with their group",
+                                                                                  "{:.2f}"),))
+                         if sc.new_clients is not None else None,
+                         "movers": self._axis_leader(s, methods, "moved_acc_macro", (
+                             ("drift_joined", "placed with their new group", "{:.2f}"),
+                             ("rounds_to_place", "rounds to place", "{:.1f}"))) if sc.drift is not None else None})
         scores, excluded = view.rank_scores()
         ranking = rank_methods(scores, excluded, RANK_FIGURE) if scores.shape[1] else None
         rank = None
@@ -76,6 +83,28 @@ class Sections:
                     "test": (f"Friedman p = {ranking.p_value:.2g}" if ranking.tested else "not tested")}
         return {"rows": rows, "rank": rank, "grouped": any(r["ari"] is not None for r in rows)}
 
+    def _axis_leader(self, scenario: str, methods: list[str], figure: str,
+                     also: tuple[tuple[str, str, str], ...]) -> dict[str, str] | None:
+        """An evaluation axis's line (new clients, movers): the leader by the seeds' mean of
+        `figure` (an accuracy) against the runner-up, as _leader, and `also`, the leader's (and
+        runner-up's) mean of each (figure, words, format), the first being the share placed with
+        the group: nothing for a method that places none in clusters (no share: FedAvg), "never"
+        where a later figure is undefined (rounds to place where no client was placed)."""
+        leader = self._leader(scenario, methods, figure, 100.0, 1, " %")
+        if leader is None:
+            return None
+
+        def extras(names: list[str]) -> str:
+            texts = []
+            for m in names:
+                values = [_mean_of(seed_values(self.view.per_seed, scenario, m, column)) for column, _, _ in also]
+                if values[0] is not None:
+                    texts.append("; ".join(f"{words} " + ("never" if v is None else fmt.format(v))
+                                           for (_, words, fmt), v in zip(also, values)))
+            return " / ".join(texts)
+
+        return {**leader, "best_also": extras(leader["methods"]), "next_also": extras(leader["next_methods"])}
+
     def _leader(self, scenario: str, methods: list[str], figure: str, scale: float, digits: int,
                 unit: str) -> dict[str, str] | None:
         view = self.view
@@ -88,11 +117,12 @@ class Sections:
         if figure == "ari" and means[best] < RECOVERED_ARI:  # nobody recovered the groups: no winner
             return {"best": "none recovered the groups",
                     "value": f"(highest: {view.label(best)} {means[best] * scale:.{digits}f}{unit})",
-                    "next": None, "next_value": None, "verdict": f"every mean ARI below {RECOVERED_ARI:g}"}
+                    "next": None, "next_value": None, "verdict": f"every mean ARI below {RECOVERED_ARI:g}",
+                    "methods": [], "next_methods": []}
         tied = [m for m in order if means[m] == means[best]]  # equal means (ARI 1.00 in every seed): a tie
         rest = [m for m in order if m not in tied]
         out = {"best": _together([view.label(m) for m in tied]), "value": f"{means[best] * scale:.{digits}f}{unit}",
-               "next": None, "next_value": None,
+               "next": None, "next_value": None, "methods": tied, "next_methods": rest[:1],
                "verdict": f"tied: equal means over {_seeds(len(values[best]))}" if len(tied) > 1
                else f"n = {len(values[best])}"}
         if rest:
@@ -108,6 +138,8 @@ class Sections:
         view = self.view
         names = [view.scenario_labels[s] for s in view.spec.scenarios]
         settings: dict[str, list[str]] = {}
+        axes = {"new": any(sc.new_clients is not None for sc in view.spec.scenarios.values()),
+                "drift": any(sc.drift is not None for sc in view.spec.scenarios.values())}
         for s, sc in view.spec.scenarios.items():
             t = view.scenario_training(s)
             for what, value in (
@@ -124,7 +156,9 @@ class Sections:
                      + _pooled_text(_final_counts(view.runs, s, "global_rows"))),
                     ("device", t.device), ("trainer", t.trainer),
                     ("seeds", ", ".join(str(k) for k in view.spec.seeds)),
-                    ("scenario hyperparams", _kv_text(sc.hyperparams))):
+                    ("scenario hyperparams", _kv_text(sc.hyperparams)),
+                    *((("new clients", held_out_text(sc)),) if axes["new"] else ()),
+                    *((("groups that change", moves_text(sc)),) if axes["drift"] else ())):
                 settings.setdefault(what, []).append(str(value) + self._tuned_here(s, what))
         methods = []
         for m in view.methods:
@@ -374,9 +408,8 @@ class Sections:
                        self.figures.curve_figure(s, "drift_joined", "Moved clients placed in the cluster of most of "
                                                  "their new group (share; mean over seeds)", "share",
                                                  methods=view.clustering_methods(), marks=marks)]
-            moves = ", ".join(f"{sc.drift_count(e)} of {sc.clients} clients in round {e.round}" for e in sc.drift)
             out.append({"scenario": s, "label": view.scenario_labels[s], "figures": [f for f in figures if f],
-                        "moves": moves})
+                        "moves": moves_text(sc)})
         return out or None
 
     def communication(self) -> list[dict[str, Any]]:
@@ -455,6 +488,8 @@ class Sections:
                 "seeds": sorted({int(k) for k in view.runs.loc[view.runs["scenario"] == name, "seed"]}),
                 "rounds": sorted({int(r) for r in view.runs.loc[view.runs["scenario"] == name, "rounds"]}),
                 "figure": self.figures.label_heatmap(name), "note": None,
+                "new_clients": None if sc.new_clients is None else held_out_text(sc),
+                "drift": None if sc.drift is None else moves_text(sc),
                 "public": None if sc.public is None else
                 f"{sc.public.size or 'all'} unlabeled samples of the {sc.public.source} split (never given to a client)",
             }
@@ -584,6 +619,27 @@ def _utc(stamp: str) -> str:
 def _hp_text(hyperparams: str) -> str:
     hp = json.loads(hyperparams) if hyperparams else {}
     return ", ".join(f"{k}={v}" for k, v in hp.items()) or DASH
+
+
+def held_out_text(sc) -> str:
+    """What a scenario's `new_clients` holds out, in words ("none" without it)."""
+    if sc.new_clients is None:
+        return "none"
+    return (f"{sc.new_client_count()} of {sc.clients} clients held out: never trained with, placed by each "
+            f"method's rule at every full evaluation")
+
+
+def moves_text(sc) -> str:
+    """What a scenario's `drift` moves and when, in words ("none" without it)."""
+    if sc.drift is None:
+        return "none"
+    return ", ".join(f"{sc.drift_count(e)} of {sc.clients} clients in round {e.round}" for e in sc.drift)
+
+
+def _mean_of(values: dict[int, float]) -> float | None:
+    """The mean of a method's seeds' values, None where no seed has one."""
+    finite = [v for v in values.values() if math.isfinite(v)]
+    return sum(finite) / len(finite) if finite else None
 
 
 def _seeds(n: int) -> str:
