@@ -155,8 +155,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         data = dvc_runs(args.config)
         write(args.config, args.output)
-        print(f"{args.output}: {len(data['jobs'])} training jobs, {len(data['partitions'])} partitions, "
-              f"{len(data['downloads'])} downloads from {data['config']}")
+        counts = ", ".join(f"{len(data[key])} {noun}{'' if len(data[key]) == 1 else 's'}" for key, noun in (
+            ("jobs", "training job"), ("partitions", "partition"), ("downloads", "download")))
+        print(f"{args.output}: {counts} from {data['config']}")
     return 0
 
 

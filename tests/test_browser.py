@@ -595,3 +595,95 @@ def test_missing_chromium_fails_under_ci_and_skips_elsewhere(monkeypatch):
     monkeypatch.delenv("CI")
     with pytest.raises(pytest.skip.Exception, match="no Chromium binary"):
         require_chromium()
+
+
+# #71 item 6, the page at 1400 px as drawn: how far the glance table and every paper table reach
+# (inside main, or they scroll); the style key's category labels and whether its family names
+# overlap; the intra/inter scatters' point labels (the lines of each) and the methods with a
+# point; every numeric tick's text; the page's text for a "-0.00".
+LAYOUT_PROBE = """JSON.stringify((() => {
+  const main = document.querySelector('main');
+  const inner = main.getBoundingClientRect().right - parseFloat(getComputedStyle(main).paddingRight);
+  const reach = t => ({right: t.getBoundingClientRect().right, limit: inner,
+                       caption: t.caption ? t.caption.textContent.slice(0, 40) : t.className});
+  const key = document.querySelector('#setup div.cfl-fig');
+  const boxes = Array.from(key.querySelectorAll('g.annotation')).map(a => a.getBoundingClientRect());
+  const overlaps = boxes.some((a, i) => boxes.some((b, j) => j > i && a.left < b.right && b.left < a.right
+                                                  && a.top < b.bottom && b.top < a.bottom));
+  const scatters = Array.from(document.querySelectorAll('#intra-inter div.cfl-fig')).map(d => ({
+    labels: Array.from(d.querySelectorAll('g.textpoint text')).map(t => {
+      const lines = t.querySelectorAll('tspan.line');
+      return lines.length ? Array.from(lines).map(l => l.textContent) : [t.textContent];
+    }),
+    points: d._fullData.filter(t => t.mode && t.mode.includes('markers')).map(t => t.name)}));
+  const ticks = Array.from(document.querySelectorAll('g.xtick text, g.ytick text, g.y2tick text'))
+    .map(t => t.textContent).filter(t => /^[\\u2212\\-]?[0-9]/.test(t));
+  return {tables: Array.from(document.querySelectorAll('table.glance, table.paper')).map(reach),
+          key_labels: Array.from(key.querySelectorAll('g.ytick text')).map(t => t.textContent),
+          key_overlaps: overlaps, scatters: scatters, ticks: ticks,
+          negative_zero: /[\\u2212\\-]0\\.0+(?![0-9])/.test(document.body.innerText)};
+})())"""
+
+
+@pytest.fixture(scope="module")
+def axes_page(tmp_path_factory) -> tuple[Path, list[str]]:
+    """Two seeds of a drift scenario and a new-clients scenario with six identical IFCA entries
+    (a six-way tie at the top of "At a glance", six points on one spot) and three methods that
+    end as one model (FedAvg, FedProx and CFL that never splits: another shared spot)."""
+    import torch
+
+    from cflpipe.fl.engine import train_run
+    from cflpipe.report.aggregate import aggregate
+    from cflpipe.report.build import build_report
+    from cflpipe.spec import parse_spec
+
+    root = tmp_path_factory.mktemp("axes")
+    scenario = {"dataset": "digits", "clients": 12, "hyperparams": {"clusters": 3}}
+    spec = parse_spec({
+        "seeds": [0, 1], "results_dir": str(root / "results"), "data_dir": str(root / "data"),
+        "training": {"model": "mlp", "rounds": 6, "clients_per_round": 9, "local_steps": 5, "batch_size": 32,
+                     "lr": 0.05, "eval_every": 3, "trainer": "sequential"},
+        "scenarios": {"rot": {**scenario, "partition": [{"kind": "iid"}, {"kind": "rotation", "groups": 3}],
+                              "drift": [{"round": 4, "fraction": 0.25}]},
+                      "new": {**scenario, "partition": [{"kind": "iid"}, {"kind": "label_swap", "groups": 3}],
+                              "new_clients": 0.25}},
+        "methods": {"fedavg": {}, "fedprox": {"mu": 0.01}, "cfl": {},
+                    **{f"ifca-{i}": {"method": "ifca", "label": f"IFCA copy {i}"} for i in range(1, 7)},
+                    "oracle": {}}})
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for scenario_name, method, seed in spec.matrix():
+            train_run(spec, scenario_name, method, seed, progress=False)
+    finally:
+        torch.set_num_threads(threads)
+    aggregate(spec)
+    return build_report(spec), [spec.method_label(m) for m in spec.methods]
+
+
+def test_the_page_fits_1400_px_and_says_every_name(axes_page, tmp_path):
+    binary = require_chromium()
+    page, labels = axes_page
+    shot = tmp_path / "axes.png"
+    seen = open_in_browser(binary, page, tmp_path / "profile", shot, {"layout": LAYOUT_PROBE, **PROBES})
+    assert console_problems(seen["events"]) == [] and seen["state"]["failed"] == 0
+    layout = seen["layout"]
+    # the glance table (a six-way tie) and every paper table's caption wrap instead of scrolling
+    assert [t for t in layout["tables"] if t["right"] > t["limit"] + 1] == [], layout["tables"]
+    assert sorted(layout["key_labels"]) == sorted(labels) and not layout["key_overlaps"]
+    for scatter in layout["scatters"]:
+        named = [name for label in scatter["labels"] for line in label for name in line.split(", ")]
+        assert sorted(named) == sorted(scatter["points"]), scatter  # every point named, once
+        assert any(len(label) > 1 for label in scatter["labels"])  # six names break onto lines
+    assert layout["ticks"] and [t for t in layout["ticks"]
+                                if not re.fullmatch(r"[\u2212-]?[0-9][0-9,]*(\.[0-9]+)?%?", t)] == []
+    assert not layout["negative_zero"]
+    check_legends(seen["legends"])
+    glance = (page.parent / "glance.txt").read_text()
+    assert "best moved clients' accuracy at the end IFCA copy 1, IFCA copy 2" in glance
+    assert "best new clients' accuracy IFCA copy 1" in glance
+
+    from matplotlib.image import imread
+
+    pixels = imread(shot)[..., :3]
+    assert pixels.shape[:2] == (HEIGHT, WIDTH) and pixels.std() > 0.05

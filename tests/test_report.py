@@ -908,12 +908,21 @@ def test_long_titles_wrap_before_the_upright_toolbar():
 
 def test_scatter_labels_are_kept_apart():
     """#35 item 4: labels of close points in the intra/inter scatter overlapped; only points far
-    enough from every labelled one are labelled (the legend names the rest)."""
-    from cflpipe.report.figures import label_apart
+    enough from every labelled one are labelled, and that label names the close ones too (#71:
+    four methods on one spot showed one clipped name)."""
+    from cflpipe.report.figures import label_apart, together_text
 
-    points = {"a": (50.0, 90.0), "b": (50.5, 89.8), "c": (70.0, 60.0), "d": (30.0, 89.9)}
-    assert label_apart(points, 3.0) == {"a", "c", "d"}
-    assert label_apart(points, 0.1) == set(points)
+    points = {"a": (50.0, 90.0), "b": (50.5, 89.8), "c": (70.0, 60.0), "d": (30.0, 89.9), "e": (70.0, 60.0)}
+    assert label_apart(points, 3.0) == {"a": ["a", "b"], "c": ["c", "e"], "d": ["d"]}
+    assert label_apart(points, 0.1) == {"a": ["a"], "b": ["b"], "c": ["c", "e"], "d": ["d"]}
+    assert together_text(["a", "b", "c", "d"]) == "a, b, c<br>d"
+
+
+def test_a_mean_that_rounds_to_zero_reads_zero_not_minus_zero():
+    from cflpipe.report.tables import fixed, format_mean_std
+
+    assert format_mean_std(-0.001, 0.03, 2) == "0.00 ± 0.03" and fixed(-0.004, 2) == "0.00"
+    assert fixed(-0.006, 2) == "-0.01" and fixed(0.0, 1) == "0.0" and format_mean_std(-0.5, 0.1, 1) == "-0.5 ± 0.1"
 
 
 def test_two_seeds_are_too_few_to_test_and_the_verdict_says_so_in_words():
@@ -941,7 +950,7 @@ def test_the_report_opens_with_who_won_per_scenario(built):
         # equal means (FedProx with a tiny μ trains FedAvg's bits) are a tie, named together
         tied = [spec.method_label(m) for m in mine[mine["acc_macro_mean"] == best["acc_macro_mean"]]["method"]]
         names = tied[0] if len(tied) == 1 else ", ".join(tied[:-1]) + " and " + tied[-1]
-        assert f"<strong>{names}</strong> {best['acc_macro_mean'] * 100:.1f} %" in glance
+        assert f"<strong>{names}</strong> <span class=\"num\">{best['acc_macro_mean'] * 100:.1f} %</span>" in glance
     assert glance.count("separated") + glance.count("too few seeds") + glance.count("tied:") >= len(SCENARIOS)
     # no method but the Oracle (told the groups) clusters here: no ARI columns
     assert "best ARI" not in glance and 'id="glance-rank"' in glance

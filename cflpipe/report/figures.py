@@ -63,15 +63,24 @@ def figure_range(figure: str) -> tuple[float, float]:
 LABEL_APART = 0.06
 
 
-def label_apart(points: dict[str, tuple[float, float]], distance: float) -> set[str]:
-    """The points to label, greedily from the highest: each at least `distance` from those kept."""
-    kept: list[tuple[float, float]] = []
-    out = set()
+def label_apart(points: dict[str, tuple[float, float]], distance: float) -> dict[str, list[str]]:
+    """The points to label, greedily from the highest, each at least `distance` from those kept,
+    with the names each label stands for: a point closer than that to a labelled one is named in
+    its label (points that coincide are labelled together, not under one name)."""
+    kept: dict[str, list[str]] = {}
     for name, (x, y) in sorted(points.items(), key=lambda item: -item[1][1]):
-        if all(math.hypot(x - a, y - b) >= distance for a, b in kept):
-            kept.append((x, y))
-            out.add(name)
-    return out
+        near = [k for k in kept if math.hypot(x - points[k][0], y - points[k][1]) < distance]
+        if near:
+            kept[min(near, key=lambda k: math.hypot(x - points[k][0], y - points[k][1]))].append(name)
+        else:
+            kept[name] = [name]
+    return kept
+
+
+def together_text(names: list[str], per_line: int = 3) -> str:
+    """Names of one label, `per_line` to a line (plotly's <br>)."""
+    return "<br>".join(", ".join(names[i:i + per_line]) for i in range(0, len(names), per_line))
+
 
 class FigureBuilder:
     """Builds the figures of one report from its view, numbered in the order they are built."""
@@ -291,8 +300,9 @@ class FigureBuilder:
         labelled = label_apart({m: (x, y) for m, (x, y, _) in points.items()}, max(hi - lo, 1.0) * LABEL_APART)
         for m, (x, y, r) in points.items():
             style, name = view.styles[m], view.label(m)
+            text = together_text([view.label(n) for n in labelled[m]]) if m in labelled else name
             fig.add_trace(go.Scatter(
-                x=[x], y=[y], mode="markers+text" if m in labelled else "markers", text=[name],
+                x=[x], y=[y], mode="markers+text" if m in labelled else "markers", text=[text],
                 textposition="top center", name=name,
                 marker=dict(size=11, color=style.color, symbol=style.marker),
                 error_x=dict(type="data", array=clean([r["inter_acc_std"] * 100]), color=style.color),
@@ -531,7 +541,10 @@ class FigureBuilder:
                           xaxis=dict(visible=False, range=[-0.15, 3.4]),
                           yaxis=dict(type="category", autorange="reversed", showgrid=False, ticks=""),
                           annotations=annotations)
-        return self.registry.add(fig, "method-styles", 70 + 22 * len(order))
+        # The title and margins take about 110 px whatever the count; below about 22 px a row
+        # plotly drops category labels that would touch (3 methods lost one, and the family
+        # names overlapped).
+        return self.registry.add(fig, "method-styles", 110 + 24 * len(order))
 
     def method_figures(self, scenario: str) -> list[Figure]:
         """Per-round figures a method records of its own (rounds.parquet columns), every round."""

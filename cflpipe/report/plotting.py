@@ -118,8 +118,11 @@ def _template():
         font=dict(family="system-ui, -apple-system, Segoe UI, Roboto, sans-serif", size=12, color="#222"),
         paper_bgcolor="white", plot_bgcolor="white", colorway=list(COLORS), hovermode="closest",
         title=dict(x=0.02, font=dict(size=14)),
-        xaxis=dict(gridcolor="#e5e5e5", linecolor="#999", zeroline=False, ticks="outside", automargin=True),
-        yaxis=dict(gridcolor="#e5e5e5", linecolor="#999", zeroline=False, ticks="outside", automargin=True),
+        # Ticks as plain numbers (0.116, 1000), never plotly's 1.16×10^-1 or SI suffixes (116m).
+        xaxis=dict(gridcolor="#e5e5e5", linecolor="#999", zeroline=False, ticks="outside", automargin=True,
+                   exponentformat="none"),
+        yaxis=dict(gridcolor="#e5e5e5", linecolor="#999", zeroline=False, ticks="outside", automargin=True,
+                   exponentformat="none"),
         legend=dict(bgcolor="rgba(255,255,255,0.7)")))
 
 

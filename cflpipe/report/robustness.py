@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from cflpipe import store
-from cflpipe.report.tables import ONE_CLUSTER_MARK, is_clustered, is_reference, one_cluster_seeds
+from cflpipe.report.tables import ONE_CLUSTER_MARK, fixed, is_clustered, is_reference, one_cluster_seeds
 from cflpipe.report.view import AggregateView
 from cflpipe.spec import LABEL_SPLITS, step_text
 
@@ -124,7 +124,7 @@ def _mean(values: pd.Series) -> float:
 def cell_text(value: float, marked: float, digits: int = 2, scale: float = 1.0) -> str:
     if not math.isfinite(value):
         return "–"
-    text = f"{value * scale:.{digits}f}"
+    text = fixed(value * scale, digits)
     return text + (f" {ONE_CLUSTER_MARK}" if marked and marked > 0 else "")
 
 

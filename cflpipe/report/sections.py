@@ -15,7 +15,7 @@ from cflpipe.partition import small_test_sets, small_validation_sets
 from cflpipe.report.figures import FigureBuilder
 from cflpipe.report.ranks import q_alpha, rank_methods
 from cflpipe.report.styles import FAMILY_TITLES
-from cflpipe.report.tables import (DASH, DRIFT_TABLES, NEW_CLIENT_TABLES, PaperTable, format_mean_std, is_reference, mark_best,
+from cflpipe.report.tables import (DASH, DRIFT_TABLES, NEW_CLIENT_TABLES, PaperTable, fixed, format_mean_std, is_reference, mark_best,
                                    paper_tables, seed_values, table_specs, verdict)
 from cflpipe.report.view import RANK_FIGURE, RANK_FIGURE_TITLE, AggregateView, find_sweeps
 from cflpipe.spec import TRAINING_KEYS, Training, spec_sha256
@@ -95,13 +95,15 @@ class Sections:
             return None
 
         def extras(names: list[str]) -> str:
-            texts = []
+            texts: dict[str, str] = {}  # method → its text; tied methods with one text say it once
             for m in names:
                 values = [_mean_of(seed_values(self.view.per_seed, scenario, m, column)) for column, _, _ in also]
                 if values[0] is not None:
-                    texts.append("; ".join(f"{words} " + ("never" if v is None else fmt.format(v))
-                                           for (_, words, fmt), v in zip(also, values)))
-            return " / ".join(texts)
+                    texts[m] = "; ".join(f"{words} " + ("never" if v is None else fmt.format(v))
+                                         for (_, words, fmt), v in zip(also, values))
+            if len(set(texts.values())) <= 1:
+                return next(iter(texts.values()), "")
+            return " / ".join(f"{self.view.label(m)}: {text}" for m, text in texts.items())
 
         return {**leader, "best_also": extras(leader["methods"]), "next_also": extras(leader["next_methods"])}
 
@@ -116,18 +118,18 @@ class Sections:
         best = order[0]
         if figure == "ari" and means[best] < RECOVERED_ARI:  # nobody recovered the groups: no winner
             return {"best": "none recovered the groups",
-                    "value": f"(highest: {view.label(best)} {means[best] * scale:.{digits}f}{unit})",
+                    "value": f"(highest: {view.label(best)} {fixed(means[best] * scale, digits)}{unit})",
                     "next": None, "next_value": None, "verdict": f"every mean ARI below {RECOVERED_ARI:g}",
                     "methods": [], "next_methods": []}
         tied = [m for m in order if means[m] == means[best]]  # equal means (ARI 1.00 in every seed): a tie
         rest = [m for m in order if m not in tied]
-        out = {"best": _together([view.label(m) for m in tied]), "value": f"{means[best] * scale:.{digits}f}{unit}",
+        out = {"best": _together([view.label(m) for m in tied]), "value": f"{fixed(means[best] * scale, digits)}{unit}",
                "next": None, "next_value": None, "methods": tied, "next_methods": rest[:1],
                "verdict": f"tied: equal means over {_seeds(len(values[best]))}" if len(tied) > 1
                else f"n = {len(values[best])}"}
         if rest:
             second = rest[0]
-            out.update(next=view.label(second), next_value=f"{means[second] * scale:.{digits}f}{unit}")
+            out.update(next=view.label(second), next_value=f"{fixed(means[second] * scale, digits)}{unit}")
             if len(tied) == 1:
                 out["verdict"] = verdict(values[best], values[second])
         return out

@@ -250,12 +250,18 @@ class PaperTable:
         return notes
 
 
+def fixed(value: float, digits: int) -> str:
+    """`value` to `digits` decimals, never "-0.00": a mean ARI of −0.001 reads as 0.00."""
+    text = f"{value:.{digits}f}"
+    return text[1:] if text.startswith("-") and float(text) == 0 else text
+
+
 def format_mean_std(mean: float, std: float, digits: int, pm: str = "±") -> str:
     if not math.isfinite(mean):
         return DASH
-    text = f"{mean:.{digits}f}"
+    text = fixed(mean, digits)
     if math.isfinite(std):
-        text += f" {pm} {std:.{digits}f}"
+        text += f" {pm} {fixed(std, digits)}"
     return text
 
 
