@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import re
+import sys
 import time
 
 from cflpipe.fl.heartbeat import Heartbeat
@@ -10,7 +12,7 @@ from cflpipe.fl.engine import train_run
 from cflpipe.spec import parse_spec
 
 
-def test_a_quiet_run_says_its_round_and_phase_and_a_bar_run_does_not(tmp_path, capsys, monkeypatch):
+def test_a_run_without_a_bar_on_a_terminal_says_its_round_and_phase(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("CFLPIPE_HEARTBEAT_SECONDS", "0.002")
     spec = parse_spec({"seeds": [0], "results_dir": str(tmp_path),
                        "training": {"model": "mlp", "rounds": 3, "clients_per_round": 4, "local_steps": 5,
@@ -24,8 +26,18 @@ def test_a_quiet_run_says_its_round_and_phase_and_a_bar_run_does_not(tmp_path, c
                       r"checkpoint|writing its outputs) \(\d+ s\)$", line) for line in lines]
     assert beats and all(beats), lines
     assert {int(b.group(1)) for b in beats} <= {0, 1, 2, 3}
+    # a bar run whose stderr is no terminal (`cflpipe train … 2> log`) draws no bar: it beats too
     train_run(spec, "s", "fedavg", 0, progress=True, force=True)
-    assert "of 3," not in capsys.readouterr().err
+    assert "s/fedavg/seed0: round" in capsys.readouterr().err
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    train_run(spec, "s", "fedavg", 0, progress=True, force=True)
+    assert "of 3," not in terminal.getvalue() and "round/s" in terminal.getvalue()  # the bar alone
 
 
 def test_the_beat_stops_with_the_run_and_is_off_at_zero(capsys):

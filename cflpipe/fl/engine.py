@@ -277,7 +277,8 @@ class Run:
             from cflpipe.fl.live import LiveCurves
 
             self.live = LiveCurves(self.resolved.live_dir, self.start_round)  # closed by execute
-        with Heartbeat(str(self.run_dir), rounds, enabled=not progress) as beat:
+        # tqdm draws nothing where stderr is no terminal (a redirected `cflpipe train`): the beat speaks there too
+        with Heartbeat(str(self.run_dir), rounds, enabled=bool(bar.disable)) as beat:
             self._rounds(rounds, bar, beat)
             bar.close()
             self.check_trained()
