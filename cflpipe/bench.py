@@ -380,7 +380,12 @@ def bench_apply(repeats: int = 3, clients: int = 100, device: str = "cpu") -> li
 SCALE_SAMPLE = 100
 
 
-def bench_scale(populations: tuple[int, ...] = (1000, 10000), repeats: int = 2, device: str = "cpu") -> list[dict]:
+# The methods of the full-against-sampled evaluation part, with their hyper-parameters.
+SCALE_METHODS = {"fedavg": {}, "ifca": {"clusters": 4}}
+
+
+def bench_scale(populations: tuple[int, ...] = (1000, 10000), repeats: int = 2, device: str = "cpu",
+                methods: list[str] | None = None) -> list[dict]:
     """One evaluation round of FedAvg and of IFCA (K = 4) on LEAF Synthetic with one client per
     device (the mlp; 200 samples a device at most), every client against a seeded sample of
     SCALE_SAMPLE (training.eval_clients); the fastest of `repeats` alternating runs."""
@@ -389,7 +394,9 @@ def bench_scale(populations: tuple[int, ...] = (1000, 10000), repeats: int = 2, 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for clients in populations:
-            for method, hyperparams in (("fedavg", {}), ("ifca", {"clusters": 4})):
+            for method, hyperparams in SCALE_METHODS.items():
+                if methods is not None and method not in methods:
+                    continue
                 seconds: dict[str, list[float]] = {"full": [], "sampled": []}
                 for _ in range(repeats):
                     for kind in seconds:
@@ -572,7 +579,15 @@ def run_bench(workloads: list[str] | None = None, rounds: int | None = None, out
         figures["scale_methods"] = bench_methods_at_scale(populations or POPULATIONS, methods, scale_rounds, device,
                                                           output=rows_to, plot_to=plot_to, limit_s=limit_s,
                                                           limit_mib=limit_mib)
-        figures["scale"] = bench_scale(repeats=repeats, device=device)
+        # Full against sampled evaluation only where sampling saves anything (1,000 clients and
+        # more), of the populations and methods asked for.
+        large = tuple(p for p in (populations or (1000, 10000)) if p >= 10 * SCALE_SAMPLE)
+        pair = [m for m in SCALE_METHODS if not methods or m in methods]
+        if large and pair:
+            figures["scale"] = bench_scale(large, repeats=repeats, device=device, methods=pair)
+        else:
+            print(f"scale     full against sampled evaluation: not run (it needs --clients of "
+                  f"{10 * SCALE_SAMPLE:,} or more and --method {' or '.join(SCALE_METHODS)})", flush=True)
     if "yardstick" in parts:
         figures["yardstick"] = bench_yardstick(rounds, device, trainers or ["sequential", "batched"], users, data_dir,
                                                precisions or ["float32"], compiled)

@@ -191,3 +191,20 @@ def test_rounds_for_scale_and_another_part_at_once_is_one_line(capsys):
     assert capsys.readouterr().err.strip() == (
         "error: --rounds: 200 would be the rounds of both --part scale and --part yardstick; allowed: --rounds with "
         "one of them (run scale alone for its own rounds)")
+
+
+def test_the_scale_part_runs_only_the_populations_and_methods_it_is_given(monkeypatch, capsys):
+    """#70 item 4: the full-against-sampled evaluation ran at 1,000 and 10,000 clients whatever
+    --clients said (11 minutes for a user who asked for 100)."""
+    from cflpipe import bench
+
+    asked = []
+    monkeypatch.setattr(bench_scale, "bench_methods_at_scale", lambda populations, methods, *a, **k: [])
+    monkeypatch.setattr(bench, "bench_scale", lambda populations, repeats, device, methods: asked.append(
+        (populations, methods)) or [])
+    bench.run_bench(parts=["scale"], populations=[100], methods=None)
+    assert asked == [] and "full against sampled evaluation: not run" in capsys.readouterr().out
+    bench.run_bench(parts=["scale"], populations=[100, 1000], methods=["ifca", "cfl"])
+    bench.run_bench(parts=["scale"], populations=None, methods=None)
+    bench.run_bench(parts=["scale"], populations=[1000], methods=["cfl"])
+    assert asked == [((1000,), ["ifca"]), ((1000, 10000), ["fedavg", "ifca"])]
