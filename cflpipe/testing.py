@@ -395,7 +395,9 @@ def check_new_clients_change_no_training(name: str, workdir: Path) -> None:
     raw = spec_dict(Path(workdir) / "placed", name)
     raw["scenarios"]["s"]["new_clients"] = 0.34  # 2 of 6
     spec = parse_spec(raw)
-    place = engine.newcomers.place
+    from cflpipe.fl.axes import newcomers as axis
+
+    place = axis.place
     placed = []
 
     def checked(method, newcomers, *args):
@@ -423,11 +425,11 @@ def check_new_clients_change_no_training(name: str, workdir: Path) -> None:
             raise AssertionError("placing new clients changed the method's state") from None
         return out
 
-    with _patched(engine.newcomers, "place", checked):
+    with _patched(axis, "place", checked):
         train_run(spec, "s", name, 0, progress=False)
     raw["results_dir"] = str(Path(workdir) / "skipped")
     skipped = parse_spec(raw)
-    with _patched(engine.newcomers, "place", lambda *args: ({}, {})):
+    with _patched(axis, "place", lambda *args: ({}, {})):
         train_run(skipped, "s", name, 0, progress=False)
     a, b = spec.run_dir("s", name, 0), skipped.run_dir("s", name, 0)
     assert placed and (all(placed) or not any(placed)), "placed at every full evaluation, or never (no rule)"

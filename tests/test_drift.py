@@ -167,7 +167,7 @@ def test_the_report_draws_each_drift_scenario_and_tables_what_the_moved_clients_
 def test_a_client_that_moves_twice_is_followed_by_each_event_until_its_next_move():
     from types import SimpleNamespace
 
-    from cflpipe.fl.drift import summary
+    from cflpipe.fl.axes.drift import summary
 
     data = SimpleNamespace(moves=[SimpleNamespace(round=3, client=0), SimpleNamespace(round=3, client=1),
                                   SimpleNamespace(round=6, client=0)])

@@ -35,8 +35,9 @@ def test_new_clients_never_train_and_are_placed_at_full_evaluations(tmp_path, mo
     s = spec(tmp_path, {"ifca": {}})
     run = prepare_run(s, "swap", "ifca", 0)
     run.setup()
-    chosen = run.newcomer_ids
-    assert len(chosen) == 3 and run.data.num_clients == 9 and run.new_data.num_clients == 3
+    (axis,) = run.axes
+    chosen = axis.ids
+    assert len(chosen) == 3 and run.data.num_clients == 9 and axis.data.num_clients == 3
     # the participants are the others, in id order: their rows are the scenario's clients' rows
     sampled = np.concatenate([run.sample(r) for r in range(10)])
     assert sampled.max() < 9  # drawn among the 9 participants only
@@ -59,7 +60,7 @@ def test_the_new_clients_follow_the_seed_and_a_sampled_evaluation_places_none(tm
     first, second = (prepare_run(s, "swap", "fedavg", seed) for seed in (0, 1))
     first.setup()
     second.setup()
-    assert not np.array_equal(first.newcomer_ids, second.newcomer_ids)
+    assert not np.array_equal(first.axes[0].ids, second.axes[0].ids)
     rounds = pd.read_parquet(train_run(s, "swap", "fedavg", 0, progress=False).run_dir / "rounds.parquet")
     evaluated = rounds.dropna(subset=["acc_macro"]).set_index("round")
     assert np.isnan(evaluated.loc[5, "new_acc_macro"]) and not np.isnan(evaluated.loc[10, "new_acc_macro"])
@@ -235,7 +236,7 @@ def test_where_full_evaluations_read_a_sample_the_new_clients_placed_are_as_larg
 def test_placed_with_their_group_counts_every_cluster_tied_for_most():
     """Group 0's participants split 2–2 between clusters 0 and 1: a new client of group 0 in either is
     with its group (the lower id alone was, before); in cluster 2, group 1's, it is not."""
-    from cflpipe.fl.newcomers import with_their_group
+    from cflpipe.fl.axes.placement import with_their_group
 
     held, held_groups = np.array([0, 0, 1, 1, 2, 2]), np.array([0, 0, 0, 0, 1, 1])
     out = with_their_group(held, held_groups, clusters=np.array([0, 1, 2, 2, -1]), groups=np.array([0, 0, 0, 1, 1]))

@@ -22,7 +22,7 @@ from cflpipe.fl.checkpoint import STATE_HASH_FILE, adopt_previous, read_state, r
 from cflpipe.fl.data import FederatedData
 from cflpipe.fl.diagnosis import Degeneration, diagnose_clustering
 from cflpipe.fl.heartbeat import Heartbeat
-from cflpipe.fl import drift, newcomers
+from cflpipe.fl.axes import AXIS_TABLES, axes_of
 from cflpipe.fl.evaluation import evaluate, evaluated_population, train_split_clients
 from cflpipe.fl.method import (Context, Method, Payload, Update, WeightedSum, divergence_error, client_update,
                                client_work, receive, streams_means)
@@ -171,15 +171,12 @@ class Run:
             # (it loads torch's compiler stack), so it is paid only where it matters.
             torch.use_deterministic_algorithms(True, warn_only=True)
         self.data: FederatedData = self.resolved.load_data(self.device)
-        # New clients (scenario new_clients) are held out of everything that trains: the method
-        # sees the participants alone; they are placed at full evaluations (fl/newcomers.py).
-        share = self.resolved.config["scenario_spec"].get("new_clients")
-        self.newcomer_ids = None if share is None else newcomers.choose(
-            self.data, max(1, round(share * self.data.num_clients)), self.seed)
-        if self.newcomer_ids is not None:
-            self.data, self.new_data = newcomers.split(self.data, self.newcomer_ids)
-        # scenario drift: the rounds before and at each move, evaluated in full (where test data is read)
-        self.drift_evaluations = drift.evaluated_rounds(self.data) if self.training.eval_test else set()
+        # The scenario's evaluation axes (fl/axes): new clients are held out of everything that
+        # trains here, before the method's context exists.
+        self.axes = axes_of(self)
+        for axis in self.axes:
+            axis.prepare(self)
+        self.every_client_rounds = frozenset().union(*(axis.every_client_rounds for axis in self.axes))
         torch.manual_seed(self.seed)
         model = build_model(self.training.model, self.data.input_shape, self.data.num_classes,
                             field_path="training.model")
@@ -202,16 +199,8 @@ class Run:
         self.train_split_clients = train_split_clients(self.data, self.training, self.seed, self.training_clients,
                                                        self.population)
         self.method: Method = info.cls(self.ctx)
-        # the new clients placed at full evaluations (placing one trains it a round): all, or
-        # where full evaluations read a sample of the participants, a seeded sample of them in
-        # the same share
-        self.placed_newcomers = self.newcomer_ids
-        if self.newcomer_ids is not None and self.population is not None:
-            chosen = newcomers.placed_sample(len(self.newcomer_ids), self.population_size / self.data.num_clients,
-                                             self.seed)
-            self.placed_newcomers, self.new_data = self.newcomer_ids[chosen], self.new_data.subset(chosen)
-        if self.newcomer_ids is not None:
-            self.new_ctx = newcomers.sibling(self.ctx, self.new_data)
+        for axis in self.axes:
+            axis.attach(self)
         self.trainer.took_measurement()  # what a method's setup trained is no round's warm-up
         self.tables: dict[str, dict[str, list]] = {n: defaultdict(list) for n in STANDARD_TABLES}
         self._warned_exploding = False
@@ -263,9 +252,10 @@ class Run:
         self.setup()
         if resume:
             self.try_resume()
-            # scenario drift: the moves of the rounds already trained, also where none is left to
-            # play (a resume from the last checkpoint writes the outputs with the truth as it ended)
-            self.data.drift_to(self.start_round)
+            # the axes as of the rounds already trained (drift's moves), also where none is left
+            # to play (a resume from the last checkpoint writes the outputs with the truth as it ended)
+            for axis in self.axes:
+                axis.at_round(self.start_round)
         else:  # --force trains afresh: nothing of an earlier checkpoint may serve as its fallback
             self.discard_state()
         rounds = self.training.rounds
@@ -289,7 +279,8 @@ class Run:
     def _rounds(self, rounds: int, bar: Any, beat: Heartbeat) -> None:
         for r in range(self.start_round, rounds):
             beat.at(r + 1, "training")
-            self.data.drift_to(r + 1)  # scenario drift: the moves up to this round (after a resume, all before it)
+            for axis in self.axes:  # drift's moves up to this round (after a resume, all before it)
+                axis.at_round(r + 1)
             self.ctx.round = r
             self.ctx.extra_bytes_down = self.ctx.extra_bytes_up = 0
             t0 = time.perf_counter()
@@ -325,7 +316,7 @@ class Run:
                                    "bytes_up": bytes_up + self.ctx.extra_bytes_up}
             row.update(self.method.round_metrics())
             self.warn_if_exploding(row["train_loss"])
-            evaluated = self.training.is_evaluated(r + 1) or r + 1 in self.drift_evaluations
+            evaluated = self.training.is_evaluated(r + 1) or r + 1 in self.every_client_rounds
             if evaluated:
                 beat.at(r + 1, "evaluating")
                 row.update(self.evaluate(r + 1))
@@ -453,15 +444,15 @@ class Run:
     def full_evaluations(self, evals: pd.DataFrame) -> pd.DataFrame:
         if "evaluated_clients" not in evals.columns:
             return evals
-        # (a drift round reads every client: more than a population sample)
+        # (an axis's round reads every client: more than a population sample)
         return evals[evals["evaluated_clients"] >= self.population_size]
 
     def evaluation_sample(self, round_number: int) -> np.ndarray | None:
         """The clients an evaluation reads (sorted), or None: all. A full one reads the run's
-        population (training.full_eval_clients), a drift round every client, the others a sample
-        seeded by run and round (training.eval_clients)."""
+        population (training.full_eval_clients), a round an axis needs (drift's) every client, the
+        others a sample seeded by run and round (training.eval_clients)."""
         m, wanted = self.data.num_clients, self.training.eval_clients
-        if round_number in self.drift_evaluations:
+        if round_number in self.every_client_rounds:
             return None
         if self.training.is_full_evaluation(round_number) or wanted >= self.population_size:
             return self.population
@@ -471,7 +462,6 @@ class Run:
 
     def evaluate(self, round_number: int) -> dict[str, Any]:
         clients = self.evaluation_sample(round_number)
-        full = clients is None or clients is self.population
         result = evaluate(self.ctx, self.method, self.data, self.training.eval_batch_size, self.seed, round_number,
                           clients, self.training.eval_train is not False, self.train_split_clients,
                           self.training.eval_test)
@@ -481,23 +471,17 @@ class Run:
             evaluated = np.arange(self.data.num_clients) if clients is None else clients
             read = evaluated if self.train_split_clients is None else np.intersect1d(evaluated, self.train_split_clients)
             result.figures["train_evaluated_clients"] = int((self.data.train.sizes()[read] > 0).sum())
-        # New clients and moved clients are scored on their test splits: not in a run that reads none.
-        if self.newcomer_ids is not None and full and self.training.eval_test:
-            figures, table = newcomers.place(self.method, self.new_ctx, self.ctx.round, round_number,
-                                             self.training.eval_batch_size, self.placed_newcomers)
-            result.figures.update(figures)
-            if table:
-                self.tables.setdefault("newcomers", defaultdict(list))
-                self.extend("newcomers", table)
-        if self.data.moves and clients is None and self.training.eval_test:
-            figures, table = drift.report(self.method.assignment(), self.data, result.tables["metrics"], round_number)
-            result.figures.update(figures)
-            self.tables.setdefault("drift", defaultdict(list))
-            self.extend("drift", table)
+        for axis in self.axes:
+            if (found := axis.evaluate(self, round_number, clients, result)) is not None:
+                figures, table = found
+                result.figures.update(figures)
+                if table:
+                    self.tables.setdefault(axis.name, defaultdict(list))
+                    self.extend(axis.name, table)
         for name, columns in result.tables.items():
             self.extend(name, columns)
         for name, columns in result.method_tables.items():
-            if name in STANDARD_TABLES or name in ("drift", "newcomers"):
+            if name in STANDARD_TABLES or name in AXIS_TABLES:
                 raise RuntimeError(f"{self.method_name}: eval table {name!r} clashes with a standard output")
             self.tables.setdefault(name, defaultdict(list))
             self.extend(name, columns)
@@ -609,10 +593,8 @@ class Run:
             "bytes_up_total": int(rounds["bytes_up"].sum()),
             "degenerate": None, "degenerate_kind": None,
         }
-        if self.newcomer_ids is not None:  # the participants are the others, numbered 0..clients-1 in id order
-            summary["new_clients"] = [int(c) for c in self.newcomer_ids]
-        if self.data.moves and self.training.eval_test:
-            summary["drift"] = drift.summary(self.data, pd.DataFrame(dict(self.tables.get("drift", {}))))
+        for axis in self.axes:
+            summary.update(axis.summary(self))
         if (degeneration := self.degeneration(rounds)) is not None:
             summary.update(degeneration.as_summary())
             print(f"warning: {self.scenario}/{self.method_name}/seed{self.seed}: {self.method_name} "

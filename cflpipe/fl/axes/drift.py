@@ -18,8 +18,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from cflpipe.fl.axes import Axis
+from cflpipe.fl.axes.placement import with_their_group
 from cflpipe.fl.data import FederatedData
-from cflpipe.fl.newcomers import with_their_group
 
 def evaluated_rounds(data: FederatedData) -> set[int]:
     """The 1-based rounds a drift scenario evaluates in full: the last before each move, and its
@@ -96,3 +97,28 @@ def _mean(values: np.ndarray) -> float:
 
 def _plain(value: float) -> float | None:
     return None if value is None or not np.isfinite(value) else float(value)
+
+
+class Drift(Axis):
+    """The partition's moves, applied before their rounds; the rounds around each evaluated over
+    every client where test data is read."""
+
+    name = "drift"
+
+    def prepare(self, run) -> None:
+        self.data = run.data
+        self.eval_test = run.training.eval_test
+        self.every_client_rounds = frozenset(evaluated_rounds(run.data)) if self.eval_test else frozenset()
+
+    def at_round(self, round_number: int) -> None:
+        self.data.drift_to(round_number)
+
+    def evaluate(self, run, round_number, clients, result):
+        if clients is not None or not self.eval_test:
+            return None
+        return report(run.method.assignment(), run.data, result.tables["metrics"], round_number)
+
+    def summary(self, run) -> dict:
+        if not self.eval_test:
+            return {}
+        return {"drift": summary(run.data, pd.DataFrame(dict(run.tables.get("drift", {}))))}

@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from cflpipe.fl.axes import Axis
+from cflpipe.fl.axes.placement import with_their_group
 from cflpipe.fl.data import FederatedData
 from cflpipe.fl.evaluation import evaluate
 from cflpipe.fl.method import Context, Method, Placement
@@ -69,25 +71,6 @@ def joined(method: Method, clusters: np.ndarray, groups: np.ndarray) -> float:
     return float(np.mean(hits[np.isfinite(hits)])) if np.isfinite(hits).any() else float("nan")
 
 
-def with_their_group(held: np.ndarray, held_groups: np.ndarray, clusters: np.ndarray,
-                     groups: np.ndarray) -> np.ndarray:
-    """For each (cluster, true group) pair: 1.0 where the cluster holds most of the clients of
-    `held` (their clusters; −1: in none) whose true group (`held_groups`) it is, or as many as
-    the cluster that holds most (a tie: each such cluster is the group's), 0.0 where another holds
-    more, NaN where that cannot be said (the cluster −1, no clustered client
-    of the group, or one cluster for all: being in it says nothing). New clients against the
-    participants (`joined`), moved clients against those that never move (fl/drift.py)."""
-    out = np.full(len(clusters), np.nan)
-    if len(np.unique(held[held >= 0])) < 2:
-        return out
-    for i, (cluster, group) in enumerate(zip(clusters, groups)):
-        members = held[(held_groups == group) & (held >= 0)]
-        if len(members) and cluster >= 0:
-            values, counts = np.unique(members, return_counts=True)
-            out[i] = float(counts[values == cluster].sum() == counts.max())
-    return out
-
-
 class _Served:
     """What evaluation reads of a method, for the new clients: the placement's predictor and
     clusters."""
@@ -132,3 +115,37 @@ def place(method: Method, newcomers: Context, round_index: int, round_number: in
     table = {"round": np.full(len(clusters), round_number), "client": ids, "cluster": clusters,
              "true_group": data.groups, "acc": rows["acc"][test], "n": rows["n"][test]}
     return figures, table
+
+
+class NewClients(Axis):
+    """The scenario's `new_clients` share, held out at setup and placed at every full evaluation
+    that reads test data."""
+
+    name = "newcomers"
+
+    def __init__(self, share: float):
+        self.share = share
+
+    def prepare(self, run) -> None:
+        self.ids = choose(run.data, max(1, round(self.share * run.data.num_clients)), run.seed)
+        run.data, self.data = split(run.data, self.ids)
+
+    def attach(self, run) -> None:
+        # Placing one trains it a round: all of them, or where full evaluations read a sample of
+        # the participants, a seeded sample of them in the same share.
+        self.placed = self.ids
+        if run.population is not None:
+            chosen = placed_sample(len(self.ids), run.population_size / run.data.num_clients, run.seed)
+            self.placed, self.data = self.ids[chosen], self.data.subset(chosen)
+        self.ctx = sibling(run.ctx, self.data)
+
+    def evaluate(self, run, round_number, clients, result):
+        # scored on their test splits: not in a run that reads none
+        full = clients is None or clients is run.population
+        if not (full and run.training.eval_test):
+            return None
+        return place(run.method, self.ctx, run.ctx.round, round_number, run.training.eval_batch_size, self.placed)
+
+    def summary(self, run) -> dict:
+        # the participants are the others, numbered 0..clients-1 in id order
+        return {"new_clients": [int(c) for c in self.ids]}
