@@ -127,6 +127,30 @@ def waiting_lock(lock_file: Path) -> Iterator[None]:
                 pass
 
 
+@contextmanager
+def folder_lock(folder: Path) -> Iterator[None]:
+    """Hold an exclusive lock on `folder` itself (flock on its descriptor), waiting for another
+    holder: for a read-modify-write of a file in it that leaves no lock file behind. Unlocked
+    where the file system has no flock."""
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError as exc:
+            if exc.errno not in _NO_FLOCK:
+                raise
+        try:
+            yield
+        finally:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            except OSError:
+                pass
+    finally:
+        os.close(fd)
+
+
 def write_bytes(path: str | Path, data: bytes) -> None:
     with atomic_path(path) as tmp:
         tmp.write_bytes(data)

@@ -24,6 +24,7 @@ from cflpipe.fl.params import ParamSpace
 from cflpipe.fl.plan import Trained, trained_into
 from cflpipe.fl.trainers import BatchedTrainer, ProcessesTrainer, SequentialTrainer, Trainer
 from cflpipe.fl.work import WorkItem
+from cflpipe.spec._models import BUILTIN_TRAINERS
 
 CACHE_ENV = "CFLPIPE_CACHE_DIR"
 CHOICES_FILE = "trainer-choices.json"
@@ -70,8 +71,8 @@ def build_trainer(name: str, device: torch.device, model: str | None = None, whe
     elif name in entry_point_names(TRAINERS_GROUP):
         factory = load_entry_point(TRAINERS_GROUP, name, where)
     else:
-        raise SpecError(f"{where}: unknown trainer {name!r}; allowed: auto, sequential, batched, processes, distributed, "
-                        f"{', '.join(entry_point_names(TRAINERS_GROUP))} or a module:Class reference")
+        raise SpecError(f"{where}: unknown trainer {name!r}; allowed: "
+                        f"{', '.join([*BUILTIN_TRAINERS, *entry_point_names(TRAINERS_GROUP)])} or a module:Class reference")
     if not (isinstance(factory, type) and issubclass(factory, Trainer)):
         raise SpecError(f"{where}: {name!r} is {describe_object(factory)}, not a cflpipe.fl.trainers.Trainer subclass")
     return factory()
@@ -89,10 +90,11 @@ class AutoTrainer(Trainer):
 
     The choices are an input of the results, so they are kept with them: `recorded` (the spec's
     results folder's trainer-choices.json, by shape alone, with the machine that measured) is
-    read first, so a rerun on a fresh home directory or on another node of a cluster trains every
-    recorded shape as recorded and gives the same bytes; a machine measures only shapes nobody
-    recorded. Measured choices also go to `choices_file()` (per user and machine;
-    CFLPIPE_CACHE_DIR moves it), which a results folder without the shape falls back on. A run's
+    where a run reads and writes them, so a rerun on a fresh home directory or on another node of
+    a cluster trains every recorded shape as recorded and gives the same bytes; a machine measures
+    only shapes nobody recorded. A run with a results folder never reads or writes the per-user
+    `choices_file()` (~/.cache; CFLPIPE_CACHE_DIR moves it): a result must not depend on what a
+    home directory holds. Only a run without one (a benchmark's) keeps its choices there. A run's
     checkpoint holds the choices it made, so a resumed run keeps them whatever the files say."""
 
     name = "auto"
@@ -139,7 +141,7 @@ class AutoTrainer(Trainer):
         if shape not in self.choices:
             key = machine_key() + " | " + shape
             recorded = read_choices(self.recorded, results=True).get(shape) if self.recorded is not None else None
-            cached = read_choices().get(key)
+            cached = read_choices().get(key) if self.recorded is None else None
             if _usable(recorded):
                 self.choices[shape] = {**recorded, "by": "recorded"}
             elif _usable(cached):
@@ -180,11 +182,12 @@ class AutoTrainer(Trainer):
         chosen = "batched" if runs["batched"]["seconds"] * BATCHED_MARGIN < runs["sequential"]["seconds"] else "sequential"
         choice = {"trainer": chosen, "sequential_seconds": round(runs["sequential"]["seconds"], 6),
                   "batched_seconds": round(runs["batched"]["seconds"], 6)}
-        kept = record_choice(key, choice)  # another process may have recorded this shape meanwhile
-        by = "measured" if kept is choice else "cached"
-        recorded = self._record(shape, kept)  # or a run of this results folder, on another machine
-        if recorded["trainer"] != kept["trainer"]:
-            kept, by = recorded, "recorded"
+        if self.recorded is None:
+            kept = record_choice(key, choice)  # another process may have recorded this shape meanwhile
+            by = "measured" if kept is choice else "cached"
+        else:  # another run of this results folder, on this machine or another, may have meanwhile
+            kept = self._record(shape, choice)
+            by = "measured" if kept["trainer"] == choice["trainer"] else "recorded"
         chosen = kept["trainer"]
         self.choices[shape] = {**kept, "by": by}
         self.measured_since_asked = True
@@ -298,8 +301,11 @@ def record_choice(key: str, choice: dict, path: Path | None = None, results: boo
     of the results' files does."""
     global _said_unwritable
     path = path or choices_file()
+    # A results folder's record is locked through its folder, so no lock file is left among the
+    # results; the per-user cache keeps its lock file beside it.
+    lock = store.folder_lock(path.parent) if results else store.waiting_lock(path.with_name(path.name + ".lock"))
     try:
-        with store.waiting_lock(path.with_name(path.name + ".lock")):
+        with lock:
             kept = read_choices(path, results)
             if _usable(kept.get(key)):
                 return kept[key]
