@@ -1,14 +1,45 @@
 """What the commands share: the spec of --config, the one-line checks of --scenario, --method and
---seed, and the number arguments. One module per command family beside it (`train`: train,
-tune and tune-select; `methods`: the method listing); cflpipe.cli parses and dispatches."""
+--seed, the number arguments, and `Command`, what a command declares. One module per command
+family beside it owns its commands' arguments and work (`steps`: validate, partition, aggregate,
+report, clean; `data`: download; `train`: train, tune, tune-select; `methods`; `bench`; `dvc`:
+dvc-runs); cflpipe.cli builds the parser from `COMMANDS` and dispatches."""
 
 from __future__ import annotations
 
+import argparse
 import os
+from dataclasses import dataclass
+from typing import Callable
 
 from cflpipe.errors import SpecError
 
 DEFAULT_CONFIG = "config/config.yaml"
+
+
+@dataclass(frozen=True)
+class Command:
+    """A subcommand: its name, one-line summary (in `cflpipe --help`), description and examples,
+    what adds its arguments to its parser, and what runs it (returns the exit code)."""
+
+    name: str
+    summary: str
+    description: str
+    example: str
+    arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+def add_config(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", default=DEFAULT_CONFIG, metavar="FILE",
+                   help=f"experiment spec (YAML; default: {DEFAULT_CONFIG})")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override one key of the spec, checked as the spec is: a dotted key and a YAML value, "
+                        "e.g. --set training.rounds=5 --set seeds=[0]; repeatable, applied in order (the "
+                        "runs' config.yaml records what ran)")
+
+
+def add_quiet(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quiet", action="store_true", help="no progress bar (logs of workflow jobs)")
 
 
 def scenario_of(spec, name: str) -> str:

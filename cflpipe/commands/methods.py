@@ -3,9 +3,11 @@ capabilities, needs and paper."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
+from cflpipe.commands import Command
 from cflpipe.errors import SpecError
 
 
@@ -92,3 +94,17 @@ def _papers(info) -> list[str]:
         if doc:
             texts.append(" ".join(textwrap.dedent(doc).split("\n\n")[0].split()))
     return texts
+
+
+def _methods_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("name", metavar="NAME", nargs="?", default=None,
+                   help="a method type (e.g. ifca, cfl_awcfl); omit to list all")
+
+
+METHODS = Command(
+    "methods", "list methods, or describe one",
+    "Without NAME: every registered method type with its hyper-parameters and defaults. With NAME:\n"
+    "that method's description, hyper-parameters, defaults and paper.",
+    "  cflpipe methods\n"
+    "  cflpipe methods fedprox\n",
+    _methods_arguments, cmd_methods)

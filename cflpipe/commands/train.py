@@ -3,7 +3,9 @@ this process, with their progress and one error for the job."""
 
 from __future__ import annotations
 
-from cflpipe.commands import count, load, method_of, scenario_of, seed_of, set_threads
+import argparse
+
+from cflpipe.commands import Command, add_config, add_quiet, count, load, method_of, scenario_of, seed_of, set_threads
 from cflpipe.errors import CflpipeError, SpecError
 
 
@@ -178,3 +180,74 @@ def _duration(seconds: float) -> str:
     if seconds < 5400:
         return f"{seconds / 60:.0f} min"
     return f"{seconds / 3600:.1f} h"
+
+
+def _train_arguments(p: argparse.ArgumentParser) -> None:
+    add_config(p)
+    p.add_argument("--scenario", required=True, metavar="NAME", help="one of the spec's scenarios")
+    # extend: `--method a --method b` is `--method a b` (append would keep only b's list, silently)
+    p.add_argument("--method", required=True, nargs="+", action="extend", metavar="NAME",
+                   help="one or more of the spec's method entries (each method's seeds run before the next method's)")
+    p.add_argument("--seed", required=True, type=int, nargs="+", action="extend", metavar="SEED",
+                   help="one or more of the spec's seeds, run one after the other in this process "
+                        "(the workflow passes all of them, and with workflow.train_jobs: scenario every method "
+                        "of the scenario: start-up is paid once)")
+    p.add_argument("--force", action="store_true", help="re-run a finished run from scratch")
+    p.add_argument("--threads", type=int, default=1, metavar="N",
+                   help="CPU threads for torch (default 1, as the workflow's jobs: the bytes of a run depend on "
+                        "it, and it is recorded in the run's config.yaml)")
+    add_quiet(p)
+
+
+TRAIN = Command(
+    "train", "run one scenario's methods for one or more seeds",
+    "Writes RESULTS/runs/SCENARIO/METHOD/seedK/ (metrics, clusters, rounds, timing as Parquet,\n"
+    "summary.json, config.yaml). A finished run is skipped, a killed one resumes from its state/\n"
+    "checkpoint and ends with the same bytes; after a run finishes its checkpoint keeps only what\n"
+    "the outputs are made from unless training.keep_state is true. The partition comes first.",
+    "  cflpipe train --scenario digits-swap4 --method fedavg --seed 0\n"
+    "  cflpipe train --config config/experiments/fesem.yaml \\\n"
+    "      --scenario femnist-iid --method fesem-2 fedavg --seed 0 1 2\n"
+    "  # with training.trainer: distributed, rank 0 runs the job and 3 more ranks train:\n"
+    "  torchrun --standalone --nproc_per_node 4 -m cflpipe train --scenario digits-swap4 \\\n"
+    "      --method fedavg --seed 0\n",
+    _train_arguments, cmd_train)
+
+
+def _tune_arguments(p: argparse.ArgumentParser) -> None:
+    add_config(p)
+    p.add_argument("--scenario", required=True, metavar="NAME", help="one of the spec's scenarios")
+    p.add_argument("--method", required=True, metavar="NAME", help="a method entry that tuning.space tunes")
+    p.add_argument("--trial", nargs="+", action="extend", metavar="TRIAL", help="these trials only (default: all of them)")
+    p.add_argument("--seed", type=int, nargs="+", action="extend", metavar="SEED",
+                   help="these tuning seeds only (default: all)")
+    p.add_argument("--force", action="store_true", help="re-run finished trials from scratch")
+    p.add_argument("--threads", type=int, default=1, metavar="N", help="CPU threads for torch (default 1)")
+    add_quiet(p)
+
+
+TUNE = Command(
+    "tune", "train a tuned method's trials on one scenario",
+    "With a `tuning:` section: trains the trials of one tuned method entry (every point of its search\n"
+    "space, or those of --trial) for the tuning seeds, into RESULTS/tuning/runs/SCENARIO/METHOD/TRIAL/\n"
+    "seedK/, and records each run's validation curve in its trial.json (a run that diverges is\n"
+    "recorded as diverged, never chosen). Finished trials are skipped, killed ones resume. Then\n"
+    "`cflpipe tune-select`; snakemake runs both before the final seeds.",
+    "  cflpipe tune --config config/experiments/tuning_default.yaml --scenario digits-swap4 --method ifca\n",
+    _tune_arguments, cmd_tune)
+
+
+def _tune_select_arguments(p: argparse.ArgumentParser) -> None:
+    add_config(p)
+    p.add_argument("--scenario", metavar="NAME", help="only this scenario (default: all)")
+    p.add_argument("--method", metavar="NAME", help="only this tuned method entry (default: all)")
+
+
+TUNE_SELECT = Command(
+    "tune-select", "choose each tuned method's values from its trials",
+    "Reads the trials' records (validation figures only) and writes, per scenario × tuned method,\n"
+    "RESULTS/tuning/chosen/SCENARIO/METHOD.json: the trial with the highest mean validation accuracy\n"
+    "over the tuning seeds (tuning.select: at the last round, or at each seed's best round; the\n"
+    "first of equal ones), with every trial's score. `cflpipe train` runs the final seeds with it.",
+    "  cflpipe tune-select --config config/experiments/tuning_default.yaml\n",
+    _tune_select_arguments, cmd_tune_select)
