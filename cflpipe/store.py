@@ -104,6 +104,24 @@ def exclusive(lock_file: Path, what: str) -> Iterator[None]:
 
 
 @contextmanager
+def _flocked(handle) -> Iterator[None]:
+    """An exclusive flock on an open file or descriptor, waiting for another holder; unlocked where
+    the file system has no flock."""
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+    except OSError as exc:
+        if exc.errno not in _NO_FLOCK:
+            raise
+    try:
+        yield
+    finally:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+        except OSError:
+            pass
+
+
+@contextmanager
 def waiting_lock(lock_file: Path) -> Iterator[None]:
     """Hold an exclusive lock on `lock_file`, waiting for another holder (for short
     read-modify-write updates of a shared file); unlocked where the file system has no flock."""
@@ -112,41 +130,19 @@ def waiting_lock(lock_file: Path) -> Iterator[None]:
         handle = open(lock_file, "a")
     except PermissionError:  # a colleague's lock file in a shared folder: flock needs no write access
         handle = open(lock_file, "r")
-    with handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        except OSError as exc:
-            if exc.errno not in _NO_FLOCK:
-                raise
-        try:
-            yield
-        finally:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_UN)
-            except OSError:
-                pass
+    with handle, _flocked(handle):
+        yield
 
 
 @contextmanager
 def folder_lock(folder: Path) -> Iterator[None]:
     """Hold an exclusive lock on `folder` itself (flock on its descriptor), waiting for another
-    holder: for a read-modify-write of a file in it that leaves no lock file behind. Unlocked
-    where the file system has no flock."""
+    holder: for a read-modify-write of a file in it that leaves no lock file behind."""
     folder.mkdir(parents=True, exist_ok=True)
     fd = os.open(folder, os.O_RDONLY)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        except OSError as exc:
-            if exc.errno not in _NO_FLOCK:
-                raise
-        try:
+        with _flocked(fd):
             yield
-        finally:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_UN)
-            except OSError:
-                pass
     finally:
         os.close(fd)
 

@@ -530,23 +530,27 @@ MANY_METHODS = {
 @pytest.fixture(scope="module")
 def many_methods_page(tmp_path_factory) -> tuple[Path, list[str]]:
     """A one-seed report of 20 method entries on one scenario (3 rounds of 8 digits clients)."""
-    import torch
-
-    from cflpipe.fl.data import partition_scenario
-    from cflpipe.fl.engine import train_run
-    from cflpipe.report.aggregate import aggregate
-    from cflpipe.report.build import build_report
     from cflpipe.spec import parse_spec
 
     helpers = _report_helpers()
     root = tmp_path_factory.mktemp("many-methods")
     data = helpers.spec_data(root, seeds=[0], methods=MANY_METHODS)
     data["scenarios"] = {"swap": data["scenarios"]["swap"]}
-    spec = parse_spec(data)
+    return trained_report(parse_spec(data))
+
+
+def trained_report(spec) -> tuple[Path, list[str]]:
+    """Every run of `spec` trained on one torch thread, aggregated and reported: the page and the
+    methods' labels."""
+    import torch
+
+    from cflpipe.fl.engine import train_run
+    from cflpipe.report.aggregate import aggregate
+    from cflpipe.report.build import build_report
+
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        partition_scenario(spec, "swap")
         for scenario, method, seed in spec.matrix():
             train_run(spec, scenario, method, seed, progress=False)
     finally:
@@ -630,11 +634,6 @@ def axes_page(tmp_path_factory) -> tuple[Path, list[str]]:
     """Two seeds of a drift scenario and a new-clients scenario with six identical IFCA entries
     (a six-way tie at the top of "At a glance", six points on one spot) and three methods that
     end as one model (FedAvg, FedProx and CFL that never splits: another shared spot)."""
-    import torch
-
-    from cflpipe.fl.engine import train_run
-    from cflpipe.report.aggregate import aggregate
-    from cflpipe.report.build import build_report
     from cflpipe.spec import parse_spec
 
     root = tmp_path_factory.mktemp("axes")
@@ -650,15 +649,7 @@ def axes_page(tmp_path_factory) -> tuple[Path, list[str]]:
         "methods": {"fedavg": {}, "fedprox": {"mu": 0.01}, "cfl": {},
                     **{f"ifca-{i}": {"method": "ifca", "label": f"IFCA copy {i}"} for i in range(1, 7)},
                     "oracle": {}}})
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        for scenario_name, method, seed in spec.matrix():
-            train_run(spec, scenario_name, method, seed, progress=False)
-    finally:
-        torch.set_num_threads(threads)
-    aggregate(spec)
-    return build_report(spec), [spec.method_label(m) for m in spec.methods]
+    return trained_report(spec)
 
 
 def test_the_page_fits_1400_px_and_says_every_name(axes_page, tmp_path):
