@@ -112,6 +112,28 @@ def test_a_placement_that_changes_the_method_fails_the_conformance_check(tmp_pat
     check_new_clients_change_no_training("ifca", tmp_path / "ifca")
 
 
+def test_a_method_whose_client_reads_its_test_split_fails_the_conformance_check(tmp_path, registry_copy):
+    """#69: the test split is the evaluation's. An IFCA whose clients pick their cluster on their
+    test data fails every check that trains it; IFCA itself passes."""
+    from cflpipe.methods import register
+    from cflpipe.methods.ifca import IFCA
+    from cflpipe.methods.ifca_params import IFCAParams
+    from cflpipe.testing import check_determinism
+
+    @register("peeks_at_test", IFCAParams)
+    class PeeksAtTest(IFCA):
+        """Peeks at test: IFCA whose clients read their test split before they train."""
+
+        @classmethod
+        def client_plan(cls, view, payload):
+            view.data("test")
+            return super().client_plan(view, payload)
+
+    with pytest.raises(ValueError, match=r"ClientView.data\('test'\): .* training split only"):
+        check_determinism("peeks_at_test", tmp_path / "peeks")
+    check_determinism("ifca", tmp_path / "ifca")
+
+
 def test_a_sampled_predictor_that_gives_other_models_fails_the_conformance_check(tmp_path, registry_copy):
     """A sampled evaluation (the default past 1,000 clients) must give the sampled clients their
     full evaluation's models: an IFCA that serves them its first cluster model fails."""

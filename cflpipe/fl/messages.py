@@ -98,7 +98,12 @@ class ClientView:
     _seed: int
 
     def data(self, split: str = "train") -> tuple[torch.Tensor, torch.Tensor]:
-        """The client's own inputs and targets of a split."""
+        """The client's own training inputs and targets. Its test and validation splits are the
+        evaluation's: training, answers and the placement of new clients never read them (a
+        method that did would be tuned or placed on what it is scored on), so asking is an error."""
+        if split != "train":
+            raise ValueError(f"ClientView.data({split!r}): a client's plans, answers and placement read its "
+                             f"training split only; the {split} split is for evaluation")
         return self._data.client(self.client, split)
 
     @property
