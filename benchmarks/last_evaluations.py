@@ -5,6 +5,11 @@ of a trajectory that moves from one evaluation to the next). For each scenario Ã
 evaluated values (rounds.parquet), with each seed's own mean over them.
 
     python benchmarks/last_evaluations.py SPEC [--figure ari] [--last 5] [--methods a b ...]
+        [--results DIR] [--every N]
+
+`--results` reads runs trained into another folder (`--set results_dir=DIR`), `--every N` only
+their rounds that are multiples of N: runs evaluated every round (`--set training.eval_every=1`)
+against the spec's own, evaluated every 10th.
 """
 
 from __future__ import annotations
@@ -23,8 +28,12 @@ def main() -> None:
     parser.add_argument("--figure", default="ari", help="a column of rounds.parquet (default ari)")
     parser.add_argument("--last", type=int, default=5, help="evaluations counted from the end (default 5)")
     parser.add_argument("--methods", nargs="*", help="method entries (default: every one of the spec)")
+    parser.add_argument("--results", help="the runs' results folder (default: the spec's results_dir)")
+    parser.add_argument("--every", type=int, default=1, help="only rounds that are multiples of N (default 1)")
     args = parser.parse_args()
     spec = load_spec(args.spec)
+    if args.results:
+        spec = spec.model_copy(update={"results_dir": args.results})
     print(f"| scenario | method | seeds | final {args.figure} | last {args.last} evaluations: mean (range) | "
           f"per seed: mean of its last {args.last} |")
     print("|---|---|---|---|---|---|")
@@ -35,7 +44,8 @@ def main() -> None:
                 path = spec.run_dir(scenario, method, seed) / "rounds.parquet"
                 if not path.exists():
                     continue
-                values = pd.read_parquet(path)[args.figure].dropna().to_numpy()
+                rounds = pd.read_parquet(path)
+                values = rounds.loc[rounds["round"] % args.every == 0, args.figure].dropna().to_numpy()
                 if not len(values):
                     continue
                 finals.append(values[-1])
