@@ -57,6 +57,17 @@ def responsibilities(log_pi: np.ndarray, losses: np.ndarray) -> np.ndarray:
     return q / q.sum(axis=0, keepdims=True)
 
 
+def asked_weights(method: Method, newcomers: Context) -> np.ndarray:
+    """A mixture method's placement of new clients (FedEM, FedRC, FedGMM): each receives what a
+    participant receives (`method.payload`), answers the question "weights" by its method's
+    `query` (the E-step of its mixture weights from uniform ones, on its training data) and keeps
+    its π; the new clients' kept π, (new clients × …)."""
+    payload = method.payload(0)
+    payload.meta["question"] = "weights"
+    newcomers.ask({c: payload for c in range(newcomers.num_clients)})
+    return newcomers.clients["pi"].cpu().numpy()
+
+
 class FedEM(Method):
     """FedEM: K shared component models, a mixture weight per client and component, EM on the clients.
 
@@ -152,11 +163,7 @@ class FedEM(Method):
                      "keeps their mean as its π: served that mixture, in the cluster of its largest weight")
 
     def place(self, newcomers: Context) -> Placement:
-        n = newcomers.num_clients
-        payload = self.payload(0)
-        payload.meta["question"] = "weights"
-        newcomers.ask({c: payload for c in range(n)})  # each keeps its π
-        weights = newcomers.clients["pi"].cpu().numpy()
+        weights = asked_weights(self, newcomers)
         return Placement(lowest(-weights), Mixture(list(self.models), weights))
 
     @classmethod

@@ -27,7 +27,7 @@ from cflpipe.fl.params import weighted_average
 from cflpipe.fl.plan import ClientPlan, Trained
 from cflpipe.fl.predictors import Mixture
 from cflpipe.methods.clustered import mixture_table
-from cflpipe.methods.fedem import WeightedCrossEntropy
+from cflpipe.methods.fedem import WeightedCrossEntropy, asked_weights
 from cflpipe.methods.ifca import lowest, random_models, sample_losses
 from cflpipe.seeds import seed32
 
@@ -197,11 +197,7 @@ class FedGMM(Method):
                      "π: served that mixture (per input, as every client), in the cluster of its largest share")
 
     def place(self, newcomers: Context) -> Placement:
-        n = newcomers.num_clients
-        payload = self.payload(0)
-        payload.meta["question"] = "weights"
-        newcomers.ask({c: payload for c in range(n)})  # each keeps its π
-        shares = newcomers.clients["pi"].cpu().numpy().sum(axis=1)
+        shares = asked_weights(self, newcomers).sum(axis=1)
         return Placement(lowest(-shares), Mixture(list(self.models), shares, self.row_weights_of(newcomers)))
 
     @classmethod
