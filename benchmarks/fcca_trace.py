@@ -42,6 +42,10 @@ def round_figures(similarity: pd.DataFrame, clusters: pd.DataFrame, mix: np.ndar
         labels, truth = assigned["cluster"].to_numpy(), assigned["true_group"].to_numpy()
         ids = assigned["client"].to_numpy()
         d = similarity[similarity["round"] == r].pivot(index="client", columns="other", values="value")
+        keep = np.isin(ids, d.index) & np.isin(ids, d.columns)  # a sampled evaluation's pairs only
+        if not keep.any():
+            continue
+        labels, truth, ids = labels[keep], truth[keep], ids[keep]
         d = d.loc[ids, ids].to_numpy()
         upper = np.triu_indices(len(ids), 1)
         values = d[upper]
@@ -68,7 +72,9 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=10, help="print every N-th round (default 10)")
     args = parser.parse_args()
     spec = load_spec(args.spec)
-    stats = pd.read_parquet(spec.partition_dir(args.scenario) / "stats.parquet")
+    # the runs' own partition where they wrote one, else the spec's (the same scenario and seed)
+    traced = spec.model_copy(update={"results_dir": args.results}).partition_dir(args.scenario) / "stats.parquet"
+    stats = pd.read_parquet(traced if traced.exists() else spec.partition_dir(args.scenario) / "stats.parquet")
     mix = label_mix_similarity(stats)
     tails = []
     for seed in spec.seeds:

@@ -327,34 +327,34 @@ REASONS: dict[str, str] = {
         "A non-finite first-round loss kept as the reference, `<` for `<=` and `/` for `*`: killed by "
         "test_the_exploding_loss_warning_compares_with_ten_times_the_first_finite_loss (added after the "
         "pass).",
-    "cflpipe.fl.method.xǁContextǁexecute":
+    "cflpipe.fl.context.xǁContextǁexecute":
         "Follow-up plans (FCCA's cINN) never trained, trained only after a diverged plan, given None, or "
         "their outcome dropped: killed by "
         "test_a_follow_up_trains_from_its_plans_result_unless_that_diverged (added after the pass).",
-    "cflpipe.fl.method.xǁContextǁ__init__":
+    "cflpipe.fl.context.xǁContextǁ__init__":
         "Equivalent: the scenario and method names are read only by messages; `round = 1` before the "
         "engine first sets it changes only FedAC's initial random clusters (ctx.rng in __init__) to "
         "another valid seeded stream, the same in a fresh and a resumed run; the extra bytes start at 1 "
         "but the engine resets both to 0 before every round and nothing counts traffic earlier "
         "(test_traffic_a_method_counts_itself_is_added_to_the_rounds_bytes passes on it).",
-    "cflpipe.fl.method.xǁClientStoreǁset":
+    "cflpipe.fl.context.xǁClientStoreǁset":
         "Equivalent: the only caller (Method.receive) passes one client as an int, which indexes the "
         "table as the 0-d index tensor of the negated `isinstance` does (the same row written); the array"
         " path's `np.asarray(None…)` and missing argument are reached by no caller.",
-    "cflpipe.fl.method.xǁContextǁtrain":
+    "cflpipe.fl.context.xǁContextǁtrain":
         "The mask and step size of a plain plan dropped: killed by "
         "test_context_train_applies_its_mask_and_step_size (added after the pass).",
-    "cflpipe.fl.method.xǁClientStoreǁ__init__":
+    "cflpipe.fl.context.xǁClientStoreǁ__init__":
         "`device = None`: load_state_dict's `table.to(None)` leaves a resumed run's client tables where "
         "read_state loaded them, the CPU: equivalent on the CPU; on a GPU they would stay on the CPU "
         "after a resume. A gap, left: needs a GPU (no test runs on CUDA).",
-    "cflpipe.fl.method.xǁContextǁadd_space":
+    "cflpipe.fl.context.xǁContextǁadd_space":
         "Equivalent: `has_dropout` is read as a truth value (trainers.py), where None is False, and the "
         "only auxiliary network (FCCA's ConditionalFlow) has no dropout.",
-    "cflpipe.fl.method.xǁContextǁlr":
+    "cflpipe.fl.context.xǁContextǁlr":
         "`/` for `*` with lr_decay below 1 (the default 1 hides it): killed by "
         "test_the_learning_rate_decays_by_lr_decay_every_round (added after the pass).",
-    "cflpipe.fl.method.xǁContextǁrng":
+    "cflpipe.fl.context.xǁContextǁrng":
         "Equivalent: the seed constant 0x5E → 95 gives another valid seeded stream.",
     "cflpipe.fl.trainer_choice.x_build_trainer":
         "No fast test built the `auto` trainer: killed by "

@@ -134,19 +134,6 @@ def waiting_lock(lock_file: Path) -> Iterator[None]:
         yield
 
 
-@contextmanager
-def folder_lock(folder: Path) -> Iterator[None]:
-    """Hold an exclusive lock on `folder` itself (flock on its descriptor), waiting for another
-    holder: for a read-modify-write of a file in it that leaves no lock file behind."""
-    folder.mkdir(parents=True, exist_ok=True)
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        with _flocked(fd):
-            yield
-    finally:
-        os.close(fd)
-
-
 def write_bytes(path: str | Path, data: bytes) -> None:
     with atomic_path(path) as tmp:
         tmp.write_bytes(data)

@@ -548,9 +548,13 @@ def trained_report(spec) -> tuple[Path, list[str]]:
     from cflpipe.report.aggregate import aggregate
     from cflpipe.report.build import build_report
 
+    from cflpipe.partition_files import partition_scenario
+
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
+        for scenario in spec.scenarios:  # written, so the page draws the label histograms
+            partition_scenario(spec, scenario)
         for scenario, method, seed in spec.matrix():
             train_run(spec, scenario, method, seed, progress=False)
     finally:

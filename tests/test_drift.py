@@ -228,8 +228,8 @@ def test_the_headline_says_who_serves_new_clients_and_movers_best(tmp_path):
         assert "new_acc" in metrics["new"][method] and "moved_acc" not in metrics["new"][method]
         assert metrics["rot"][method]["moved_acc"] == round(runs.loc[("rot", method), "moved_acc_macro"], 4)
     # where a clustering places them (FedAvg has none: no share, no line part)
-    assert {"moved_placed", "rounds_to_place"} <= set(metrics["rot"]["ifca"]) and "new_placed" in metrics["new"]["ifca"]
-    assert "moved_placed" not in metrics["rot"]["fedavg"] and "(placed" not in moved[0].split("runner-up")[1]
+    assert {"moved_joined", "rounds_to_place"} <= set(metrics["rot"]["ifca"]) and "new_joined" in metrics["new"]["ifca"]
+    assert "moved_joined" not in metrics["rot"]["fedavg"] and "(placed" not in moved[0].split("runner-up")[1]
     html = page.read_text()
     glance = html[html.index('<section id="glance">'):html.index('<section id="setup">')]
     assert glance.count('<tr class="axis">') == 2

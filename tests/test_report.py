@@ -1031,3 +1031,25 @@ def test_at_a_glance_names_no_best_clustering_where_none_recovered_the_groups():
     none = sections._leader("s", ["fedac", "cfl"], "ari", 1.0, 2, "")
     assert none["best"] == "none recovered the groups" and none["value"] == "(highest: FEDAC 0.02)"
     assert none["next"] is None and str(RECOVERED_ARI) in none["verdict"]
+
+
+def test_an_axis_line_credits_a_share_only_to_the_methods_that_have_one():
+    """A tie on the new clients' accuracy between FedAvg (no clusters: no share) and IFCA says
+    whose share it is; equal shares of tied clustered methods are said once."""
+    from types import SimpleNamespace
+
+    from cflpipe.report.sections import Sections
+
+    rows = [("fedavg", 0.5, float("nan")), ("ifca", 0.5, 0.75), ("ifca2", 0.5, 0.75), ("cfl", 0.4, 0.5)]
+    per_seed = pd.DataFrame([{"scenario": "s", "method": m, "seed": k, "new_acc_macro": acc, "new_joined": joined}
+                             for m, acc, joined in rows for k in range(3)])
+    sections = Sections.__new__(Sections)
+    sections.view = SimpleNamespace(per_seed=per_seed, label=str.upper)
+    also = (("new_joined", "placed with their group", "{:.2f}"),)
+    mixed = sections._axis_leader("s", ["fedavg", "ifca", "cfl"], "new_acc_macro", also)
+    assert mixed["best"] == "FEDAVG and IFCA" and mixed["best_also"] == (
+        "FEDAVG: no clusters / IFCA: placed with their group 0.75")
+    same = sections._axis_leader("s", ["ifca", "ifca2", "cfl"], "new_acc_macro", also)
+    assert same["best_also"] == "placed with their group 0.75" and same["next_also"] == "placed with their group 0.50"
+    alone = sections._axis_leader("s", ["fedavg", "cfl"], "new_acc_macro", also)
+    assert alone["best"] == "FEDAVG" and alone["best_also"] == ""

@@ -250,6 +250,8 @@ class Context:
         diverged sends nothing and is left out, or stops the run (training.on_divergence), as a
         sampled client's update would."""
         side = self.client_side
+        if side is None:
+            raise RuntimeError("Context.ask: no method's client side answers yet (Method.__init__ sets it)")
         views = {int(c): self.view(int(c)) for c in payloads}
         work = {c: side.query_plan(views[c], payloads[c]) for c in views}
         trained = self.run({c: plans for c, (plans, _) in work.items() if plans is not None})

@@ -92,9 +92,10 @@ class AutoTrainer(Trainer):
     results folder's trainer-choices.json, by shape alone, with the machine that measured) is
     where a run reads and writes them, so a rerun on a fresh home directory or on another node of
     a cluster trains every recorded shape as recorded and gives the same bytes; a machine measures
-    only shapes nobody recorded. A run with a results folder never reads or writes the per-user
-    `choices_file()` (~/.cache; CFLPIPE_CACHE_DIR moves it): a result must not depend on what a
-    home directory holds. Only a run without one (a benchmark's) keeps its choices there. A run's
+    only shapes nobody recorded. A run never reads or writes the per-user `choices_file()`
+    (~/.cache; CFLPIPE_CACHE_DIR moves it): a result must not depend on what a home directory
+    holds. Only an AutoTrainer made without a record (the API, outside a run) keeps its choices
+    there. A run's
     checkpoint holds the choices it made, so a resumed run keeps them whatever the files say."""
 
     name = "auto"
@@ -301,11 +302,10 @@ def record_choice(key: str, choice: dict, path: Path | None = None, results: boo
     of the results' files does."""
     global _said_unwritable
     path = path or choices_file()
-    # A results folder's record is locked through its folder, so no lock file is left among the
-    # results; the per-user cache keeps its lock file beside it.
-    lock = store.folder_lock(path.parent) if results else store.waiting_lock(path.with_name(path.name + ".lock"))
+    # A lock file beside the record, not a flock on the folder: Linux's NFS client has no flock for
+    # directories, and SLURM jobs on several nodes share a results folder over NFS.
     try:
-        with lock:
+        with store.waiting_lock(path.with_name(path.name + ".lock")):
             kept = read_choices(path, results)
             if _usable(kept.get(key)):
                 return kept[key]

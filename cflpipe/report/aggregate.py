@@ -24,8 +24,8 @@ writes `results/aggregate/`, every file atomically:
                      method the seeds' mean of the final personalized accuracy (`acc`), ARI
                      (`ari`, with ground-truth groups) and clusters (`clusters`), and where a
                      scenario has them the new clients' accuracy and share placed with their
-                     group (`new_acc`, `new_placed`) and the moved clients' (`moved_acc`,
-                     `moved_placed`, `rounds_to_place`), as {scenario: {method: {figure:
+                     group (`new_acc`, `new_joined`) and the moved clients' (`moved_acc`,
+                     `moved_joined`, `rounds_to_place`), as {scenario: {method: {figure:
                      value}}}, no wall-clock figure. Kept small so an
                      experiment table stays readable; summary.csv has every figure and the time.
 - `plots.csv`        personalized accuracy per evaluated round, a column `<scenario>/<method>`
@@ -74,8 +74,8 @@ AGGREGATE_FILES = ("runs.parquet", "curves.parquet", "summary.parquet", "summary
 # end, share placed with their new group, and rounds trained after a move until first so placed.
 AXIS_FIGURES = ("new_acc_macro", "new_joined", "moved_acc_macro", "drift_joined", "rounds_to_place")
 HEADLINE_FIGURES = {"acc": "acc_macro_mean", "ari": "ari_mean", "clusters": "n_clusters_mean",
-                    "new_acc": "new_acc_macro_mean", "new_placed": "new_joined_mean",
-                    "moved_acc": "moved_acc_macro_mean", "moved_placed": "drift_joined_mean",
+                    "new_acc": "new_acc_macro_mean", "new_joined": "new_joined_mean",
+                    "moved_acc": "moved_acc_macro_mean", "moved_joined": "drift_joined_mean",
                     "rounds_to_place": "rounds_to_place_mean"}
 # The figure drawn per round in plots.csv.
 PLOTTED_FIGURE = "acc_macro_mean"

@@ -67,7 +67,8 @@ class Sections:
                          if sc.new_clients is not None else None,
                          "movers": self._axis_leader(s, methods, "moved_acc_macro", (
                              ("drift_joined", "placed with their new group", "{:.2f}"),
-                             ("rounds_to_place", "rounds to place", "{:.1f}"))) if sc.drift is not None else None})
+                             ("rounds_to_place", "rounds to place (of those placed)", "{:.1f}")))
+                         if sc.drift is not None else None})
         scores, excluded = view.rank_scores()
         ranking = rank_methods(scores, excluded, RANK_FIGURE) if scores.shape[1] else None
         rank = None
@@ -95,15 +96,14 @@ class Sections:
             return None
 
         def extras(names: list[str]) -> str:
-            texts: dict[str, str] = {}  # method → its text; tied methods with one text say it once
+            texts: dict[str, str | None] = {}  # method → its text (None: it places none in clusters)
             for m in names:
                 values = [_mean_of(seed_values(self.view.per_seed, scenario, m, column)) for column, _, _ in also]
-                if values[0] is not None:
-                    texts[m] = "; ".join(f"{words} " + ("never" if v is None else fmt.format(v))
-                                         for (_, words, fmt), v in zip(also, values))
-            if len(set(texts.values())) <= 1:
-                return next(iter(texts.values()), "")
-            return " / ".join(f"{self.view.label(m)}: {text}" for m, text in texts.items())
+                texts[m] = None if values[0] is None else "; ".join(
+                    f"{words} " + ("never" if v is None else fmt.format(v)) for (_, words, fmt), v in zip(also, values))
+            if len(set(texts.values())) == 1:  # one text for all (tied methods say it once), or none has one
+                return next(iter(texts.values())) or ""
+            return " / ".join(f"{self.view.label(m)}: {text or 'no clusters'}" for m, text in texts.items())
 
         return {**leader, "best_also": extras(leader["methods"]), "next_also": extras(leader["next_methods"])}
 
