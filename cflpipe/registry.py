@@ -22,7 +22,7 @@ import functools
 import importlib
 import importlib.util
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -304,6 +304,10 @@ def register(name: str, params: type[HyperParams] = HyperParams, *, starts: Clus
         cls.name = name
         description = first_paragraph(inspect.getdoc(cls) or "")
         capabilities = cls.capabilities
+        if capabilities.clustered and capabilities.k_param is None and "clusters" in params.model_fields:
+            # a subclass of the cluster-model base that states no K: its `clusters` is K, checked
+            # against the clients at validate as every built-in's is
+            capabilities = cls.capabilities = replace(capabilities, k_param="clusters")
         _add(MethodInfo(name, params, description, capabilities, where, starts=starts, premises=premises, needs=needs,
                         limits=limits, at_scale=at_scale))
         for variant, extra, what in (cls.variants(name) if hasattr(cls, "variants") else []):

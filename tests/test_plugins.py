@@ -444,3 +444,30 @@ def test_a_plugin_says_what_keeps_it_from_the_bars_at_scale(registry_copy, capsy
         type("WideFedAvg", (FedAvg,), {"__doc__": "Wide FedAvg: a test's."}))
     assert main(["methods", "wide_fedavg"]) == 0
     assert "\nat 10,000 clients: every client's copy of the model at once: 2 GiB" in capsys.readouterr().out
+
+
+def test_a_cluster_model_subclass_with_clusters_gets_the_k_rule(registry_copy):
+    """#69: a plugin on the cluster-model base that states no k_param has its `clusters` checked
+    against the clients at validate, as every built-in's K is."""
+    from pydantic import Field
+
+    from cflpipe.errors import SpecError
+    from cflpipe.methods.clustered import ClusterModels
+    from cflpipe.registry import HyperParams, method_info, register
+    from cflpipe.spec import parse_spec
+
+    class KParams(HyperParams):
+        clusters: int = Field(2, ge=1)
+
+    @register("fixed_k", KParams)
+    class FixedK(ClusterModels):
+        """Fixed K: a test's cluster-model method."""
+
+        def __init__(self, ctx):
+            super().__init__(ctx, ctx.hp.clusters, np.arange(ctx.num_clients) % ctx.hp.clusters)
+
+    assert method_info("fixed_k").capabilities.k_param == "clusters"
+    raw = {"seeds": [0], "training": {"model": "mlp", "rounds": 2, "clients_per_round": 4},
+           "scenarios": {"s": {"dataset": "digits", "clients": 4}}, "methods": {"fixed_k": {"clusters": 5}}}
+    with pytest.raises(SpecError, match=r"methods.fixed_k.clusters: must be <= clients of scenario s \(4\), got 5"):
+        parse_spec(raw)
