@@ -205,19 +205,30 @@ BENCH_TRAINERS = ("sequential", "batched", "auto")
 def _trainer_times(make_spec, repeats: int) -> dict[str, float]:
     """Median training seconds per round (the last, evaluated round left out) of each of
     BENCH_TRAINERS on the spec `make_spec(folder, trainer)` makes, fastest of `repeats`
-    alternating runs; auto starts from an empty record of choices (a fresh results folder: its
-    first run measures, later ones read the choice), and the trainer it chose is returned as well
-    ("auto_choice")."""
+    alternating runs; auto starts from an empty cache of choices (its first run measures, later
+    ones read the choice), and the trainer it chose is returned as well ("auto_choice")."""
+    import os
+
+    from cflpipe.fl.trainer_choice import CACHE_ENV
+
     seconds: dict[str, list[float]] = {trainer: [] for trainer in BENCH_TRAINERS}
     choice = ""
     with tempfile.TemporaryDirectory() as tmp:
-        for _ in range(repeats):
-            for trainer in seconds:
-                spec = parse_spec(make_spec(Path(tmp) / trainer, trainer))
-                seconds[trainer].append(_median_timing(spec, "train_seconds", drop_last=True))
-                if trainer == "auto":
-                    choices = json.loads((spec.run_dir("bench", "fedavg", 0) / "timing.json").read_text())
-                    choice = "+".join(sorted({c["trainer"] for c in choices.get("auto_choices", {}).values()}))
+        before = os.environ.get(CACHE_ENV)
+        os.environ[CACHE_ENV] = str(Path(tmp) / "cache")
+        try:
+            for _ in range(repeats):
+                for trainer in seconds:
+                    spec = parse_spec(make_spec(Path(tmp) / trainer, trainer))
+                    seconds[trainer].append(_median_timing(spec, "train_seconds", drop_last=True))
+                    if trainer == "auto":
+                        choices = json.loads((spec.run_dir("bench", "fedavg", 0) / "timing.json").read_text())
+                        choice = "+".join(sorted({c["trainer"] for c in choices.get("auto_choices", {}).values()}))
+        finally:
+            if before is None:
+                os.environ.pop(CACHE_ENV, None)
+            else:
+                os.environ[CACHE_ENV] = before
     best = {trainer: min(times) for trainer, times in seconds.items()}
     return {**best, "auto_choice": choice or "sequential"}  # no shape to choose for: one by one
 

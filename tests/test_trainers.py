@@ -306,10 +306,8 @@ def auto_spec(tmp_path, name: str, trainer: str = "auto", rounds: int = 4):
 @pytest.mark.parametrize("slower", ["sequential", "batched"])
 def test_auto_takes_the_trainer_it_measured_faster_and_keeps_its_bytes(tmp_path, monkeypatch, slower):
     """The first run of a shape measures both trainers and keeps the faster one's results: its
-    outputs are those of a run that named the faster trainer. The choice is recorded in the results
-    folder (never in the per-user cache: a run with a results folder does not touch it), so the
-    next run reads it without measuring and gives the same bytes; the run says what it chose and
-    why."""
+    outputs are those of a run that named the faster trainer. The choice is cached, so the next run
+    reads it without measuring and gives the same bytes; the run says what it chose and why."""
     from cflpipe.fl.engine import train_run
 
     monkeypatch.setenv("CFLPIPE_CACHE_DIR", str(tmp_path / "cache"))
@@ -327,30 +325,8 @@ def test_auto_takes_the_trainer_it_measured_faster_and_keeps_its_bytes(tmp_path,
         assert timing["plans_trained"][faster] == 4 * 4 and timing["plans_trained"][slower] == 0
         again = train_run(auto_spec(tmp_path, "auto"), "s", method, 0, force=True, progress=False)
         assert run_files(again.run_dir) == run_files(named.run_dir)
-    kept = read_choices(tmp_path / "auto" / "trainer-choices.json", results=True)
+    kept = read_choices()
     assert len(kept) == 1 and next(iter(kept.values()))["trainer"] == faster
-    assert read_choices() == {} and not (tmp_path / "cache").exists()
-
-
-def test_a_run_with_a_results_folder_needs_no_home_cache(tmp_path, monkeypatch, capsys):
-    """#69: where a results folder exists, trainer auto neither reads nor writes ~/.cache: a run
-    whose home cannot be written measures, records in the results folder and says nothing of it."""
-    from cflpipe.fl.engine import train_run
-
-    home = tmp_path / "home"
-    home.mkdir()
-    home.chmod(0o500)
-    monkeypatch.delenv("CFLPIPE_CACHE_DIR", raising=False)
-    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
-    monkeypatch.setenv("HOME", str(home))
-    try:
-        result = train_run(auto_spec(tmp_path, "auto"), "s", "fedavg", 0, force=True, progress=False)
-    finally:
-        home.chmod(0o700)
-    assert "cannot keep" not in capsys.readouterr().err and list(home.iterdir()) == []
-    timing = json.loads((result.run_dir / "timing.json").read_text())
-    assert [c["by"] for c in timing["auto_choices"].values()] == ["measured"]
-    assert len(read_choices(tmp_path / "auto" / "trainer-choices.json", results=True)) == 1
 
 
 @pytest.mark.parametrize("slower", ["sequential", "batched"])
@@ -381,7 +357,7 @@ def test_a_rerun_on_a_fresh_home_reads_the_results_folders_choices_and_gives_the
 
 
 def test_a_resumed_auto_run_keeps_the_choices_of_its_checkpoint(tmp_path, monkeypatch):
-    """Killed after round 2 and resumed after the record was changed (or lost) in between, a run
+    """Killed after round 2 and resumed after the cache was changed (or lost) in between, a run
     trains on with the trainer its checkpoint names, to the bytes of an uninterrupted run."""
     from cflpipe.fl.engine import train_run
 
@@ -389,16 +365,15 @@ def test_a_resumed_auto_run_keeps_the_choices_of_its_checkpoint(tmp_path, monkey
     with monkeypatch.context() as patch:
         slowed(patch, SequentialTrainer)
         whole = train_run(auto_spec(tmp_path, "whole"), "s", "fedavg", 0, force=True, progress=False)
-        assert next(iter(read_choices(tmp_path / "whole" / "trainer-choices.json").values()))["trainer"] == "batched"
+        assert next(iter(read_choices().values()))["trainer"] == "batched"
         with monkeypatch.context() as dying:
             die_after_saving(dying, 2)
             with pytest.raises(Killed):
                 train_run(auto_spec(tmp_path, "killed"), "s", "fedavg", 0, force=True, progress=False)
-    record = tmp_path / "killed" / "trainer-choices.json"
-    kept = read_choices(record)
-    for key in kept:  # the record now says the other trainer
+    kept = read_choices()
+    for key in kept:  # the cache now says the other trainer
         kept[key]["trainer"] = "sequential"
-    record.write_text(json.dumps(kept))
+    choices_file().write_text(json.dumps(kept))
     resumed = train_run(auto_spec(tmp_path, "killed"), "s", "fedavg", 0, progress=False)
     assert run_files(resumed.run_dir) == run_files(whole.run_dir)
     timing = json.loads((resumed.run_dir / "timing.json").read_text())

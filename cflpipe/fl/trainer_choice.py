@@ -90,12 +90,10 @@ class AutoTrainer(Trainer):
 
     The choices are an input of the results, so they are kept with them: `recorded` (the spec's
     results folder's trainer-choices.json, by shape alone, with the machine that measured) is
-    where a run reads and writes them, so a rerun on a fresh home directory or on another node of
-    a cluster trains every recorded shape as recorded and gives the same bytes; a machine measures
-    only shapes nobody recorded. A run never reads or writes the per-user `choices_file()`
-    (~/.cache; CFLPIPE_CACHE_DIR moves it): a result must not depend on what a home directory
-    holds. Only an AutoTrainer made without a record (the API, outside a run) keeps its choices
-    there. A run's
+    read first, so a rerun on a fresh home directory or on another node of a cluster trains every
+    recorded shape as recorded and gives the same bytes; a machine measures only shapes nobody
+    recorded. Measured choices also go to `choices_file()` (per user and machine;
+    CFLPIPE_CACHE_DIR moves it), which a results folder without the shape falls back on. A run's
     checkpoint holds the choices it made, so a resumed run keeps them whatever the files say."""
 
     name = "auto"
@@ -142,7 +140,7 @@ class AutoTrainer(Trainer):
         if shape not in self.choices:
             key = machine_key() + " | " + shape
             recorded = read_choices(self.recorded, results=True).get(shape) if self.recorded is not None else None
-            cached = read_choices().get(key) if self.recorded is None else None
+            cached = read_choices().get(key)
             if _usable(recorded):
                 self.choices[shape] = {**recorded, "by": "recorded"}
             elif _usable(cached):
@@ -183,12 +181,11 @@ class AutoTrainer(Trainer):
         chosen = "batched" if runs["batched"]["seconds"] * BATCHED_MARGIN < runs["sequential"]["seconds"] else "sequential"
         choice = {"trainer": chosen, "sequential_seconds": round(runs["sequential"]["seconds"], 6),
                   "batched_seconds": round(runs["batched"]["seconds"], 6)}
-        if self.recorded is None:
-            kept = record_choice(key, choice)  # another process may have recorded this shape meanwhile
-            by = "measured" if kept is choice else "cached"
-        else:  # another run of this results folder, on this machine or another, may have meanwhile
-            kept = self._record(shape, choice)
-            by = "measured" if kept["trainer"] == choice["trainer"] else "recorded"
+        kept = record_choice(key, choice)  # another process may have recorded this shape meanwhile
+        by = "measured" if kept is choice else "cached"
+        recorded = self._record(shape, kept)  # or a run of this results folder, on another machine
+        if recorded["trainer"] != kept["trainer"]:
+            kept, by = recorded, "recorded"
         chosen = kept["trainer"]
         self.choices[shape] = {**kept, "by": by}
         self.measured_since_asked = True
@@ -302,8 +299,6 @@ def record_choice(key: str, choice: dict, path: Path | None = None, results: boo
     of the results' files does."""
     global _said_unwritable
     path = path or choices_file()
-    # A lock file beside the record, not a flock on the folder: Linux's NFS client has no flock for
-    # directories, and SLURM jobs on several nodes share a results folder over NFS.
     try:
         with store.waiting_lock(path.with_name(path.name + ".lock")):
             kept = read_choices(path, results)
