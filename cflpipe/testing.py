@@ -75,16 +75,14 @@ def hyperparams(name: str) -> dict[str, Any]:
 
 
 def spec_dict(results: Path, name: str, **training: Any) -> dict[str, Any]:
-    """The checks' spec: one scenario `s`, one seed, the method under its registered name, the
-    sequential trainer (the checks compare runs in different results folders, each with its own
-    record of trainer: auto's measured choices; check_batched_equals_sequential covers the other)."""
+    """The checks' spec: one scenario `s`, one seed, the method under its registered name."""
     info = method_info(name)
     public = {"pool": "train", "public": {"size": 40}} if info.capabilities.needs_public else {}
     return {
         "seeds": [0],
         "training": {"model": "mlp", "rounds": ROUNDS, "clients_per_round": 3, "local_steps": 2, "batch_size": 8,
                      "lr": 0.05, "momentum": 0.5, "eval_every": 2, "checkpoint_every": 1, "device": "cpu",
-                     "trainer": "sequential", **training},
+                     **training},
         "scenarios": {"s": {"dataset": "digits", "clients": 6, **public,
                             "partition": [{"kind": "iid"}, {"kind": "label_swap", "groups": 2}]}},
         "methods": {name: hyperparams(name)},
