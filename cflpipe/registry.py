@@ -32,6 +32,11 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 class HyperParams(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
+    def premises_at(self, clusters: int | None) -> list[tuple[str, str]]:
+        """What these values go against at `clusters` clusters (the method's K where it has one):
+        (key, why) pairs that validate warns of. A variant's parameters say their own (AWCFL's β)."""
+        return []
+
 
 @dataclass(frozen=True)
 class Capabilities:
@@ -151,12 +156,8 @@ class MethodInfo:
         given to a plugin's `register`)."""
         found = [] if self.premises is None else list(self.premises(hp, training, scenario))
         k = self.capabilities.k_param and getattr(hp, self.capabilities.k_param, None)
-        from cflpipe.methods.intercluster_params import AWCFLParams, awcfl_collapses  # they import this module
-        beta = hp.beta if isinstance(hp, AWCFLParams) else None
-        if isinstance(k, int) and beta is not None and awcfl_collapses(beta, k):
-            # AWCFL's Eq. 2 at β = (K−1)/K: every cluster gets the mean of all (the run is marked collapsed)
-            found.append(("beta", f"with {k} clusters, AWCFL's Eq. 2 at beta {beta:g} = (K-1)/K gives every "
-                                  f"cluster the same model, the mean of all: one averaged model, not {k}"))
+        if isinstance(hp, HyperParams):
+            found += hp.premises_at(k if isinstance(k, int) else None)
         return found
 
     def limit_errors(self, hp: Any, training: Any, scenario: Any) -> list[tuple[str, str]]:

@@ -5,7 +5,7 @@ client's step may see (`ClientView`); the helpers that read a round's updates.""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping
 
 import numpy as np
 import torch
@@ -18,10 +18,6 @@ from cflpipe.fl.predictors import Predictor
 from cflpipe.metrics import tensor_bytes
 from cflpipe.seeds import mix_seed, rng
 from cflpipe.spec import Training
-
-if TYPE_CHECKING:
-    from cflpipe.fl.context import ClientStore
-
 
 @dataclass
 class Payload:
@@ -93,7 +89,7 @@ class ClientView:
     space: ParamSpace
     initial: "Mapping[str, torch.Tensor]"
     _data: FederatedData
-    _store: "ClientStore"
+    _store: Any  # the run's ClientStore (fl/context.py, which imports this module)
     _apply: Any
     _seed: int
 

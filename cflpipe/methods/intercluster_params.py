@@ -12,6 +12,14 @@ from cflpipe.registry import HyperParams
 class AWCFLParams(HyperParams):
     beta: float = Field(0.5, ge=0, le=1, description="AWCFL weight of the other clusters (paper's best: 0.5)")
 
+    def premises_at(self, clusters: int | None) -> list[tuple[str, str]]:
+        found = super().premises_at(clusters)
+        if clusters is not None and awcfl_collapses(self.beta, clusters):
+            # Eq. 2 at β = (K−1)/K: every cluster gets the mean of all (the run is marked collapsed)
+            found.append(("beta", f"with {clusters} clusters, AWCFL's Eq. 2 at beta {self.beta:g} = (K-1)/K gives "
+                                  f"every cluster the same model, the mean of all: one averaged model, not {clusters}"))
+        return found
+
 
 class MCFLParams(HyperParams):
     feature_samples: int = Field(100, ge=1, description="MCFL: inputs averaged into a feature mean (n)")

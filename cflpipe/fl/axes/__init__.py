@@ -22,8 +22,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
-    from cflpipe.fl.engine import Run
     from cflpipe.fl.evaluation import Evaluation
+
+# `run` below is the engine's Run (fl/engine.py), which imports this package: named in words, not
+# imported, so the two do not import each other.
+Run = Any
 
 
 # Every axis's table name: no method's own table may take one (a run without that axis too).
