@@ -104,24 +104,6 @@ def exclusive(lock_file: Path, what: str) -> Iterator[None]:
 
 
 @contextmanager
-def _flocked(handle) -> Iterator[None]:
-    """An exclusive flock on an open file or descriptor, waiting for another holder; unlocked where
-    the file system has no flock."""
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-    except OSError as exc:
-        if exc.errno not in _NO_FLOCK:
-            raise
-    try:
-        yield
-    finally:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-        except OSError:
-            pass
-
-
-@contextmanager
 def waiting_lock(lock_file: Path) -> Iterator[None]:
     """Hold an exclusive lock on `lock_file`, waiting for another holder (for short
     read-modify-write updates of a shared file); unlocked where the file system has no flock."""
@@ -130,8 +112,19 @@ def waiting_lock(lock_file: Path) -> Iterator[None]:
         handle = open(lock_file, "a")
     except PermissionError:  # a colleague's lock file in a shared folder: flock needs no write access
         handle = open(lock_file, "r")
-    with handle, _flocked(handle):
-        yield
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        except OSError as exc:
+            if exc.errno not in _NO_FLOCK:
+                raise
+        try:
+            yield
+        finally:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+            except OSError:
+                pass
 
 
 def write_bytes(path: str | Path, data: bytes) -> None:

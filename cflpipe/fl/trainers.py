@@ -32,8 +32,6 @@ from cflpipe.fl.plan import Trained, trained_into
 from cflpipe.fl.work import WorkItem, pickled_together
 from cflpipe.seeds import mix_seed  # noqa: F401  (its old home; plugins import it from here)
 
-from cflpipe.spec._models import BUILTIN_TRAINERS as TRAINERS  # noqa: E402,F401 (the one tuple of names, torch-free)
-
 # Bytes a batched group may take, by device type; a CUDA device's share of its total memory.
 # A client costs about BYTES_PER_PARAMETER per model parameter in a vmapped loop (its weights,
 # per-tensor and flat gradients, velocity, anchors and the activations of a typical batch: a
