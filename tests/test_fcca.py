@@ -4,6 +4,8 @@ determinism, traffic and trainers are checked for fcca and its variants by test_
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -642,3 +644,32 @@ def test_kept_moments_where_they_would_do_nothing_are_refused(setting):
 
     with pytest.raises(ValidationError, match="flow_moments: 'keep'"):
         FCCAParams(flow_moments="keep", **setting)
+
+
+def test_told_the_groups_fcca_clusters_by_them_and_trains_as_fcca_does(registry_copy, tmp_path, monkeypatch):
+    """benchmarks/fcca_told_groups.py (#68 item 3's diagnostic) replaces only FCCA's k-means: its
+    clustering is the true groups from the first round, and its first round's global encoder is
+    FCCA's own (the clustering comes after the round's training)."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import fcca_told_groups  # noqa: F401  (registers fcca_told_groups)
+    from cflpipe.fl.engine import prepare_run
+    from cflpipe.testing import play
+
+    settings = {"clusters": 2, "flow_hidden": 8, "server_samples": 4, "flow_steps": 1}
+    spec = parse_spec({
+        "seeds": [0],
+        "training": {"model": "mlp", "rounds": 2, "clients_per_round": 6, "local_steps": 2, "batch_size": 8,
+                     "lr": 0.01, "eval_every": 1, "device": "cpu"},
+        "scenarios": {"s": {"dataset": "digits", "clients": 6,
+                            "partition": [{"kind": "dirichlet", "alpha": 0.5},
+                                          {"kind": "label_swap", "groups": 2, "pairs": 1}]}},
+        "methods": {"fcca": settings, "told": {"method": "fcca_told_groups", **settings}},
+        "results_dir": str(tmp_path / "results"), "data_dir": str(tmp_path / "data"),
+    })
+    told, fcca = prepare_run(spec, "s", "told", 0), prepare_run(spec, "s", "fcca", 0)
+    play(told, 1)
+    play(fcca, 1)
+    groups = told.ctx.data.groups
+    assert adjusted_rand_score(groups, told.method.assignment()) == 1.0
+    assert adjusted_rand_score(groups, fcca.method.assignment()) < 1.0  # one cINN step: no signal
+    assert torch.equal(told.method.global_model[told.method.body_mask], fcca.method.global_model[fcca.method.body_mask])

@@ -302,10 +302,7 @@ class FCCA(_FCCAVariants, Method):
                                         self.flows[torch.from_numpy(known).to(self.flows.device)],
                                         self.hp.server_samples, generator)
         similarity = fcca_similarity(first, second, cosine=self.hp.cosine)
-        k = min(self.hp.clusters, len(known))
-        points = similarity - similarity.mean(dim=1, keepdim=True) if self.hp.rows == "centered" else similarity
-        labels = kmeans(points, k, seed=self.ctx.rng(_KMEANS), init="k-means++").labels
-        labels = canonical_labels(labels)
+        labels = self.clustering(similarity, known)
         self.assign[known] = labels
         # Written into the kept matrix itself: a second (clients × clients) matrix was 800 MB at
         # 10,000 clients (#59).
@@ -316,6 +313,13 @@ class FCCA(_FCCAVariants, Method):
         means, present = cluster_average(self.client_heads[torch.from_numpy(known).to(self.heads.device)],
                                          torch.from_numpy(labels), weights, self.hp.clusters)
         self.heads[present] = means[present]
+
+    def clustering(self, similarity: torch.Tensor, known: np.ndarray) -> np.ndarray:
+        """Sec. 3.3: k-means with M clusters on the rows of D over the clients heard from, from
+        scratch every round (a diagnostic's subclass replaces it: benchmarks/fcca_told_groups.py)."""
+        k = min(self.hp.clusters, len(known))
+        points = similarity - similarity.mean(dim=1, keepdim=True) if self.hp.rows == "centered" else similarity
+        return canonical_labels(kmeans(points, k, seed=self.ctx.rng(_KMEANS), init="k-means++").labels)
 
     # ------------------------------------------------------------------ evaluation
 
