@@ -31,9 +31,10 @@ MLP: seconds) and raises AssertionError with what went wrong:
   (batchable methods)
 - check_new_clients_change_no_training: with new clients (scenario new_clients), placing them
   changes no state of the method and no byte the participants train
-- check_drift_resumes: with groups that change (scenario drift, two clients moved in round 3),
-  a run interrupted after any round's checkpoint (before the move, after it, after the last
-  round) resumes to byte-identical outputs
+- check_changing_clients_resume: with groups that change (scenario drift, two clients moved in
+  round 3) and clients away (scenario availability, two clients in rounds 2–3), a run interrupted
+  after any round's checkpoint (before the move, after it, after the last round) resumes to
+  byte-identical outputs
 
 A method makes its mechanism act within those few rounds by returning hyper-parameters from
 `Method.check_hyperparams(params)` (cluster from round 1, split early; e.g. CFL's warm-up of 1).
@@ -439,21 +440,22 @@ def check_new_clients_change_no_training(name: str, workdir: Path) -> None:
     pd.testing.assert_frame_equal(ours[[c for c in ours if not c.startswith("new_")]], theirs)
 
 
-def check_drift_resumes(name: str, workdir: Path) -> None:
-    """With scenario drift (two of the six clients move to the other group in round 3), a run
-    killed after the checkpoint of round 2 (the move still to come), of round 3 (to be applied
-    again) or of the last round (no round left to play) resumes to the bytes of an uninterrupted
-    one."""
+def check_changing_clients_resume(name: str, workdir: Path) -> None:
+    """With scenario drift (two of the six clients move to the other group in round 3) and
+    availability (two clients away in rounds 2–3), a run killed after the checkpoint of round 2
+    (the move still to come, the clients away), of round 3 (the move to be applied again) or of
+    the last round (no round left to play) resumes to the bytes of an uninterrupted one."""
     def with_drift(folder: str) -> Any:
         raw = spec_dict(Path(workdir) / folder, name)
         raw["scenarios"]["s"]["drift"] = [{"round": 3, "fraction": 0.34}]
+        raw["scenarios"]["s"]["availability"] = {"share": 0.34, "away": ROUNDS - 2}
         return parse_spec(raw)
 
     whole = with_drift("whole")
     train_run(whole, "s", name, 0, progress=False)
     for stop_after in (2, 3, ROUNDS):
         resumed = _killed_then_resumed(with_drift(f"killed{stop_after}"), name, stop_after)
-        same_bytes(whole.run_dir("s", name, 0), resumed)  # drift.parquet among the tables
+        same_bytes(whole.run_dir("s", name, 0), resumed)  # drift.parquet, availability.parquet among the tables
 
 
 def check_sampled_predictor(name: str, workdir: Path) -> None:
@@ -492,11 +494,11 @@ CHECKS: tuple[Callable[[str, Path], None], ...] = (
     check_k_rule, check_clients_use_only_what_they_were_sent, check_state_round_trip, check_sampled_predictor,
     check_batched_equals_sequential, check_determinism, check_resume, check_outputs_from_last_checkpoint,
     check_evaluation_does_not_change_training, check_streamed_means_equal_held_updates,
-    check_new_clients_change_no_training, check_drift_resumes)
+    check_new_clients_change_no_training, check_changing_clients_resume)
 # Checks that train whole runs (seconds each): pytest's `slow` mark in parametrize_with_checks.
 SLOW_CHECKS = (check_determinism, check_resume, check_outputs_from_last_checkpoint,
                check_evaluation_does_not_change_training, check_streamed_means_equal_held_updates,
-               check_new_clients_change_no_training, check_drift_resumes)
+               check_new_clients_change_no_training, check_changing_clients_resume)
 
 
 def check_method(name: str, workdir: Path) -> None:

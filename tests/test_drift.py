@@ -1,6 +1,6 @@
 """Groups that change (scenario drift): the partition's seeded moves, the data a moved client
 holds before and after, what a run reports of them, validate's lines for bad values. The
-conformance suite's check_drift_resumes runs every method across a move."""
+conformance suite's check_changing_clients_resume runs every method across a move."""
 
 from __future__ import annotations
 

@@ -233,6 +233,11 @@ class Run:
     def sample(self, round_index: int) -> np.ndarray:
         draw = rng(self.seed, round_index, 0x5A)
         k = self.training.clients_per_round
+        away = [gone for axis in self.axes if (gone := axis.away(round_index + 1)) is not None]
+        if away:  # clients kept away this round (scenario availability): drawn from those present
+            pool = np.arange(self.data.num_clients) if self.training_clients is None else self.training_clients
+            present = np.setdiff1d(pool, np.concatenate(away))
+            return np.sort(draw.choice(present, size=min(k, len(present)), replace=False))
         if self.training_clients is not None:  # held-out users never train
             return np.sort(draw.choice(self.training_clients, size=k, replace=False))
         return np.sort(draw.choice(self.data.num_clients, size=k, replace=False))
@@ -316,6 +321,8 @@ class Run:
                                    "bytes_up": bytes_up + self.ctx.extra_bytes_up}
             row.update(self.method.round_metrics())
             self.warn_if_exploding(row["train_loss"])
+            for axis in self.axes:
+                axis.after_round(self, r + 1)
             evaluated = self.training.is_evaluated(r + 1) or r + 1 in self.every_client_rounds
             if evaluated:
                 beat.at(r + 1, "evaluating")
@@ -459,6 +466,15 @@ class Run:
         # from the population: a sampled round estimates what full evaluations read
         return np.sort(rng(self.seed, round_number, 0x62).choice(m if self.population is None else self.population,
                                                                  wanted, replace=False))
+
+    def served_accuracy(self, clients: np.ndarray, round_number: int) -> np.ndarray:
+        """Each of `clients`' (sorted ids) accuracy on its own test split with what the method
+        serves it now: an axis's reading, written to no table of the run's."""
+        metrics = evaluate(self.ctx, self.method, self.data, self.training.eval_batch_size, self.seed, round_number,
+                           clients, train_split=False).tables["metrics"]
+        test = metrics["split"] == "test"
+        acc = dict(zip(np.asarray(metrics["client"])[test].tolist(), np.asarray(metrics["acc"])[test]))
+        return np.array([acc.get(int(c), np.nan) for c in clients], dtype=float)
 
     def evaluate(self, round_number: int) -> dict[str, Any]:
         clients = self.evaluation_sample(round_number)

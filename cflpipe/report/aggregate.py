@@ -61,6 +61,7 @@ import yaml
 
 from cflpipe import store
 from cflpipe.errors import CflpipeError
+from cflpipe.fl.axes import scenario_axes
 from cflpipe.spec import Spec, without_threads
 
 STD_DDOF = 1
@@ -72,11 +73,15 @@ AGGREGATE_FILES = ("runs.parquet", "curves.parquet", "summary.parquet", "summary
 # The evaluation axes' final figures (scenario keys new_clients and drift; NaN where a scenario has
 # none): new clients' accuracy and share placed with their group, the moved clients' accuracy at the
 # end, share placed with their new group, and rounds trained after a move until first so placed.
-AXIS_FIGURES = ("new_acc_macro", "new_joined", "moved_acc_macro", "drift_joined", "rounds_to_place")
+# The keyed axes' (fl/axes SCENARIO_AXES) come from summary.json under each axis's name.
+KEYED_AXIS_FIGURES = {figure: axis.name for axis in scenario_axes().values() for figure in axis.figures}
+AXIS_FIGURES = ("new_acc_macro", "new_joined", "moved_acc_macro", "drift_joined", "rounds_to_place",
+                *KEYED_AXIS_FIGURES)
 HEADLINE_FIGURES = {"acc": "acc_macro_mean", "ari": "ari_mean", "clusters": "n_clusters_mean",
                     "new_acc": "new_acc_macro_mean", "new_joined": "new_joined_mean",
                     "moved_acc": "moved_acc_macro_mean", "moved_joined": "drift_joined_mean",
-                    "rounds_to_place": "rounds_to_place_mean"}
+                    "rounds_to_place": "rounds_to_place_mean",
+                    **{figure: f"{figure}_mean" for figure in KEYED_AXIS_FIGURES}}
 # The figure drawn per round in plots.csv.
 PLOTTED_FIGURE = "acc_macro_mean"
 
@@ -329,6 +334,7 @@ def runs_frame(spec: Spec, runs: list[RunOutputs]) -> pd.DataFrame:
         }
         row.update({f: _float(final.get(f)) for f in figures})
         row["rounds_to_place"] = _rounds_to_place(r.summary.get("drift"))
+        row.update({f: _float((r.summary.get(axis) or {}).get(f)) for f, axis in KEYED_AXIS_FIGURES.items()})
         # The best round chosen on validation data (best_acc_macro: its test figure), or, without
         # a validation split, on the test data itself (best_test_acc_macro; a summary written
         # before the split existed called that best_acc_macro).

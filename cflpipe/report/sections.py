@@ -11,11 +11,12 @@ from typing import Any
 import pandas as pd
 
 from cflpipe import __version__
+from cflpipe.fl.axes import scenario_axes
 from cflpipe.partition import small_test_sets, small_validation_sets
 from cflpipe.report.figures import FigureBuilder
 from cflpipe.report.ranks import q_alpha, rank_methods
 from cflpipe.report.styles import FAMILY_TITLES
-from cflpipe.report.tables import (DASH, DRIFT_TABLES, NEW_CLIENT_TABLES, PaperTable, fixed, format_mean_std, is_reference, mark_best,
+from cflpipe.report.tables import (DASH, DRIFT_TABLES, NEW_CLIENT_TABLES, PaperTable, TableSpec, fixed, format_mean_std, is_reference, mark_best,
                                    paper_tables, seed_values, table_specs, verdict)
 from cflpipe.report.view import RANK_FIGURE, RANK_FIGURE_TITLE, AggregateView, find_sweeps
 from cflpipe.spec import TRAINING_KEYS, Training, spec_sha256
@@ -160,7 +161,9 @@ class Sections:
                     ("seeds", ", ".join(str(k) for k in view.spec.seeds)),
                     ("scenario hyperparams", _kv_text(sc.hyperparams)),
                     *((("new clients", held_out_text(sc)),) if axes["new"] else ()),
-                    *((("groups that change", moves_text(sc)),) if axes["drift"] else ())):
+                    *((("groups that change", moves_text(sc)),) if axes["drift"] else ()),
+                    *((axis.title, "none" if getattr(sc, key) is None else axis.describe(getattr(sc, key), sc.participants))
+                      for key, axis in keyed_axes(view.spec).items())):
                 settings.setdefault(what, []).append(str(value) + self._tuned_here(s, what))
         methods = []
         for m in view.methods:
@@ -284,6 +287,7 @@ class Sections:
             specs += NEW_CLIENT_TABLES
         if any(sc.drift is not None for sc in view.spec.scenarios.values()):
             specs += DRIFT_TABLES
+        specs += tuple(TableSpec(*table) for axis in keyed_axes(view.spec).values() for table in axis.tables)
         tables = paper_tables(view.per_seed, list(view.spec.scenarios), view.methods, view.method_types,
                               ari_methods=view.clustering_methods(), tables=specs,
                               method_labels=view.method_labels, scenario_labels=view.scenario_labels,
@@ -621,6 +625,12 @@ def _utc(stamp: str) -> str:
 def _hp_text(hyperparams: str) -> str:
     hp = json.loads(hyperparams) if hyperparams else {}
     return ", ".join(f"{k}={v}" for k, v in hp.items()) or DASH
+
+
+def keyed_axes(spec) -> dict:
+    """The keyed evaluation axes (fl/axes SCENARIO_AXES) some scenario of the spec names."""
+    return {key: axis for key, axis in scenario_axes().items()
+            if any(getattr(sc, key) is not None for sc in spec.scenarios.values())}
 
 
 def held_out_text(sc) -> str:

@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from cflpipe.errors import SpecError
+from cflpipe.fl.axes import scenario_axes
 from cflpipe.spec._errors import _format_error, _short, errors_to_lines
 from cflpipe.spec._models import MODEL_NAMES, TRAINING_KEYS, Scenario, Training, evaluated_clients, merge_training
 from cflpipe.spec._spec import Spec
@@ -322,6 +323,10 @@ def _check_training(spec: Spec, data: dict, scenario: str, method: str | None) -
             where = next((w for w, layer in reversed(layers) if "rounds" in layer), "training")
             found.append(f"scenarios.{scenario}.drift[{index}].round: must be <= the rounds of its runs "
                          f"({where}.rounds: {training.rounds}), got {event.round}")
+    for key, axis in scenario_axes().items():
+        if (settings := getattr(sc, key)) is not None:
+            where = next((w for w, layer in reversed(layers) if "rounds" in layer), "training")
+            found += axis.check(settings, f"scenarios.{scenario}.{key}", training.rounds, where)
     if sc.participants >= 1 and training.clients_per_round > sc.participants:
         where = next((w for w, layer in reversed(layers) if "clients_per_round" in layer), "training")
         of = f" less its {sc.new_client_count()} new clients" if sc.new_clients is not None else ""

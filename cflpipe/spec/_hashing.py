@@ -3,6 +3,7 @@ without its thread count."""
 
 from __future__ import annotations
 
+from cflpipe.fl.axes import scenario_axes
 from cflpipe.spec._models import LATER_TRAINING_DEFAULTS, TRAINING_NOT_IN_RUN, same_trainer_as_sequential
 from cflpipe.spec._spec import Spec
 from cflpipe.spec._yaml import dump_yaml
@@ -29,6 +30,10 @@ def spec_sha256(spec: Spec) -> str:
         if data["training"].get(key) == default:
             data["training"].pop(key)
     data["training"] = same_trainer_as_sequential(data["training"])
+    for entry in data["scenarios"].values():
+        for axis in scenario_axes():  # added later: a scenario without one keeps its hash
+            if entry.get(axis) is None:
+                entry.pop(axis, None)
     for key in ("scenarios", "methods"):
         for entry in data[key].values():
             entry.pop("label", None)

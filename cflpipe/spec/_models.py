@@ -3,13 +3,15 @@ method entries. No torch: model names are checked as names only."""
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import re
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
+from cflpipe.fl.axes import scenario_axes
 from cflpipe.spec._errors import _short
 
 # Upper bound of counts a spec sets (rounds, clients, devices, restarts): far beyond any real
@@ -563,6 +565,9 @@ class Scenario(Strict):
             data.pop("new_clients", None)
         if data.get("drift") is None:
             data.pop("drift", None)
+        for key in scenario_axes():
+            if data.get(key) is None:
+                data.pop(key, None)
         for step in data["partition"]:
             for key, default in LATER_STEP_DEFAULTS.get(step.get("kind"), {}).items():
                 if step.get(key) == default:
@@ -597,6 +602,18 @@ class Scenario(Strict):
 
     def step(self, kind: str):
         return next((s for s in self.partition if s.kind == kind), None)
+
+
+def _with_keyed_axes(base: type[Scenario]) -> type[Scenario]:
+    """The scenario with a field for each evaluation axis that has a key of its own
+    (fl/axes SCENARIO_AXES): its settings, or null without it."""
+    fields: dict[str, Any] = {
+        key: (cls.Settings | None, Field(None, description=inspect.getdoc(cls).split("\n\n")[0].replace("\n", " ")))
+        for key, cls in scenario_axes().items()}
+    return create_model("Scenario", __base__=base, __module__=__name__, **fields)
+
+
+Scenario = _with_keyed_axes(Scenario)
 
 
 class MethodEntry(BaseModel):

@@ -8,33 +8,47 @@ naming one:
 - `attach(run)` once the method exists (what it places new clients through);
 - `at_round(n)` before round n trains, and on resume with the rounds already trained (drift
   applies its moves);
+- `away(n)`: the clients round n may not sample (availability's);
+- `after_round(run, n)` once round n's server step is done, before the run's own evaluation of
+  it (availability evaluates the few clients it follows there);
 - `evaluate(run, round_number, clients, result)` at each evaluation: its figures (rounds.parquet)
   and its rows of `<name>.parquet`, or None where it says nothing that round;
 - `summary(run)`: what it adds to summary.json.
 
-A third axis subclasses Axis, is built in `axes_of`, and adds its report tables under its figures'
-names (report/tables.py)."""
+An axis a scenario names by a key of its own arrives as one module and one line of SCENARIO_AXES
+below: its class gives the key, its settings' pydantic model (`Settings`: the scenario's field,
+validated with the spec), `check` (validate's lines against the runs' rounds), `describe` (the
+report's setup line), the summary figures it writes under its name (`figures`: into runs.parquet
+and summary.parquet) and its report tables (`tables`). Such a module imports no torch and nothing
+of the run: validate reads it, and what it needs of a run it asks `run` for (`run.served_accuracy`)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import importlib
+from functools import cache
+from typing import Any
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from cflpipe.fl.evaluation import Evaluation
-
-# `run` below is the engine's Run (fl/engine.py), which imports this package: named in words, not
-# imported, so the two do not import each other.
+# `run` below is the engine's Run (fl/engine.py), which imports this package, and `result` an
+# evaluation's figures and tables (fl/evaluation.py): named in words, not imported, so that the
+# spec can read the keyed axes' settings without importing the run.
 Run = Any
+Evaluation = Any
 
-
-# Every axis's table name: no method's own table may take one (a run without that axis too).
-AXIS_TABLES = ("newcomers", "drift")
+# The axes a scenario names by a key of its own: one module each (module:Class).
+SCENARIO_AXES = ("cflpipe.fl.axes.availability:Availability",)
 
 
 class Axis:
-    name: str = ""  # its table: <name>.parquet in the run's folder
+    name: str = ""  # its table: <name>.parquet in the run's folder (a keyed axis: its module's name)
+    # A keyed axis's scenario key, its settings' model, summary figures and report tables
+    # (name, title, figure, scale, digits, direction: report/tables.py's TableSpec).
+    key: str = ""
+    title: str = ""  # its row in the report's setup table
+    Settings: Any = None
+    figures: tuple[str, ...] = ()
+    tables: tuple[tuple, ...] = ()
     # The 1-based rounds it needs evaluated over every client, whatever eval_every says.
     every_client_rounds: frozenset[int] = frozenset()
 
@@ -47,6 +61,13 @@ class Axis:
     def at_round(self, round_number: int) -> None:
         """Before 1-based round `round_number` trains (on resume: the last trained round)."""
 
+    def away(self, round_number: int) -> np.ndarray | None:
+        """The clients 1-based round `round_number` may not sample (None: no one kept away)."""
+        return None
+
+    def after_round(self, run: "Run", round_number: int) -> None:
+        """Once round `round_number`'s server step is done, before the run evaluates it."""
+
     def evaluate(self, run: "Run", round_number: int, clients: np.ndarray | None,
                  result: "Evaluation") -> tuple[dict[str, Any], dict[str, np.ndarray]] | None:
         """At an evaluation that read `clients` (None: every client; `result` its participants'
@@ -57,16 +78,37 @@ class Axis:
         return {}
 
 
+@cache
+def scenario_axes() -> dict[str, type[Axis]]:
+    """The keyed axes (SCENARIO_AXES) by their scenario key."""
+    classes = []
+    for reference in SCENARIO_AXES:
+        module, name = reference.split(":")
+        cls = getattr(importlib.import_module(module), name)
+        assert cls.name == module.rsplit(".", 1)[1], f"{reference}: its name must be its module's (AXIS_TABLES)"
+        classes.append(cls)
+    return {cls.key: cls for cls in classes}
+
+
+# Every axis's table name: no method's own table may take one (a run without that axis too).
+AXIS_TABLES = ("newcomers", "drift", *(reference.split(":")[0].rsplit(".", 1)[1] for reference in SCENARIO_AXES))
+
+
 def axes_of(run: "Run") -> list[Axis]:
     """The axes of the run's scenario, in a fixed order (new clients change which clients the run
-    has; drift moves some of those)."""
+    has; drift moves some of those; the keyed axes, in SCENARIO_AXES' order, see the clients
+    that are left)."""
     from cflpipe.fl.axes.drift import Drift
     from cflpipe.fl.axes.newcomers import NewClients
 
     axes: list[Axis] = []
-    share = run.resolved.config["scenario_spec"].get("new_clients")
+    scenario = run.resolved.config["scenario_spec"]
+    share = scenario.get("new_clients")
     if share is not None:
         axes.append(NewClients(share))
     if run.data.moves:
         axes.append(Drift())
+    for key, cls in scenario_axes().items():
+        if scenario.get(key) is not None:
+            axes.append(cls(cls.Settings.model_validate(scenario[key], strict=False)))
     return axes
