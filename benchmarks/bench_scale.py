@@ -37,20 +37,20 @@ from pathlib import Path
 sys.path.insert(0, {root!r})
 import numpy as np, pandas as pd, torch
 torch.set_num_threads(1)
-from cflpipe.fl import engine
+from cflpipe.fl import resume
 from cflpipe.fl.checkpoint import state_bytes
 from cflpipe.fl.engine import train_run
 from cflpipe.spec import parse_spec
 case = json.loads({case!r})
 checkpoints = []  # (seconds, bytes written) of each checkpoint
-write_state = engine.write_state
+write_state = resume.write_state
 def written():
     return int(next(line for line in open("/proc/self/io") if line.startswith("wchar")).split()[1])
 def timed_write_state(path, state):
     before, start = written(), time.perf_counter()
     write_state(path, state)
     checkpoints.append((time.perf_counter() - start, written() - before))
-engine.write_state = timed_write_state
+resume.write_state = timed_write_state
 with tempfile.TemporaryDirectory() as tmp:
     spec = parse_spec({{
         "seeds": [0],

@@ -55,12 +55,12 @@ REASONS: dict[str, str] = {
     "checked on a GPU machine, docs/performance.md).",
     "cflpipe.fl.engine.xǁRunǁsetup": "The CUDA branch (deterministic algorithms) and the field path of an error "
     "message for a model that does not exist, which the spec's validation refuses first.",
-    "cflpipe.fl.engine.xǁRunǁheld_out_check": "Outside this pass's selection: tests/test_leaf_files.py and "
+    "cflpipe.fl.sampling.x_training_clients": "Outside this pass's selection: tests/test_leaf_files.py and "
     "tests/test_small_test_sets.py check it (the latter joined the selection after the pass).",
     "cflpipe.fl.engine.xǁRunǁevaluate": "Partly equivalent (predicting all rows or only the members' gives the same "
     "predictions; the sampled models' seed constant is another valid stream); the rest, inverted accuracies and "
     "dropped figures, are killed by test_evaluation_figures_equal_a_computation_by_hand (added after the pass).",
-    "cflpipe.fl.engine.xǁRunǁwrite_outputs": "Mostly the types of nullable integer columns and keys of timing.json "
+    "cflpipe.fl.outputs.x_write_outputs": "Mostly the types of nullable integer columns and keys of timing.json "
     "(volatile, never compared); the summary's names are tested.",
     "cflpipe.methods.fcca.xǁFCCAǁflow_plan": "Killed by tests/test_fcca.py run whole but not within the 5 s "
     "budget (the flow's plans train a normalizing flow per client); the augmentation seed's parts give another "
@@ -260,7 +260,7 @@ REASONS: dict[str, str] = {
     "cflpipe.partition.arrays.x_client_transforms":
         "Equivalent: `astype(None)` makes the keys floats, which equal and hash like the integer clients "
         "client_arrays looks up.",
-    "cflpipe.fl.engine.xǁRunǁsample":
+    "cflpipe.fl.sampling.x_sample":
         "The held-out branch (LEAF's user-level split, sampling only the clients with training samples) "
         "was reached by no fast test: its dropped or None arguments and `replace=True` are killed by "
         "test_sampling_among_the_clients_that_train_draws_distinct_ones_each_round (added after the "
@@ -272,7 +272,7 @@ REASONS: dict[str, str] = {
         "change no output file; `skipped=None` reads as False in RunResult.message, its only use. "
         "`skipped=True` for a run just trained is killed by "
         "test_a_finished_run_is_skipped_only_unforced_and_for_the_same_config (added after the pass).",
-    "cflpipe.fl.engine.xǁRunǁtry_resume":
+    "cflpipe.fl.resume.x_try_resume":
         "Killed by tests added after the pass, each mutant checked by hand: a mid-run checkpoint taken "
         "for a problem (`or` for `and`, `get(None)`), never resumed (`get(None) !=`, `==`), or its empty "
         "metrics table read back without a default list (`defaultdict(None, …)`) by "
@@ -305,12 +305,12 @@ REASONS: dict[str, str] = {
         "left out loads a CPU-written checkpoint to the CPU all the same; it matters only for a "
         "checkpoint written on a GPU and resumed without one, which no test does (a gap, left: needs a "
         "GPU).",
-    "cflpipe.fl.engine.x__frame":
+    "cflpipe.fl.outputs.x__frame":
         "`columns.get(None, [])` (every output table empty) is killed by "
         "test_evaluation_figures_equal_a_computation_by_hand (added after the pass). Equivalent: the "
         "default for a missing column (None, or left out) is never used: every run evaluates at its last "
         "round, which extends every column of the metrics and clusters schemas.",
-    "cflpipe.fl.engine.x__plain":
+    "cflpipe.fl.outputs.x__plain":
         "NaN figures written into summary.json as NaN (not JSON) instead of null: killed by "
         "test_summary_figures_that_are_nan_are_written_as_null (added after the pass).",
     "cflpipe.fl.engine.xǁRunǁ__init__":
@@ -319,7 +319,7 @@ REASONS: dict[str, str] = {
     "cflpipe.fl.engine.xǁRunǁcheck_trained":
         "`>=` for `>` at exactly half the updates skipped: killed by "
         "test_a_run_fails_when_more_than_half_its_updates_were_skipped (added after the pass).",
-    "cflpipe.fl.engine.xǁRunǁsave_state":
+    "cflpipe.fl.resume.x_save_state":
         "Every checkpoint cut down (`or`, `or True`: a mid-run one then restarts the run) and the last "
         "one keeping the client tables (`and False`): killed by "
         "test_a_resume_before_the_first_evaluation_equals_an_uninterrupted_run (added after the pass).",

@@ -11,7 +11,8 @@ from concurrent.futures import ProcessPoolExecutor
 
 
 from cflpipe.fl.plan import Trained, trained_into
-from cflpipe.fl.trainers import Trainer, portable_module, train_pickled
+from cflpipe.fl.processes import portable_module, train_pickled
+from cflpipe.fl.trainers import Trainer
 
 
 class ProcessTrainer(Trainer):

@@ -164,7 +164,7 @@ def test_a_run_with_a_model_per_client_writes_the_sampled_clients_rows_and_resum
         tmp_path, monkeypatch, record_start_rounds):
     """Ditto keeps a personal model per client (8 × 221 kB, one row per block); with 2 clients
     sampled a round, a checkpoint writes their 2 rows and nothing else of that table."""
-    from cflpipe.fl import engine
+    from cflpipe.fl import resume
     from cflpipe.fl.engine import train_run
     from cflpipe.spec import parse_spec
 
@@ -177,7 +177,7 @@ def test_a_run_with_a_model_per_client_writes_the_sampled_clients_rows_and_resum
             "methods": {"ditto": {}}, "results_dir": str(results)})
 
     new_blocks = []
-    write_state = engine.write_state
+    write_state = resume.write_state
 
     def record(path, state):
         before = set(blocks(path))
@@ -185,7 +185,7 @@ def test_a_run_with_a_model_per_client_writes_the_sampled_clients_rows_and_resum
         new_blocks.append(len(set(blocks(path)) - before))
 
     with monkeypatch.context() as patch:
-        patch.setattr(engine, "write_state", record)
+        patch.setattr(resume, "write_state", record)
         run_dir = train_run(spec(tmp_path / "a"), "s", "ditto", 0, progress=False).run_dir
     # round 1: the 2 trained personal models and the 6 untrained ones (equal: one block); then
     # the 2 sampled clients' rows a round (the global model, 1-D, is inside state.pt)

@@ -807,7 +807,7 @@ def test_the_exploding_loss_warning_compares_with_ten_times_the_first_finite_los
 
 def test_summary_figures_that_are_nan_are_written_as_null():
     # summary.json is read as strict JSON (the report, jq): NaN is not JSON.
-    from cflpipe.fl.engine import _plain
+    from cflpipe.fl.outputs import _plain
 
     assert _plain(float("nan")) is None and _plain(np.float64("nan")) is None
     assert _plain(np.float32(0.5)) == 0.5 and _plain(np.int64(3)) == 3 and _plain(pd.NA) is None

@@ -972,7 +972,7 @@ def test_a_checkpoint_that_names_a_trainer_giving_the_same_bytes_resumes(tmp_pat
 
 
 def test_work_is_cut_into_contiguous_shards_of_about_equal_cost():
-    from cflpipe.fl.trainers import _shards
+    from cflpipe.fl.processes import shard_indices as _shards
 
     assert _shards([1] * 5, 2) == [[0, 1, 2], [3, 4]]
     assert _shards([8, 1, 1, 1, 1], 2) == [[0], [1, 2, 3, 4]]

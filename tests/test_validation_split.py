@@ -11,7 +11,8 @@ import pandas as pd
 import pytest
 
 from cflpipe.errors import SpecError
-from cflpipe.fl.engine import best_round, train_run
+from cflpipe.fl.engine import train_run
+from cflpipe.fl.outputs import best_round
 from cflpipe.partition import build_partition, client_indices
 from cflpipe.spec import Scenario, parse_spec
 

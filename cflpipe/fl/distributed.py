@@ -30,7 +30,8 @@ from datetime import timedelta
 import torch
 
 from cflpipe.fl.plan import Trained
-from cflpipe.fl.trainers import Trainer, _shards, portable_module, returned, train_items
+from cflpipe.fl.processes import portable_module, returned, shard_indices, train_items
+from cflpipe.fl.trainers import Trainer
 from cflpipe.fl.work import pickled_together
 
 # A rank waits for rank 0 while it runs a round's server step and evaluation, or runs that do
@@ -96,7 +97,7 @@ class DistributedTrainer(Trainer):
             return [self.one(spaces, item) for item in items]
         join()
         _JOB["used"] = True
-        shards = _shards([item.steps * item.batch_size for item in items], self.world)
+        shards = shard_indices([item.steps * item.batch_size for item in items], self.world)
         names = tuple(sorted({item.network for item in items}))
         if names not in self._networks:
             self._networks[names] = (next(_KEYS), pickle.dumps({n: portable_module(spaces[n].model) for n in names}))

@@ -5,12 +5,9 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 import sys
 import time
 from collections import defaultdict
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,9 +15,7 @@ import pandas as pd
 import torch
 
 from cflpipe.errors import DivergenceError, SpecError
-from cflpipe.fl.checkpoint import STATE_HASH_FILE, adopt_previous, read_state, rows_folder, write_state
 from cflpipe.fl.data import FederatedData
-from cflpipe.fl.diagnosis import Degeneration, diagnose_clustering
 from cflpipe.fl.heartbeat import Heartbeat
 from cflpipe.fl.axes import AXIS_TABLES, axes_of
 from cflpipe.fl.evaluation import evaluate, evaluated_population, train_split_clients
@@ -28,21 +23,18 @@ from cflpipe.fl.method import (Context, Method, Payload, Update, WeightedSum, di
                                client_work, receive, streams_means)
 from cflpipe.fl.plan import Results
 from cflpipe.fl.params import ParamSpace
-from cflpipe.fl.trainer_choice import AutoTrainer, build_trainer
-from cflpipe.fl.runs import (LOCK_FILE, OUTPUT_FILES, ResolvedRun, checkpoint_of, config_differences, read_json, remove_empty,
-                             resolve_device, resolve_run, run_provenance, same_run, state_folders,
-                             volatile_provenance)
+from cflpipe.fl.outputs import STANDARD_TABLES, write_outputs
+from cflpipe.fl.resume import discard_state, save_state, try_resume
+from cflpipe.fl.sampling import sample, training_clients
+from cflpipe.fl.trainer_choice import build_trainer
+from cflpipe.fl.runs import (LOCK_FILE, OUTPUT_FILES, ResolvedRun, RunResult, read_json, remove_empty, resolve_device, resolve_run,
+                             same_run, state_folders)
 from cflpipe.registry import method_info
 from cflpipe.models import build_model
 from cflpipe.seeds import rng
 from cflpipe.spec import Spec, Training
 from cflpipe import store
 
-# DVC cannot read Parquet: these evaluation figures are also written to plots.csv for `dvc plots`.
-PLOT_COLUMNS = ("round", "acc_macro", "acc_micro", "global_acc_mean", "loss", "train_loss", "ari", "nmi",
-                "n_clusters", "intra_acc", "inter_acc", "val_acc_macro")
-
-STANDARD_TABLES = ("metrics", "clusters", "rounds", "timing")
 # Whether this process has trained a round yet: its first pays one-time costs (allocations, first
 # kernels, lazy imports), which made a job's first run (FedAvg in most specs) look slowest.
 _process_warm = False
@@ -51,59 +43,11 @@ _process_warm = False
 # evaluation round in its per-round time (FedAvg 0.14 s a round against 0.07 in the same job).
 _process_evaluated = False
 PER_RUN_WARMUP_TRAINERS = ("processes", "distributed")
-METRICS_SCHEMA = {"round": "int32", "client": "int32", "split": "str", "model": "int32", "group": "int32",
-                  "acc": "float64", "loss": "float64", "f1": "float64", "n": "int64"}
-CLUSTERS_SCHEMA = {"round": "int32", "client": "int32", "cluster": "int32", "true_group": "int32"}
-# Integer figures of rounds.parquet; nullable because evaluation figures exist only on
-# evaluation rounds. Every other column is float64 (or a method's own list column).
 # A run with more than this share of its sampled clients' updates skipped as diverged fails.
 MAX_SKIPPED_SHARE = 0.5
 # A round's mean training loss this many times the first round's prints a warning.
 EXPLODING_FACTOR = 10.0
-ROUNDS_INTEGERS = ("round", "sampled", "skipped", "bytes_down", "bytes_up", "n_clusters", "singleton_clients",
-                   "models", "global_models", "global_rows", "evaluated_clients", "train_evaluated_clients")
 
-
-@dataclass(frozen=True)
-class RunResult:
-    run_dir: Path
-    skipped: bool
-    summary: dict[str, Any]
-
-    @property
-    def message(self) -> str:
-        return self.says("acc_macro", "personalized acc")
-
-    def says(self, figure: str, name: str) -> str:
-        """What a finished run prints: its folder and its final `figure` (a tuning trial's: its
-        validation accuracy, the figure it is judged by)."""
-        verb = "already finished (use --force to re-run)" if self.skipped else "finished"
-        value = self.summary.get("final", {}).get(figure)
-        figures = f": {name} {value:.4f}" if isinstance(value, float) and value == value else ""
-        return f"{self.run_dir}: {verb}{figures}"
-
-
-def best_round(full: pd.DataFrame) -> dict[str, Any]:
-    """The best of the full evaluations (a sampled one's figure is an estimate from fewer
-    clients), chosen on validation data where the scenario has a validation split: its round,
-    its test acc_macro (`best_acc_macro`) and its val_acc_macro; without one the best test
-    acc_macro, a choice made on test data, is named for what it is (`best_test_acc_macro`).
-    The first of equal rounds wins."""
-    on_validation = "val_acc_macro" in full.columns
-    column = "val_acc_macro" if on_validation else "acc_macro"
-    scores = full[column].to_numpy(dtype=float) if len(full) else np.empty(0)
-    if not len(scores) or np.isnan(scores).all():
-        row = None
-    else:
-        row = full.iloc[int(np.nanargmax(scores))]
-    if not on_validation:
-        return {"best_test_acc_macro": None if row is None else _plain(row["acc_macro"]),
-                "best_round": None if row is None else int(row["round"]), "best_selected_on": "test"}
-    # a run that reads no test split (training.eval_test false) has no test figure to name
-    tested = "acc_macro" in full.columns
-    return {**({"best_acc_macro": None if row is None else _plain(row["acc_macro"])} if tested else {}),
-            "best_val_acc_macro": None if row is None else _plain(row["val_acc_macro"]),
-            "best_round": None if row is None else int(row["round"]), "best_selected_on": "validation"}
 
 
 def train_run(spec: Spec, scenario: str, method: str, seed: int, force: bool = False,
@@ -192,7 +136,8 @@ class Run:
                                      compiled=self.training.compile, recorded=self.resolved.trainer_choices)
         self.ctx = Context(self.data, self.space, self.training, hp, self.seed, self.space.read(),
                            self.scenario, self.method_name, self.trainer)
-        self.training_clients = self.held_out_check(info)
+        self.training_clients = training_clients(self.data, self.training, info.capabilities, self.method_name,
+                                                 self.scenario, self.resolved.key_path("clients_per_round"))
         # the clients a full evaluation reads (training.full_eval_clients; None: every client)
         self.population = evaluated_population(self.data, self.training, self.seed)
         self.ctx.population = self.population
@@ -206,41 +151,10 @@ class Run:
         self._warned_exploding = False
         self.start_round = 0
 
-    def held_out_check(self, info) -> np.ndarray | None:
-        """The clients with training samples when some have none (LEAF's user-level split, kept
-        with `holdout: dataset`), else None. Users who never train are evaluated with the model
-        every client shares, so only methods with one global model can run such a scenario."""
-        sizes = self.data.train.sizes()
-        if (sizes > 0).all():
-            return None
-        training = np.flatnonzero(sizes > 0)
-        held_out = self.data.num_clients - len(training)
-        caps = info.capabilities
-        if caps.clustered or caps.personalized:
-            kind = "its clusters' models" if caps.clustered else "models of their own"
-            raise SpecError(f"methods.{self.method_name}: scenario {self.scenario} holds {held_out} clients that "
-                            f"never train (users only in the dataset's test files, LEAF's user-level split); "
-                            f"{self.method_name} evaluates clients with {kind}, so it has no model for them. "
-                            f"Use a method with one global model (e.g. fedavg, fedprox), leave the scenario out "
-                            f"of methods.{self.method_name}.scenarios, or use LEAF's sample-level split")
-        if self.training.clients_per_round > len(training):
-            where = self.resolved.key_path("clients_per_round")
-            raise SpecError(f"{where}: {self.training.clients_per_round}, but scenario {self.scenario} has "
-                            f"{len(training)} clients with training samples ({held_out} only test); at most "
-                            f"{len(training)}")
-        return training
-
     def sample(self, round_index: int) -> np.ndarray:
-        draw = rng(self.seed, round_index, 0x5A)
-        k = self.training.clients_per_round
         away = [gone for axis in self.axes if (gone := axis.away(round_index + 1)) is not None]
-        if away:  # clients kept away this round (scenario availability): drawn from those present
-            pool = np.arange(self.data.num_clients) if self.training_clients is None else self.training_clients
-            present = np.setdiff1d(pool, np.concatenate(away))
-            return np.sort(draw.choice(present, size=min(k, len(present)), replace=False))
-        if self.training_clients is not None:  # held-out users never train
-            return np.sort(draw.choice(self.training_clients, size=k, replace=False))
-        return np.sort(draw.choice(self.data.num_clients, size=k, replace=False))
+        return sample(self.seed, round_index, self.training.clients_per_round, self.data.num_clients,
+                      self.training_clients, away)
 
     # ------------------------------------------------------------------ loop
 
@@ -503,160 +417,17 @@ class Run:
             self.extend(name, columns)
         return result.figures
 
-    # ------------------------------------------------------------------ state
+    # ------------------------------------------------------------------ state and outputs (fl/resume.py,
+    # fl/outputs.py; methods here so that a test can stop a run at either)
 
     def save_state(self, round_number: int) -> None:
-        # A run resumed after its last round plays no round: its outputs come from the tables
-        # alone. So the last checkpoint leaves out the models and the method's state (nearly all
-        # of its size) unless training.keep_state asks for them.
-        final = round_number == self.training.rounds and not self.training.keep_state
-        state = {
-            "round": round_number,
-            "config": self.config_text,
-            "method": None if final else self.method.state_dict(),
-            "clients": None if final else self.ctx.clients.state_dict(),
-            "tables": {name: dict(cols) for name, cols in self.tables.items()},
-            "trainer": self.trainer.state_dict(),
-        }
-        write_state(self.state_path, state)
-
-    @property
-    def hash_path(self) -> Path:
-        return self.state_path.with_name(STATE_HASH_FILE)
+        save_state(self, round_number)
 
     def discard_state(self) -> None:
-        """Remove the checkpoint (state.pt, a folder in its place included), its digests and row
-        blocks: what remains of a checkpoint is then always the one its digests vouch for."""
-        if self.state_path.is_dir():
-            shutil.rmtree(self.state_path)
-        else:
-            self.state_path.unlink(missing_ok=True)
-        self.hash_path.unlink(missing_ok=True)
-        shutil.rmtree(rows_folder(self.state_path), ignore_errors=True)
+        discard_state(self)
 
     def try_resume(self) -> None:
-        if not self.state_path.exists():
-            return
-        if self.state_path.is_dir():  # not ours to have made: said, then cleared like a damaged file
-            print(f"warning: {self.state_path}: a folder, not a checkpoint; starting the run afresh", file=sys.stderr)
-            self.discard_state()
-            return
-        state, problem = read_state(self.state_path)
-        previous = problem is None and state.pop("__previous__", False)
-        if problem is None and checkpoint_of(state.get("config"), self.config_text) and state.get("method") is None \
-                and int(state["round"]) != self.training.rounds:
-            problem = "a checkpoint without models before the last round"  # cannot be written
-        if problem is not None:
-            print(f"warning: {self.state_path}: {problem}; starting the run afresh", file=sys.stderr)
-            self.discard_state()
-            return
-        if not checkpoint_of(state.get("config"), self.config_text):
-            # the spec changed (or the thread count, whose sums differ in the last bits): the old
-            # state does not belong to this run
-            changed = config_differences(str(state.get("config")), self.config_text)
-            print(f"warning: {self.state_path}: a checkpoint of another configuration (differs in "
-                  f"{', '.join(changed[:5])}{', …' if len(changed) > 5 else ''}); starting the run afresh",
-                  file=sys.stderr)
-            return
-        if previous:
-            adopt_previous(self.state_path)
-            print(f"warning: {self.state_path}: the last checkpoint's save was interrupted; resuming from "
-                  f"the one before it (round {int(state['round'])})", file=sys.stderr)
-        if state["method"] is not None:  # None: the last round's cut-down checkpoint, no round to play
-            self.method.load_state_dict(state["method"])
-            self.ctx.clients.load_state_dict(state["clients"])
-        self.tables = {name: defaultdict(list, cols) for name, cols in state["tables"].items()}
-        self.trainer.load_state_dict(state.get("trainer") or {})  # absent from checkpoints before auto measured
-        self.start_round = int(state["round"])
-
-    # ------------------------------------------------------------------ outputs
-
-    def degeneration(self, rounds: pd.DataFrame) -> Degeneration | None:
-        """What a clustered method's clustering came to when it is none (fl/diagnosis.py): one
-        cluster throughout or at the end, one per client, or its gate kept it from clustering;
-        None when it clustered, asked for one cluster (K = 1), or is no clustered method (Oracle
-        is told the groups)."""
-        capabilities = self.method.capabilities
-        if not capabilities.clustered or capabilities.needs_groups:
-            return None
-        if capabilities.k_param and getattr(self.method.hp, capabilities.k_param, None) == 1:
-            return None
-        found = diagnose_clustering(rounds, self.data.num_clients, self.method.gate_note(rounds),
-                                    self.data.num_groups, capabilities.soft, self.method.collapse_note(rounds))
-        if found is not None and (hint := self.method.clustering_hint(rounds, found.kind)):
-            found = Degeneration(found.kind, f"{found.line}; {hint}")
-        return found
+        try_resume(self)
 
     def write_outputs(self) -> dict[str, Any]:
-        d = self.run_dir
-        metrics = _frame(self.tables["metrics"], METRICS_SCHEMA)
-        clusters = _frame(self.tables["clusters"], CLUSTERS_SCHEMA)
-        rounds = pd.DataFrame(dict(self.tables["rounds"]))
-        for column in rounds.columns:
-            if column in ROUNDS_INTEGERS:
-                rounds[column] = rounds[column].astype("Int64")
-            elif rounds[column].map(lambda v: v is None or isinstance(v, (int, float))).all():
-                rounds[column] = rounds[column].astype("float64")
-        timing = pd.DataFrame(dict(self.tables["timing"]))
-        evals = rounds.dropna(subset=["acc_macro" if self.training.eval_test else "val_acc_macro"])
-        final = {k: _plain(evals[k].iloc[-1]) for k in evals.columns} if len(evals) else {}
-        summary = {
-            "scenario": self.scenario, "method": self.method_name, "method_type": self.config["method_type"],
-            "seed": self.seed, "rounds": self.training.rounds, "clients": self.data.num_clients,
-            "final": final,
-            **best_round(self.full_evaluations(evals)),
-            "bytes_down_total": int(rounds["bytes_down"].sum()),
-            "bytes_up_total": int(rounds["bytes_up"].sum()),
-            "degenerate": None, "degenerate_kind": None,
-        }
-        for axis in self.axes:
-            summary.update(axis.summary(self))
-        if (degeneration := self.degeneration(rounds)) is not None:
-            summary.update(degeneration.as_summary())
-            print(f"warning: {self.scenario}/{self.method_name}/seed{self.seed}: {self.method_name} "
-                  f"{summary['degenerate']}", file=sys.stderr)
-        summary["provenance"] = run_provenance(self.config, self.training)
-        # Per-round means leave out the rounds that were a process's first (a resumed run can hold
-        # two), unless nothing else is left; those rounds' seconds are reported apart.
-        warmup = timing["warmup"].astype(bool) if "warmup" in timing else pd.Series(False, index=timing.index)
-        steady = timing[~warmup] if len(timing) > int(warmup.sum()) else timing
-        timing_summary = {"seconds_total": float(timing["seconds"].sum()),
-                          "seconds_per_round": float(steady["seconds"].mean()),
-                          "server_seconds_per_round": float(steady["server_seconds"].mean()),
-                          "warmup_round_seconds": float(timing.loc[warmup, "seconds"].sum()),
-                          "device": str(self.device), "trainer": self.trainer.name,
-                          # plans each path trained in this process (a resumed run counts its part)
-                          "plans_trained": dict(self.trainer.counts),
-                          # auto on a CPU: which trainer each shape of plans went to, and why
-                          **({"auto_choices": self.trainer.choices} if isinstance(self.trainer, AutoTrainer) else {}),
-                          **volatile_provenance(self.run_dir),
-                          "spec_sha256": self.resolved.spec_sha256}
-        store.write_parquet(d / "metrics.parquet", metrics)
-        store.write_parquet(d / "clusters.parquet", clusters)
-        store.write_parquet(d / "rounds.parquet", rounds)
-        store.write_parquet(d / "timing.parquet", timing)
-        for name in self.tables.keys() - set(STANDARD_TABLES):  # a method's own eval tables
-            store.write_parquet(d / f"{name}.parquet", pd.DataFrame(dict(self.tables[name])))
-        store.write_json(d / "timing.json", timing_summary)
-        store.write_text(d / "plots.csv", evals[[c for c in PLOT_COLUMNS if c in evals.columns]]
-                         .to_csv(index=False, float_format="%.6g", na_rep=""))
-        store.write_text(d / "config.yaml", self.config_text)
-        store.write_json(d / "summary.json", summary)  # last: its presence marks a finished run
-        return summary
-
-
-def _frame(columns: dict[str, list], schema: dict[str, str]) -> pd.DataFrame:
-    frame = pd.DataFrame({k: columns.get(k, []) for k in schema})
-    return frame.astype(schema)
-
-
-def _plain(value: Any) -> Any:
-    if value is pd.NA:
-        return None
-    if isinstance(value, (np.floating, float)):
-        return None if np.isnan(value) else float(value)
-    if isinstance(value, np.integer):
-        return int(value)
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    return value
+        return write_outputs(self)

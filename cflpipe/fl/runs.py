@@ -33,6 +33,25 @@ LOCK_FILE = ".lock"
 TRAINER_CHOICES = "trainer-choices.json"
 
 
+@dataclass(frozen=True)
+class RunResult:
+    run_dir: Path
+    skipped: bool
+    summary: dict[str, Any]
+
+    @property
+    def message(self) -> str:
+        return self.says("acc_macro", "personalized acc")
+
+    def says(self, figure: str, name: str) -> str:
+        """What a finished run prints: its folder and its final `figure` (a tuning trial's: its
+        validation accuracy, the figure it is judged by)."""
+        verb = "already finished (use --force to re-run)" if self.skipped else "finished"
+        value = self.summary.get("final", {}).get(figure)
+        figures = f": {name} {value:.4f}" if isinstance(value, float) and value == value else ""
+        return f"{self.run_dir}: {verb}{figures}"
+
+
 def run_plugins(spec: Spec, scenario: str, method: str) -> dict[str, str]:
     """{distribution: version} of the installed packages a run's method, model and dataset come
     from when they are not cflpipe's own: part of the run's definition (its config.yaml), so that

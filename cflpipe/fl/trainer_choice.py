@@ -22,7 +22,8 @@ from cflpipe.errors import SpecError
 from cflpipe.fl.distributed import DistributedTrainer
 from cflpipe.fl.params import ParamSpace
 from cflpipe.fl.plan import Trained, trained_into
-from cflpipe.fl.trainers import BatchedTrainer, ProcessesTrainer, SequentialTrainer, Trainer
+from cflpipe.fl.processes import ProcessesTrainer
+from cflpipe.fl.trainers import BatchedTrainer, SequentialTrainer, Trainer
 from cflpipe.fl.work import WorkItem
 from cflpipe.spec._models import BUILTIN_TRAINERS
 
