@@ -673,3 +673,26 @@ def test_told_the_groups_fcca_clusters_by_them_and_trains_as_fcca_does(registry_
     assert adjusted_rand_score(groups, told.method.assignment()) == 1.0
     assert adjusted_rand_score(groups, fcca.method.assignment()) < 1.0  # one cINN step: no signal
     assert torch.equal(told.method.global_model[told.method.body_mask], fcca.method.global_model[fcca.method.body_mask])
+
+
+def test_kmeans_from_the_last_rounds_clusters_keeps_an_equally_good_partition(fcca_spec):
+    """Four tight blobs at a square's corners split into two clusters equally well by rows or by
+    columns: started from the last round's clusters (kmeans_start: last) k-means keeps whichever
+    it had; started afresh it takes one of them whatever the last round's was."""
+    fcca = fcca_method(fcca_spec)
+    corners = torch.tensor([[0.0, 0.0], [0.0, 1.0], [1.0, 0.0], [1.0, 1.0]])
+    points = torch.cat([corners + 0.01 * k for k in range(3)])  # 12 "clients", 3 at each corner
+    known = np.arange(12)
+    by_row, by_column = (corners[:, 0].repeat(3) > 0.5).long().numpy(), (corners[:, 1].repeat(3) > 0.5).long().numpy()
+    fcca.assign = np.zeros(12, dtype=np.int64)
+    fcca.hp = fcca.hp.model_copy(update={"kmeans_start": "last", "rows": "raw"})
+    for previous in (by_row, by_column):
+        fcca.assign[:] = previous
+        labels = fcca.clustering(points, known)
+        assert adjusted_rand_score(previous, labels) == 1.0
+    fcca.hp = fcca.hp.model_copy(update={"kmeans_start": "fresh"})
+    found = []
+    for previous in (by_row, by_column):
+        fcca.assign[:] = previous
+        found.append(fcca.clustering(points, known))
+    assert np.array_equal(found[0], found[1])  # afresh, the last round's clusters play no part

@@ -16,8 +16,8 @@ Server (Sec. 3.3): for every client i and label y invert c_i on Gaussian noise �
 noise for every client, redrawn each round); B_{y,i,j} = cosine(c_i⁻¹(ε1; y), c_j⁻¹(ε2; y)),
 P_{y,i,j} = max(|B_{y,i,i}|, |B_{y,j,j}|), S = B ⊙ P, D = mean of S over labels
 (`clustering.fcca_similarity`); k-means with M clusters on the rows of D, from scratch every round
-(no dependence on earlier clusterings). Then f ← average over the round's clients, h_k ← average
-within cluster k, both weighted by the clients' training samples.
+(`kmeans_start: last`: from the last round's clusters). Then f ← average over the round's clients,
+h_k ← average within cluster k, both weighted by the clients' training samples.
 
 What reproduces at the paper's settings, and what does not: docs/reproduction.md.
 
@@ -316,9 +316,17 @@ class FCCA(_FCCAVariants, Method):
 
     def clustering(self, similarity: torch.Tensor, known: np.ndarray) -> np.ndarray:
         """Sec. 3.3: k-means with M clusters on the rows of D over the clients heard from, from
-        scratch every round (a diagnostic's subclass replaces it: benchmarks/fcca_told_groups.py)."""
+        scratch every round, or (`kmeans_start: last`) from the centres of the last round's
+        clusters in this round's D: the paper states no initialization (docs/fcca.md, "Told the
+        groups"). A diagnostic's subclass replaces it: benchmarks/fcca_told_groups.py."""
         k = min(self.hp.clusters, len(known))
         points = similarity - similarity.mean(dim=1, keepdim=True) if self.hp.rows == "centered" else similarity
+        last = self.assign[known]
+        if self.hp.kmeans_start == "last" and len(np.unique(last)) == k:
+            # the last round's clusters, as centres in this round's D: k-means continues from them
+            members = torch.from_numpy(last).to(points.device)
+            start = torch.stack([points[members == c].mean(0) for c in range(k)])
+            return canonical_labels(kmeans(points, k, init=start).labels)
         return canonical_labels(kmeans(points, k, seed=self.ctx.rng(_KMEANS), init="k-means++").labels)
 
     # ------------------------------------------------------------------ evaluation
