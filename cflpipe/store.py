@@ -14,7 +14,7 @@ import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import IO, Iterator
 
 import pandas as pd
 import pyarrow as pa
@@ -125,6 +125,36 @@ def waiting_lock(lock_file: Path) -> Iterator[None]:
                 fcntl.flock(handle, fcntl.LOCK_UN)
             except OSError:
                 pass
+
+
+@contextmanager
+def locked_record(path: Path, exclusive: bool) -> Iterator["IO[str] | None"]:
+    """A small shared record (a results folder's trainer-choices.json) opened and flocked itself,
+    shared to read it or exclusive to rewrite it in place (seek, truncate, write): no lock file
+    beside it, and no rename, which would leave a waiting writer holding the lock of a replaced
+    file. Yields None where a reader finds no record. Unlocked where the file system has no flock."""
+    try:  # a+ makes the record where a writer finds none; its writes land at the (truncated) end
+        handle = open(path, "a+" if exclusive else "r", encoding="utf-8")
+    except FileNotFoundError:
+        yield None
+        return
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        except OSError as exc:
+            if exc.errno not in _NO_FLOCK:
+                raise
+        handle.seek(0)
+        yield handle
+
+
+def rewrite_locked(handle: "IO[str]", text: str) -> None:
+    """Replace a `locked_record`'s content (held exclusively) and make it durable."""
+    handle.seek(0)
+    handle.truncate()
+    handle.write(text)
+    handle.flush()
+    os.fsync(handle.fileno())
 
 
 def write_bytes(path: str | Path, data: bytes) -> None:

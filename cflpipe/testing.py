@@ -44,7 +44,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import json
+import os
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
@@ -57,6 +59,7 @@ from cflpipe.errors import SpecError
 from cflpipe.fl import checkpoint, engine
 from cflpipe.fl.checkpoint import read_state, write_state
 from cflpipe.fl.engine import OUTPUT_FILES, prepare_run, train_run
+from cflpipe.fl.runs import CHOICES_ENV
 from cflpipe.fl.method import client_update, client_work, receive, streams_means
 from cflpipe.registry import all_methods, method_info
 from cflpipe.spec import parse_spec
@@ -238,6 +241,26 @@ def _killed_then_resumed(spec: Any, name: str, stop_after: int) -> Path:
     return spec.run_dir("s", name, 0)
 
 
+def _one_record(check: Callable[[str, Path], None]) -> Callable[[str, Path], None]:
+    """The check with every results folder it makes sharing one record of trainer choices (under
+    its workdir, CFLPIPE_TRAINER_CHOICES): it compares runs of two folders, and `trainer: auto`
+    measuring apart in each could pick two trainers, whose bytes differ in the last bits."""
+    @functools.wraps(check)
+    def checked(name: str, workdir: Path) -> None:
+        before = os.environ.get(CHOICES_ENV)
+        os.environ[CHOICES_ENV] = str(Path(workdir) / "trainer-choices.json")
+        try:
+            check(name, workdir)
+        finally:
+            if before is None:
+                os.environ.pop(CHOICES_ENV, None)
+            else:
+                os.environ[CHOICES_ENV] = before
+    return checked
+
+
+
+@_one_record
 def check_resume(name: str, workdir: Path) -> None:
     stop_after = int(np.random.default_rng(list(name.encode())).integers(1, ROUNDS))
     spec = parse_spec(spec_dict(Path(workdir), name))
@@ -248,6 +271,7 @@ def check_resume(name: str, workdir: Path) -> None:
     same_bytes(reference_run(name), resumed)
 
 
+@_one_record
 def check_outputs_from_last_checkpoint(name: str, workdir: Path) -> None:
     def die(self):
         raise _Killed
@@ -264,10 +288,12 @@ def check_outputs_from_last_checkpoint(name: str, workdir: Path) -> None:
     same_bytes(reference_run(name), run_dir)
 
 
+@_one_record
 def check_determinism(name: str, workdir: Path) -> None:
     same_bytes(reference_run(name), finished(Path(workdir), name))
 
 
+@_one_record
 def check_evaluation_does_not_change_training(name: str, workdir: Path) -> None:
     reference_dir = reference_run(name)
     every_round = finished(Path(workdir), name, eval_every=1)
@@ -378,6 +404,7 @@ def check_batched_equals_sequential(name: str, workdir: Path) -> None:
         trained_alike(name, workdir, "batched", ADAM_TOLERANCE)
 
 
+@_one_record
 def check_streamed_means_equal_held_updates(name: str, workdir: Path) -> None:
     """A method whose means the engine sums as clients finish (Method.streamed_means) gives the
     bytes it gives when the round's updates are held and passed to aggregate."""
@@ -389,6 +416,7 @@ def check_streamed_means_equal_held_updates(name: str, workdir: Path) -> None:
     same_bytes(reference_run(name), spec.run_dir("s", name, 0))
 
 
+@_one_record
 def check_new_clients_change_no_training(name: str, workdir: Path) -> None:
     """With new clients (scenario new_clients), placing them at each full evaluation changes no
     state of the method and no byte of what the participants train: the run's outputs equal
@@ -440,6 +468,7 @@ def check_new_clients_change_no_training(name: str, workdir: Path) -> None:
     pd.testing.assert_frame_equal(ours[[c for c in ours if not c.startswith("new_")]], theirs)
 
 
+@_one_record
 def check_changing_clients_resume(name: str, workdir: Path) -> None:
     """With scenario drift (two of the six clients move to the other group in round 3) and
     availability (two clients away in rounds 2–3), a run killed after the checkpoint of round 2

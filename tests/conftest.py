@@ -20,6 +20,14 @@ if "CFLPIPE_CACHE_DIR" not in os.environ:
     import tempfile
 
     os.environ["CFLPIPE_CACHE_DIR"] = tempfile.mkdtemp(prefix="cflpipe-test-cache-")
+# A run keeps its choices in its results folder, and many tests compare the runs of two folders:
+# one record for the session, so that they never measure apart (tests/test_trainers.py, which
+# checks the results' own record, unsets it).
+if "CFLPIPE_TRAINER_CHOICES" not in os.environ:
+    import tempfile
+
+    os.environ["CFLPIPE_TRAINER_CHOICES"] = os.path.join(tempfile.mkdtemp(prefix="cflpipe-test-choices-"),
+                                                         "trainer-choices.json")
 
 # Seconds, not minutes: 1 scenario of 4 digits clients, 2 methods, 1 seed, 2 rounds of an MLP.
 TINY_SPEC = {

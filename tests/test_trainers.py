@@ -23,7 +23,8 @@ from cflpipe.fl.local import (SGD, Anchor, FOMAMLStep, LocalResult, LoopState, M
                               batch_indices, run_loop, sgd, step_config)
 from cflpipe.fl.params import ParamSpace, cluster_average
 from cflpipe.fl.plan import ClientPlan
-from cflpipe.fl.trainer_choice import AutoTrainer, build_trainer, choices_file, plan_shape, read_choices, record_choice
+from cflpipe.fl.trainer_choice import (AutoTrainer, build_trainer, choices_file, machine_key, plan_shape, read_choices,
+                                       record_choice)
 from cflpipe.fl.trainers import BatchedTrainer, SequentialTrainer
 from cflpipe.models import MLP
 from cflpipe.spec import parse_spec
@@ -31,6 +32,13 @@ from conftest import Killed, die_after_saving
 
 torch.set_num_threads(1)
 
+
+
+@pytest.fixture(autouse=True)
+def _the_results_own_record(monkeypatch):
+    """These tests check the results folder's own record of trainer choices (conftest shares one
+    record across the session's other tests)."""
+    monkeypatch.delenv("CFLPIPE_TRAINER_CHOICES", raising=False)
 
 def tiny_run(tmp_path, trainer: str, clients: int = 4, **training):
     settings = {"model": "mlp", "rounds": 2, "clients_per_round": 4, "local_steps": 3, "batch_size": 8,
@@ -325,8 +333,37 @@ def test_auto_takes_the_trainer_it_measured_faster_and_keeps_its_bytes(tmp_path,
         assert timing["plans_trained"][faster] == 4 * 4 and timing["plans_trained"][slower] == 0
         again = train_run(auto_spec(tmp_path, "auto"), "s", method, 0, force=True, progress=False)
         assert run_files(again.run_dir) == run_files(named.run_dir)
-    kept = read_choices()
+    # kept with the results alone: a run with a results folder neither reads nor writes the per-user cache
+    assert read_choices() == {}
+    kept = read_choices(tmp_path / "auto" / "trainer-choices.json", results=True)
     assert len(kept) == 1 and next(iter(kept.values()))["trainer"] == faster
+    assert sorted(p.name for p in (tmp_path / "auto").iterdir()) == ["runs", "trainer-choices.json"]  # no lock file
+
+
+def test_a_run_with_a_results_folder_needs_no_home_cache(tmp_path, monkeypatch, capsys):
+    """$HOME and the cache folder unusable (under a file: nothing can be read or made there), and
+    a choice for the shape cached where the cache would be read: the run measures, keeps its
+    choice in the results folder and says nothing of a cache."""
+    from cflpipe.fl.engine import train_run
+
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.delenv("CFLPIPE_CACHE_DIR")
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(blocker / "home"))
+    slowed(monkeypatch, SequentialTrainer)
+    run = train_run(auto_spec(tmp_path, "auto"), "s", "fedavg", 0, force=True, progress=False)
+    timing = json.loads((run.run_dir / "timing.json").read_text())
+    assert [c["by"] for c in timing["auto_choices"].values()] == ["measured"]
+    assert "cannot keep" not in capsys.readouterr().err
+    (kept,) = read_choices(tmp_path / "auto" / "trainer-choices.json", results=True).values()
+    assert kept["trainer"] == "batched"
+    monkeypatch.setenv("CFLPIPE_CACHE_DIR", str(tmp_path / "cache"))  # a cache that says otherwise is not read
+    record_choice(machine_key() + " | " + next(iter(timing["auto_choices"])), {"trainer": "sequential"})
+    (tmp_path / "auto" / "trainer-choices.json").unlink()
+    again = train_run(auto_spec(tmp_path, "auto"), "s", "fedavg", 0, force=True, progress=False)
+    assert [c["by"] for c in json.loads((again.run_dir / "timing.json").read_text())["auto_choices"].values()] == \
+        ["measured"]
 
 
 @pytest.mark.parametrize("slower", ["sequential", "batched"])
@@ -365,15 +402,16 @@ def test_a_resumed_auto_run_keeps_the_choices_of_its_checkpoint(tmp_path, monkey
     with monkeypatch.context() as patch:
         slowed(patch, SequentialTrainer)
         whole = train_run(auto_spec(tmp_path, "whole"), "s", "fedavg", 0, force=True, progress=False)
-        assert next(iter(read_choices().values()))["trainer"] == "batched"
+        assert next(iter(read_choices(tmp_path / "whole" / "trainer-choices.json").values()))["trainer"] == "batched"
         with monkeypatch.context() as dying:
             die_after_saving(dying, 2)
             with pytest.raises(Killed):
                 train_run(auto_spec(tmp_path, "killed"), "s", "fedavg", 0, force=True, progress=False)
-    kept = read_choices()
-    for key in kept:  # the cache now says the other trainer
+    record = tmp_path / "killed" / "trainer-choices.json"
+    kept = read_choices(record)
+    for key in kept:  # the results' record now says the other trainer
         kept[key]["trainer"] = "sequential"
-    choices_file().write_text(json.dumps(kept))
+    record.write_text(json.dumps(kept))
     resumed = train_run(auto_spec(tmp_path, "killed"), "s", "fedavg", 0, progress=False)
     assert run_files(resumed.run_dir) == run_files(whole.run_dir)
     timing = json.loads((resumed.run_dir / "timing.json").read_text())

@@ -93,9 +93,10 @@ class AutoTrainer(Trainer):
     results folder's trainer-choices.json, by shape alone, with the machine that measured) is
     read first, so a rerun on a fresh home directory or on another node of a cluster trains every
     recorded shape as recorded and gives the same bytes; a machine measures only shapes nobody
-    recorded. Measured choices also go to `choices_file()` (per user and machine;
-    CFLPIPE_CACHE_DIR moves it), which a results folder without the shape falls back on. A run's
-    checkpoint holds the choices it made, so a resumed run keeps them whatever the files say."""
+    recorded. With a record, nothing else is read or written; without one (an AutoTrainer made
+    outside a run) the choices are kept per user and machine in `choices_file()`
+    (CFLPIPE_CACHE_DIR moves it). A run's checkpoint holds the choices it made, so a resumed run
+    keeps them whatever the files say."""
 
     name = "auto"
 
@@ -140,8 +141,9 @@ class AutoTrainer(Trainer):
             return self.sequential, None
         if shape not in self.choices:
             key = machine_key() + " | " + shape
+            # a run with a results folder reads its record alone: the per-user cache is for runs without one
             recorded = read_choices(self.recorded, results=True).get(shape) if self.recorded is not None else None
-            cached = read_choices().get(key)
+            cached = read_choices().get(key) if self.recorded is None else None
             if _usable(recorded):
                 self.choices[shape] = {**recorded, "by": "recorded"}
             elif _usable(cached):
@@ -182,7 +184,8 @@ class AutoTrainer(Trainer):
         chosen = "batched" if runs["batched"]["seconds"] * BATCHED_MARGIN < runs["sequential"]["seconds"] else "sequential"
         choice = {"trainer": chosen, "sequential_seconds": round(runs["sequential"]["seconds"], 6),
                   "batched_seconds": round(runs["batched"]["seconds"], 6)}
-        kept = record_choice(key, choice)  # another process may have recorded this shape meanwhile
+        # another process may have recorded this shape meanwhile
+        kept = record_choice(key, choice) if self.recorded is None else choice
         by = "measured" if kept is choice else "cached"
         recorded = self._record(shape, kept)  # or a run of this results folder, on another machine
         if recorded["trainer"] != kept["trainer"]:
@@ -273,7 +276,11 @@ def read_choices(path: Path | None = None, results: bool = False) -> dict[str, d
     runs were made with); a damaged per-user cache is empty."""
     target = path or choices_file()
     try:
-        data = json.loads(target.read_text())
+        if results:  # shared with the runs that may be writing it (record_choice)
+            with store.locked_record(target, exclusive=False) as handle:
+                data = json.loads(handle.read()) if handle is not None else {}
+        else:
+            data = json.loads(target.read_text())
     except FileNotFoundError:
         return {}
     except (OSError, ValueError) as exc:
@@ -299,6 +306,8 @@ def record_choice(key: str, choice: dict, path: Path | None = None, results: boo
     used for this process alone; a results folder's record that cannot be written fails as any
     of the results' files does."""
     global _said_unwritable
+    if results:
+        return _record_in_results(key, choice, path)
     path = path or choices_file()
     try:
         with store.waiting_lock(path.with_name(path.name + ".lock")):
@@ -315,6 +324,27 @@ def record_choice(key: str, choice: dict, path: Path | None = None, results: boo
             _said_unwritable = True
             print(f"cflpipe: {path}: cannot keep the measured trainer choice ({exc.strerror or exc}); "
                   f"trainer: auto measures again in the next process", file=sys.stderr)
+    return choice
+
+
+def _record_in_results(key: str, choice: dict, path: Path) -> dict:
+    """record_choice for a results folder's record: the record itself locked and rewritten in
+    place, so the results hold no lock file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with store.locked_record(path, exclusive=True) as handle:
+        text = handle.read()
+        try:
+            kept = json.loads(text) if text.strip() else {}
+        except ValueError as exc:
+            kept = exc
+        if not isinstance(kept, dict):
+            why = kept if isinstance(kept, Exception) else "a JSON object of shapes"
+            raise SpecError(f"{path}: not a record of trainer choices ({why}); restore it from the results' copy, "
+                            f"or delete it to measure again (reruns may then differ in the last bits)")
+        if _usable(kept.get(key)):
+            return kept[key]
+        kept[key] = {**choice, "measured": choice.get("measured", time.strftime("%Y-%m-%d"))}
+        store.rewrite_locked(handle, json.dumps(kept, indent=1, sort_keys=True))
     return choice
 
 

@@ -28,6 +28,10 @@ writes `results/aggregate/`, every file atomically:
                      `moved_joined`, `rounds_to_place`), as {scenario: {method: {figure:
                      value}}}, no wall-clock figure. Kept small so an
                      experiment table stays readable; summary.csv has every figure and the time.
+- `trainer-choices.json`  the record of `trainer: auto`'s choices the runs read (results/
+                     trainer-choices.json, which the runs write): copied back into a results
+                     folder, it reruns every run with the trainer it was trained with, to the
+                     same bytes, on any machine.
 - `plots.csv`        personalized accuracy per evaluated round, a column `<scenario>/<method>`
                      each (the seeds' mean; empty where that run was not evaluated).
 - `plots/<scenario>.csv`  the same per scenario, a column per method of the spec (empty where
@@ -66,7 +70,7 @@ from cflpipe.spec import Spec, without_threads
 
 STD_DDOF = 1
 AGGREGATE_FILES = ("runs.parquet", "curves.parquet", "summary.parquet", "summary.csv", "timing.parquet",
-                   "metrics.json", "plots.csv", "final_clients.parquet")
+                   "metrics.json", "plots.csv", "final_clients.parquet", "trainer-choices.json")
 # metrics.json's figures: its name there ← the summary's column (the mean over seeds).
 # No wall-clock figure: an experiment table compares what the runs computed (a rerun's seconds
 # differ, and would show every finished run as changed); seconds stay in summary.csv.
@@ -125,6 +129,12 @@ def aggregate(spec: Spec) -> Path:
     store.write_text(out / "summary.csv", tables["summary"].to_csv(index=False, float_format="%.10g",
                                                                     na_rep="", lineterminator="\n"))
     store.write_text(out / "metrics.json", json.dumps(metrics_tree(tables["summary"]), indent=1) + "\n")
+    # the record of trainer: auto's choices the runs read (to rerun them to the same bytes anywhere:
+    # copy it back to the results folder)
+    from cflpipe.fl.runs import choices_record
+
+    with store.locked_record(choices_record(spec.results_dir), exclusive=False) as record:
+        store.write_text(out / "trainer-choices.json", record.read() if record is not None else "{}")
     store.write_text(out / "plots.csv", plots_table(tables["curves"]).to_csv(
         index=False, float_format="%.6g", na_rep="", lineterminator="\n"))
     plots = scenario_plots(spec, tables["curves"])

@@ -16,6 +16,8 @@ rule aggregate:
         final_clients=f"{AGGREGATE}/final_clients.parquet",
         metrics=f"{AGGREGATE}/metrics.json",
         plots=f"{AGGREGATE}/plots.csv",
+        # the record of trainer: auto's choices the runs read (copy it to results/ to rerun them alike)
+        choices=f"{AGGREGATE}/trainer-choices.json",
         csv=report(
             f"{AGGREGATE}/summary.csv",
             caption="../report/summary.rst",
