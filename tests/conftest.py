@@ -64,6 +64,15 @@ def write_spec(path: Path, spec: dict | None = None) -> Path:
     return path
 
 
+def validate_refuses(tmp_path: Path, spec: dict) -> str:
+    """`cflpipe validate` on `spec` (written under tmp_path): it must fail and leave no results
+    folder; its last line on stderr (the one that names the field)."""
+    out = subprocess.run([sys.executable, "-m", "cflpipe", "validate", "--config",
+                          str(write_spec(tmp_path / "spec.yaml", spec))], capture_output=True, text=True)
+    assert out.returncode != 0 and not (tmp_path / "results").exists()
+    return out.stderr.strip().splitlines()[-1]
+
+
 def run(cmd: list[str], cwd: Path, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run a command; stdout and stderr together in `.stdout`."""
     return subprocess.run(cmd, cwd=cwd, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,

@@ -6,19 +6,17 @@ clients away."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
-import yaml
 
 from cflpipe.errors import SpecError
 from cflpipe.fl.axes.availability import AvailabilitySettings, recovered_after, schedule
 from cflpipe.fl.engine import prepare_run, train_run
 from cflpipe.spec import parse_spec
+from conftest import validate_refuses
 
 torch.set_num_threads(1)
 
@@ -140,13 +138,7 @@ def test_bad_availability_values_are_one_line_at_validate(availability, line):
 
 
 def test_validate_says_a_long_absence_in_one_line(tmp_path):
-    raw = raw_spec(tmp_path, availability={"share": 0.25, "away": 11})
-    path = tmp_path / "spec.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    out = subprocess.run([sys.executable, "-m", "cflpipe", "validate", "--config", str(path)],
-                         capture_output=True, text=True)
-    assert out.returncode != 0 and not (tmp_path / "results").exists()
-    assert out.stderr.strip().splitlines()[-1].endswith(
+    assert validate_refuses(tmp_path, raw_spec(tmp_path, availability={"share": 0.25, "away": 11})).endswith(
         "scenarios.rot.availability.away: 1 stretch of 11 rounds need at least 13 rounds (a round present before "
         "each, one between them, one to come back in), and training.rounds is 12; allowed: away <= 10 at 1 stretch")
 

@@ -5,8 +5,6 @@ conformance suite's check_changing_clients_resume runs every method across a mov
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pandas as pd
@@ -19,6 +17,7 @@ from cflpipe.fl.engine import prepare_run, train_run
 from cflpipe.partition import apply_transform, build_partition
 from cflpipe.partition_files import DIGESTS, partition_scenario
 from cflpipe.spec import parse_spec
+from conftest import validate_refuses
 
 torch.set_num_threads(1)
 
@@ -126,15 +125,7 @@ def test_bad_drift_values_are_one_line_at_validate(drift, extra, line):
 
 
 def test_validate_says_a_late_drift_in_one_line(tmp_path):
-    raw = raw_spec(tmp_path, drift=[{"round": 11, "fraction": 0.25}])
-    path = tmp_path / "spec.yaml"
-    import yaml
-
-    path.write_text(yaml.safe_dump(raw))
-    out = subprocess.run([sys.executable, "-m", "cflpipe", "validate", "--config", str(path)],
-                         capture_output=True, text=True)
-    assert out.returncode != 0 and not (tmp_path / "results").exists()
-    assert out.stderr.strip().splitlines()[-1].endswith(
+    assert validate_refuses(tmp_path, raw_spec(tmp_path, drift=[{"round": 11, "fraction": 0.25}])).endswith(
         "scenarios.rot.drift[0].round: must be <= the rounds of its runs (training.rounds: 10), got 11")
 
 

@@ -306,20 +306,26 @@ def test_eq4_recovers_label_swap_groups_under_dirichlet_skew_once_the_conditiona
 # ---------------------------------------------------------------------- a run
 
 
-@pytest.mark.parametrize("variant", ["fcca", "fcca_per_prox"])
-def test_run_writes_the_similarity_matrix_and_counts_bytes(tmp_path, variant):
-    spec = parse_spec({
+def six_clients_in_two_groups(tmp_path, methods: dict):
+    """Six digits clients under Dirichlet 0.5 in two label-exchange groups, two rounds."""
+    return parse_spec({
         "seeds": [0],
         "training": {"model": "mlp", "rounds": 2, "clients_per_round": 6, "local_steps": 2, "batch_size": 8,
                      "lr": 0.01, "eval_every": 1, "device": "cpu"},
         "scenarios": {"s": {"dataset": "digits", "clients": 6,
                             "partition": [{"kind": "dirichlet", "alpha": 0.5},
                                           {"kind": "label_swap", "groups": 2, "pairs": 1}]}},
-        # 3 cINN steps: the default 20 passes over the data took a minute and a half, and what is
-        # checked here (the tables written, the bytes) does not depend on the cINN's budget
-        "methods": {variant: {"clusters": 2, "flow_hidden": 8, "server_samples": 4, "flow_steps": 3}},
+        "methods": methods,
         "results_dir": str(tmp_path / "results"), "data_dir": str(tmp_path / "data"),
     })
+
+
+@pytest.mark.parametrize("variant", ["fcca", "fcca_per_prox"])
+def test_run_writes_the_similarity_matrix_and_counts_bytes(tmp_path, variant):
+    # 3 cINN steps: the default 20 passes over the data took a minute and a half, and what is
+    # checked here (the tables written, the bytes) does not depend on the cINN's budget
+    spec = six_clients_in_two_groups(tmp_path, {variant: {"clusters": 2, "flow_hidden": 8, "server_samples": 4,
+                                                          "flow_steps": 3}})
     train_run(spec, "s", variant, 0, progress=False)
     run_dir = spec.run_dir("s", variant, 0)
     similarity = pd.read_parquet(run_dir / "similarity.parquet")
@@ -656,16 +662,7 @@ def test_told_the_groups_fcca_clusters_by_them_and_trains_as_fcca_does(registry_
     from cflpipe.testing import play
 
     settings = {"clusters": 2, "flow_hidden": 8, "server_samples": 4, "flow_steps": 1}
-    spec = parse_spec({
-        "seeds": [0],
-        "training": {"model": "mlp", "rounds": 2, "clients_per_round": 6, "local_steps": 2, "batch_size": 8,
-                     "lr": 0.01, "eval_every": 1, "device": "cpu"},
-        "scenarios": {"s": {"dataset": "digits", "clients": 6,
-                            "partition": [{"kind": "dirichlet", "alpha": 0.5},
-                                          {"kind": "label_swap", "groups": 2, "pairs": 1}]}},
-        "methods": {"fcca": settings, "told": {"method": "fcca_told_groups", **settings}},
-        "results_dir": str(tmp_path / "results"), "data_dir": str(tmp_path / "data"),
-    })
+    spec = six_clients_in_two_groups(tmp_path, {"fcca": settings, "told": {"method": "fcca_told_groups", **settings}})
     told, fcca = prepare_run(spec, "s", "told", 0), prepare_run(spec, "s", "fcca", 0)
     play(told, 1)
     play(fcca, 1)
