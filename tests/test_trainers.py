@@ -338,6 +338,10 @@ def test_auto_takes_the_trainer_it_measured_faster_and_keeps_its_bytes(tmp_path,
     kept = read_choices(tmp_path / "auto" / "trainer-choices.json", results=True)
     assert len(kept) == 1 and next(iter(kept.values()))["trainer"] == faster
     assert sorted(p.name for p in (tmp_path / "auto").iterdir()) == ["runs", "trainer-choices.json"]  # no lock file
+    from cflpipe.report.aggregate import aggregate  # an output of the workflow: aggregate copies the runs' shapes
+
+    copied = json.loads((aggregate(auto_spec(tmp_path, "auto")) / "trainer-choices.json").read_text())
+    assert copied == read_choices(tmp_path / "auto" / "trainer-choices.json", results=True)
 
 
 def test_a_run_with_a_results_folder_needs_no_home_cache(tmp_path, monkeypatch, capsys):

@@ -28,10 +28,10 @@ writes `results/aggregate/`, every file atomically:
                      `moved_joined`, `rounds_to_place`), as {scenario: {method: {figure:
                      value}}}, no wall-clock figure. Kept small so an
                      experiment table stays readable; summary.csv has every figure and the time.
-- `trainer-choices.json`  the record of `trainer: auto`'s choices the runs read (results/
-                     trainer-choices.json, which the runs write): copied back into a results
-                     folder, it reruns every run with the trainer it was trained with, to the
-                     same bytes, on any machine.
+- `trainer-choices.json`  the record of `trainer: auto`'s choices (results/trainer-choices.json,
+                     which the runs write) for the shapes the spec's runs trained: copied back
+                     into a results folder, it reruns every run with the trainer it was trained
+                     with, to the same bytes, on any machine.
 - `plots.csv`        personalized accuracy per evaluated round, a column `<scenario>/<method>`
                      each (the seeds' mean; empty where that run was not evaluated).
 - `plots/<scenario>.csv`  the same per scenario, a column per method of the spec (empty where
@@ -111,6 +111,19 @@ _NOT_CURVES = {"round", "sampled", "skipped", "global_models"}
 FINAL_CLIENT_COLUMNS = ("client", "group", "model", "acc", "loss", "n")
 
 
+def trainer_choices(spec: Spec, runs: list["RunOutputs"]) -> dict:
+    """The record of trainer: auto's choices, for the shapes the spec's runs trained (their
+    timing.json): copied back into a results folder, it reruns each of them with its trainer, to
+    the same bytes, on any machine. A shape the record lacks (a run whose record was deleted)
+    keeps the trainer its run names."""
+    from cflpipe.fl.runs import choices_record
+
+    with store.locked_record(choices_record(spec.results_dir), exclusive=False) as handle:
+        record = json.loads(handle.read() or "{}") if handle is not None else {}
+    used = {shape: choice.get("trainer") for r in runs for shape, choice in (r.timing.get("auto_choices") or {}).items()}
+    return {shape: record.get(shape, {"trainer": trainer}) for shape, trainer in sorted(used.items())}
+
+
 def aggregate_dir(spec: Spec) -> Path:
     return Path(spec.results_dir) / "aggregate"
 
@@ -129,12 +142,7 @@ def aggregate(spec: Spec) -> Path:
     store.write_text(out / "summary.csv", tables["summary"].to_csv(index=False, float_format="%.10g",
                                                                     na_rep="", lineterminator="\n"))
     store.write_text(out / "metrics.json", json.dumps(metrics_tree(tables["summary"]), indent=1) + "\n")
-    # the record of trainer: auto's choices the runs read (to rerun them to the same bytes anywhere:
-    # copy it back to the results folder)
-    from cflpipe.fl.runs import choices_record
-
-    with store.locked_record(choices_record(spec.results_dir), exclusive=False) as record:
-        store.write_text(out / "trainer-choices.json", record.read() if record is not None else "{}")
+    store.write_text(out / "trainer-choices.json", json.dumps(trainer_choices(spec, runs), indent=1, sort_keys=True))
     store.write_text(out / "plots.csv", plots_table(tables["curves"]).to_csv(
         index=False, float_format="%.6g", na_rep="", lineterminator="\n"))
     plots = scenario_plots(spec, tables["curves"])
