@@ -59,7 +59,7 @@ from cflpipe.errors import SpecError
 from cflpipe.fl import checkpoint, engine
 from cflpipe.fl.checkpoint import read_state, write_state
 from cflpipe.fl.engine import OUTPUT_FILES, prepare_run, train_run
-from cflpipe.fl.runs import CHOICES_ENV
+from cflpipe.fl.trainer_choice import CHOICES_ENV
 from cflpipe.fl.method import client_update, client_work, receive, streams_means
 from cflpipe.registry import all_methods, method_info
 from cflpipe.spec import parse_spec

@@ -29,11 +29,9 @@ from cflpipe.spec import (RUN_OUTPUT_FILES, Spec, Training, dump_yaml, same_trai
 OUTPUT_FILES = RUN_OUTPUT_FILES
 # Held by the process writing a run (flock), in the run's folder.
 LOCK_FILE = ".lock"
-# In a spec's results folder: the trainer choices `trainer: auto` made for its runs; or one record
-# that several results folders share, named by CFLPIPE_TRAINER_CHOICES (the conformance checks
-# compare runs of two folders, which must not measure apart).
+# In a spec's results folder: the trainer choices `trainer: auto` made for its runs (or the record
+# CFLPIPE_TRAINER_CHOICES names: fl/trainer_choice.py's `shared_record`).
 TRAINER_CHOICES = "trainer-choices.json"
-CHOICES_ENV = "CFLPIPE_TRAINER_CHOICES"
 
 
 @dataclass(frozen=True)
@@ -101,12 +99,7 @@ def resolve_run(spec: Spec, scenario: str, method: str, seed: int, threads: int 
         spec_sha256(spec), lambda device: build_federated_data(spec, scenario, device),
         lambda key: training_key_path(spec, scenario, method, key),
         live_dir(spec.results_dir, scenario, method, seed) if spec.workflow.live else None,
-        choices_record(spec.results_dir))
-
-
-def choices_record(results_dir: str | Path) -> Path:
-    """The record of `trainer: auto`'s choices a results folder's runs read and write."""
-    return Path(os.environ.get(CHOICES_ENV) or Path(results_dir) / TRAINER_CHOICES)
+        Path(spec.results_dir) / TRAINER_CHOICES)
 
 
 def training_definition(spec: Spec, scenario: str, method: str) -> dict[str, Any]:

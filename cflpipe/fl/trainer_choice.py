@@ -28,6 +28,9 @@ from cflpipe.fl.work import WorkItem
 from cflpipe.spec._models import BUILTIN_TRAINERS
 
 CACHE_ENV = "CFLPIPE_CACHE_DIR"
+# One record of choices that several results folders share, in place of each folder's own (the
+# conformance checks compare runs of two folders, which must not measure apart).
+CHOICES_ENV = "CFLPIPE_TRAINER_CHOICES"
 CHOICES_FILE = "trainer-choices.json"
 # The batched trainer is taken only when it is this much faster: on a tie the sequential one
 # streams FedAvg's uploads (less memory) and is the reference.
@@ -102,7 +105,7 @@ class AutoTrainer(Trainer):
 
     def __init__(self, recorded: Path | None = None) -> None:
         # counts are the two trainers' (a property), not a dict of its own
-        self.recorded = recorded
+        self.recorded = None if recorded is None else shared_record(recorded)
         self.sequential, self.batched = SequentialTrainer(), BatchedTrainer()
         self.choices: dict[str, dict] = {}  # shape -> {"trainer", "by", seconds…} met by this run
         self.measured_since_asked = False
@@ -260,6 +263,12 @@ def machine_key() -> str:
     except OSError:
         pass
     return f"{model} ({os.cpu_count()} cpus) torch {torch.__version__} threads {torch.get_num_threads()}"
+
+
+def shared_record(recorded: Path) -> Path:
+    """The record a results folder's runs keep their choices in: its own (`recorded`), or the one
+    CFLPIPE_TRAINER_CHOICES names."""
+    return Path(os.environ.get(CHOICES_ENV) or recorded)
 
 
 def choices_file() -> Path:
