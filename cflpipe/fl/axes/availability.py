@@ -73,19 +73,31 @@ def schedule(settings: AvailabilitySettings, candidates: np.ndarray, rounds: int
     return np.array(rows, dtype=np.int64).reshape(-1, 3)
 
 
+def recovery(rows: dict[str, list], stretches: int) -> tuple[np.ndarray, np.ndarray]:
+    """From the axis's rows so far, per stretch: the accuracy before it (NaN: not yet recorded)
+    and the rounds trained after its return until its client was served at least as well (−1:
+    not yet)."""
+    phase = np.asarray(rows.get("phase", []), dtype=object)
+    index = np.asarray(rows.get("stretch", []), dtype=np.int64)
+    acc = np.asarray(rows.get("acc", []), dtype=float)
+    since = np.asarray(rows.get("since_return", []), dtype=np.int64)
+    before = np.full(stretches, np.nan)
+    first = phase == "before"
+    before[index[first]] = acc[first]
+    recovered = np.full(stretches, -1, dtype=np.int64)
+    back = ~first
+    hit = back & (acc >= before[index])
+    # rows come in round order: the first hit of each stretch is its smallest rounds-since-return
+    for stretch, rounds in zip(index[hit][::-1], since[hit][::-1]):
+        recovered[stretch] = rounds
+    return before, recovered
+
+
 def recovered_after(rows: dict[str, list], stretch: int) -> int | None:
     """Rounds trained after stretch `stretch`'s return until its client was served at least as
     well as before it left, from the axis's rows so far; None: not yet."""
-    phase, index = np.asarray(rows.get("phase", [])), np.asarray(rows.get("stretch", []), dtype=np.int64)
-    mine = index == stretch
-    before = np.asarray(rows.get("acc", []), dtype=float)[mine & (phase == "before")]
-    if not len(before):
-        return None
-    back = mine & (phase != "before")
-    acc = np.asarray(rows["acc"], dtype=float)[back]
-    since = np.asarray(rows["since_return"], dtype=np.int64)[back]
-    hit = since[acc >= before[0]]
-    return int(hit.min()) if len(hit) else None
+    found = int(recovery(rows, stretch + 1)[1][stretch])
+    return None if found < 0 else found
 
 
 class Availability(Axis):
@@ -149,13 +161,12 @@ class Availability(Axis):
 
     def after_round(self, run, round_number: int) -> None:
         table = run.tables.setdefault(self.name, defaultdict(list))
-        wanted: list[tuple[int, str]] = []
-        for i, (client, start, end) in enumerate(self.rows):
-            if round_number == start - 1:
-                wanted.append((i, "before"))
-            elif end <= round_number < self.next_start[i] - 1 and (
-                    round_number == end or recovered_after(table, i) is None):
-                wanted.append((i, "back"))
+        starts, ends = self.rows[:, 1], self.rows[:, 2]
+        before = np.flatnonzero(starts - 1 == round_number)
+        following = (ends <= round_number) & (round_number < self.next_start - 1)
+        if following.any():  # once served as well as before, a stretch is followed no further
+            following &= (ends == round_number) | (recovery(table, len(self.rows))[1] < 0)
+        wanted = [(int(i), "before") for i in before] + [(int(i), "back") for i in np.flatnonzero(following)]
         if not wanted:
             return
         clients = np.unique([self.rows[i, 0] for i, _ in wanted])
@@ -170,17 +181,15 @@ class Availability(Axis):
 
     def summary(self, run) -> dict[str, Any]:
         table = run.tables.get(self.name, {})
-        phase = np.asarray(table.get("phase", []))
         index = np.asarray(table.get("stretch", []), dtype=np.int64)
-        acc = np.asarray(table.get("acc", []), dtype=float)
-        stretches = []
-        for i, (client, start, end) in enumerate(self.rows):
-            before = acc[(index == i) & (phase == "before")]
-            back = acc[(index == i) & (phase == "back")]
-            stretches.append({"client": int(client), "start": int(start), "back": int(end) + 1,
-                              "acc_before": _plain(before[0] if len(before) else np.nan),
-                              "acc_on_return": _plain(back[0] if len(back) else np.nan),
-                              "rounds_to_recover": recovered_after(table, i)})
+        on_return = np.full(len(self.rows), np.nan)
+        at_end = (np.asarray(table.get("since_return", []), dtype=np.int64) == 0)
+        on_return[index[at_end]] = np.asarray(table.get("acc", []), dtype=float)[at_end]
+        before, recovered = recovery(table, len(self.rows))
+        stretches = [{"client": int(client), "start": int(start), "back": int(end) + 1,
+                      "acc_before": _plain(before[i]), "acc_on_return": _plain(on_return[i]),
+                      "rounds_to_recover": None if recovered[i] < 0 else int(recovered[i])}
+                     for i, (client, start, end) in enumerate(self.rows)]
         recovered = [s["rounds_to_recover"] for s in stretches if s["rounds_to_recover"] is not None]
         followed = [s for s in stretches if s["acc_on_return"] is not None]
         return {self.name: {
