@@ -316,9 +316,10 @@ class FCCA(_FCCAVariants, Method):
 
     def clustering(self, similarity: torch.Tensor, known: np.ndarray) -> np.ndarray:
         """Sec. 3.3: k-means with M clusters on the rows of D over the clients heard from, from
-        scratch every round, or (`kmeans_start: last`) from the centres of the last round's
-        clusters in this round's D: the paper states no initialization (docs/fcca.md, "Told the
-        groups"). A diagnostic's subclass replaces it: benchmarks/fcca_told_groups.py."""
+        scratch every round (Sec. 1: "without relying on previous clustering solutions"), or, a
+        diagnostic departure (`kmeans_start: last`), from the centres of the last round's clusters
+        in this round's D (docs/fcca.md, "Told the groups"). A diagnostic's subclass replaces it:
+        benchmarks/fcca_told_groups.py."""
         k = min(self.hp.clusters, len(known))
         points = similarity - similarity.mean(dim=1, keepdim=True) if self.hp.rows == "centered" else similarity
         last = self.assign[known]

@@ -47,9 +47,10 @@ class FCCAParams(HyperParams):
     server_samples: int = Field(32, ge=1, description="Gaussian noise samples ε1 (and ε2) per label for the "
                                                       "server's reconstructions")
     kmeans_start: Literal["fresh", "last"] = Field(
-        "fresh", description="where each round's k-means on D starts: afresh (k-means++, the reading so far) or "
-                             "from the centres of the last round's clusters in this round's D (one Lloyd run; "
-                             "the paper's Sec. 3.3 states no initialization)")
+        "fresh", description="where each round's k-means on D starts: afresh (k-means++; the paper's clustering "
+                             "is 'without relying on previous clustering solutions', Sec. 1) or, a diagnostic "
+                             "departure, from the centres of the last round's clusters in this round's D (one "
+                             "Lloyd run; Sec. 3.3 states no initialization)")
     rows: Literal["centered", "raw"] = Field(
         "centered", description="what the k-means clusters: each client's row of D less its own mean (its "
                                 "similarity profile; P scales whole rows by the client's confidence) or the raw rows")
