@@ -241,14 +241,20 @@ def _killed_then_resumed(spec: Any, name: str, stop_after: int) -> Path:
     return spec.run_dir("s", name, 0)
 
 
+_PROCESS_RECORD: list[Path] = []  # the record of trainer choices the checks of this process share
+
+
 def _one_record(check: Callable[[str, Path], None]) -> Callable[[str, Path], None]:
-    """The check with every results folder it makes sharing one record of trainer choices (under
-    its workdir, CFLPIPE_TRAINER_CHOICES): it compares runs of two folders, and `trainer: auto`
+    """The check with every results folder it makes sharing one record of trainer choices
+    (CFLPIPE_TRAINER_CHOICES: the one named already, else one for the process, as the reference
+    runs are cached for the process): it compares runs of two folders, and `trainer: auto`
     measuring apart in each could pick two trainers, whose bytes differ in the last bits."""
     @functools.wraps(check)
     def checked(name: str, workdir: Path) -> None:
         before = os.environ.get(CHOICES_ENV)
-        os.environ[CHOICES_ENV] = str(Path(workdir) / "trainer-choices.json")
+        if not _PROCESS_RECORD:
+            _PROCESS_RECORD.append(Path(tempfile.mkdtemp(prefix="cflpipe-checks-")) / "trainer-choices.json")
+        os.environ[CHOICES_ENV] = before or str(_PROCESS_RECORD[0])
         try:
             check(name, workdir)
         finally:

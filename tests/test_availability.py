@@ -156,7 +156,7 @@ def test_the_report_tables_what_returning_clients_are_served(tmp_path):
     aggregate(spec)
     report = build_report(spec)
     page = report.read_text()
-    assert "clients that go away" in page and "6 of 12 clients away 2 times for 3 rounds (seeded per run seed)" in page
+    assert "clients that go away" in page and "6 of 12 clients away 2 times for 3 rounds (seeded per run seed; of those" in page
     md = (report.parent / "tables" / "summary.md").read_text()
     for title in ("personalized accuracy (%) of what each method serves them when they come back",
                   "rounds trained after their return until served as well as before",
@@ -166,3 +166,63 @@ def test_the_report_tables_what_returning_clients_are_served(tmp_path):
         assert "ifca" in table and "fedavg" in table
     metrics = json.loads((report.parent.parent / "aggregate" / "metrics.json").read_text())
     assert "returning_acc" in metrics["rot"]["ifca"] and "returning_acc" not in metrics["still"]["ifca"]
+
+
+class _FakeRun:
+    """What the axis reads of a run: its tables, extend, and the served accuracy by round."""
+
+    def __init__(self, accuracy: dict[int, float]):
+        self.tables, self.accuracy = {}, accuracy
+
+    def extend(self, table, columns):
+        for key, values in columns.items():
+            self.tables[table].setdefault(key, []).extend(values)
+
+    def served_accuracy(self, clients, round_number):
+        return np.full(len(clients), self.accuracy[round_number])
+
+
+def test_a_stretch_is_followed_up_to_the_round_before_the_next_one():
+    """Stretches in rounds 2–3 and 5–6 with round 4 present between: the first recovers at round
+    4 (one round after its return), which is also the second's "before"."""
+    from cflpipe.fl.axes.availability import Availability
+
+    axis = Availability(AvailabilitySettings(share=0.5, away=2, stretches=2))
+    axis.rows = np.array([[0, 2, 3], [0, 5, 6]])
+    axis.returns, axis.follows, axis.next_start = axis.rows[:, 2] + 1, True, np.array([5, 9])
+    run = _FakeRun({1: 0.5, 2: 0.1, 3: 0.3, 4: 0.9, 5: 0.1, 6: 0.2, 7: 0.95, 8: 0.99})
+    for r in range(1, 9):
+        axis.after_round(run, r)
+    table = run.tables["availability"]
+    assert recovered_after(table, 0) == 1 and recovered_after(table, 1) == 1
+    assert list(zip(table["round"], table["stretch"], table["phase"])) == [
+        (1, 0, "before"), (3, 0, "back"), (4, 1, "before"), (4, 0, "back"), (6, 1, "back"), (7, 1, "back")]
+
+
+def test_one_client_always_stays_and_one_participant_is_refused():
+    rows = schedule(AvailabilitySettings(share=0.9, away=2), np.arange(4), 4, seed=0)
+    assert len(np.unique(rows[:, 0])) == 3  # round(0.9 · 4) = 4 would leave no one to train
+    scenario = {"dataset": "digits", "clients": 1, "availability": {"share": 0.5, "away": 1}}
+    with pytest.raises(SpecError) as err:
+        parse_spec({"seeds": [0], "training": {"model": "mlp", "rounds": 4, "clients_per_round": 1},
+                    "scenarios": {"a": scenario}, "methods": {"fedavg": {}}})
+    assert "scenarios.a.availability: keeps clients away while others train, and the scenario has 1 participant" \
+        in str(err.value)
+
+
+def test_a_run_that_reads_no_test_split_keeps_clients_away_and_follows_none(tmp_path):
+    from cflpipe.spec import MethodEntry
+
+    raw = raw_spec(tmp_path)
+    raw["scenarios"]["rot"]["validation_fraction"] = 0.2  # what such a run reads instead
+    # as tuning makes its trials (Spec.tuning_view): eval_test false is not a spec's own to set
+    spec = parse_spec(raw)
+    spec = spec.model_copy(update={"methods": {"fedavg": MethodEntry(method="fedavg", training={"eval_test": False})}})
+    run = prepare_run(spec, "rot", "fedavg", 0)
+    (axis,) = run.axes
+    away = axis.rows[(axis.rows[:, 1] <= 3) & (3 <= axis.rows[:, 2]), 0]
+    assert len(away) and not np.isin(run.sample(2), away).any()
+    train_run(spec, "rot", "fedavg", 0, progress=False)
+    folder = spec.run_dir("rot", "fedavg", 0)
+    assert not (folder / "availability.parquet").exists()
+    assert "availability" not in json.loads((folder / "summary.json").read_text())

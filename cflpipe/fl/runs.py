@@ -127,7 +127,7 @@ def resolved_config(spec: Spec, scenario: str, method: str, seed: int, threads: 
         "method": method,
         "method_type": method_type,
         "seed": seed,
-        "hyperparams": hp.model_dump(mode="json"),
+        "hyperparams": hp.recorded(),
         "training": training_definition(spec, scenario, method),
         "scenario_spec": spec.scenarios[scenario].definition(),
         "data_dir": spec.data_dir,

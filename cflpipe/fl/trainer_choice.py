@@ -287,7 +287,9 @@ def read_choices(path: Path | None = None, results: bool = False) -> dict[str, d
     try:
         if results:  # shared with the runs that may be writing it (record_choice)
             with store.locked_record(target, exclusive=False) as handle:
-                data = json.loads(handle.read()) if handle is not None else {}
+                text = handle.read() if handle is not None else ""
+            # empty: made by a writer that has not written yet (a+ makes it before the lock)
+            data = json.loads(text) if text.strip() else {}
         else:
             data = json.loads(target.read_text())
     except FileNotFoundError:

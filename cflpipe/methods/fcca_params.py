@@ -4,7 +4,7 @@ implements it."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -12,6 +12,7 @@ from cflpipe.registry import Capabilities, HyperParams, declare
 
 
 class FCCAParams(HyperParams):
+    later_defaults: ClassVar[dict[str, Any]] = {"kmeans_start": "fresh"}  # added 2026-12-02
     clusters: int = Field(5, ge=1, description="number of clusters M of the k-means on D (the paper's M; 5)")
     alpha: float = Field(1.0, ge=0, description="weight α of the UNKNOWN augmentation in the cINN loss (Eq. 3)")
     unknown: Literal["absent", "extra"] = Field(

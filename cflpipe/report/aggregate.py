@@ -117,10 +117,9 @@ def trainer_choices(spec: Spec, runs: list["RunOutputs"]) -> dict:
     the same bytes, on any machine. A shape the record lacks (a run whose record was deleted)
     keeps the trainer its run names."""
     from cflpipe.fl.runs import TRAINER_CHOICES
-    from cflpipe.fl.trainer_choice import shared_record
+    from cflpipe.fl.trainer_choice import read_choices, shared_record
 
-    with store.locked_record(shared_record(Path(spec.results_dir) / TRAINER_CHOICES), exclusive=False) as handle:
-        record = json.loads(handle.read() or "{}") if handle is not None else {}
+    record = read_choices(shared_record(Path(spec.results_dir) / TRAINER_CHOICES), results=True)
     used = {shape: choice.get("trainer") for r in runs for shape, choice in (r.timing.get("auto_choices") or {}).items()}
     return {shape: record.get(shape, {"trainer": trainer}) for shape, trainer in sorted(used.items())}
 

@@ -326,7 +326,7 @@ def _check_training(spec: Spec, data: dict, scenario: str, method: str | None) -
     for key, axis in scenario_axes().items():
         if (settings := getattr(sc, key)) is not None:
             where = next((w for w, layer in reversed(layers) if "rounds" in layer), "training")
-            found += axis.check(settings, f"scenarios.{scenario}.{key}", training.rounds, where)
+            found += axis.check(settings, f"scenarios.{scenario}.{key}", training.rounds, where, sc.participants)
     if sc.participants >= 1 and training.clients_per_round > sc.participants:
         where = next((w for w, layer in reversed(layers) if "clients_per_round" in layer), "training")
         of = f" less its {sc.new_client_count()} new clients" if sc.new_clients is not None else ""

@@ -117,7 +117,8 @@ class Training(Strict):
                             "processes torchrun starts (distributed: likewise where every rank has the same CPU kernels; "
                             "without torchrun, sequential); auto: batched on "
                             "CUDA and with compile, on a CPU the faster of sequential and batched as measured on the "
-                            "run's plans the first time their shape meets the machine (cached per machine); "
+                            "run's plans the first time their shape meets the results folder (recorded in its "
+                            "trainer-choices.json); "
                             "or a plugin's trainer (entry point group cflpipe.trainers) or a module:Class reference")
     workers: int | None = Field(
         None, ge=1, description="trainer processes: the worker processes a round's clients are spread over "

@@ -15,8 +15,10 @@ served when it comes back (after the stretch's last round: `acc_on_return`), and
 trained after its return until it is served at least as well as before (`rounds_to_recover`, 0
 when the model it returns to already serves it as well; null when it never is before its next
 stretch or the run's end). The axis evaluates only the clients it follows, after the rounds it
-needs (the run's own evaluations are unchanged); "served" is the model the method serves the
-client, on its own test split, as acc_macro's. Over the stretches: returning_acc_before,
+needs (the run's own evaluations read what they read without it; a method whose evaluation keeps
+a choice, IFCA's cluster by loss, keeps the followed clients' latest); "served" is the model the
+method serves the client, on its own test split, as acc_macro's. A run that reads no test split
+(tuning's trials) keeps the clients away and follows none. Over the stretches: returning_acc_before,
 returning_acc, rounds_to_recover (the mean over those that recovered) and returning_recovered
 (the share that did).
 
@@ -56,11 +58,13 @@ class AvailabilitySettings(BaseModel):
 
 def schedule(settings: AvailabilitySettings, candidates: np.ndarray, rounds: int, seed: int) -> np.ndarray:
     """The stretches as rows (client, start, end): 1-based rounds away, inclusive, sorted by
-    client then start. A seeded choice of max(1, round(share · n)) of `candidates`; each one's
+    client then start. A seeded choice of max(1, round(share · n)) of `candidates`, at most n − 1
+    (one stays); each one's
     stretches placed uniformly among the placements the rules allow (stars and bars over the
     spare rounds)."""
     draw = rng(seed, _SCHEDULE)
-    count = min(len(candidates), max(1, round(settings.share * len(candidates))))
+    # at least one client stays: a round with every client away would train nothing
+    count = min(len(candidates) - 1, max(1, round(settings.share * len(candidates))))
     who = np.sort(draw.choice(candidates, size=count, replace=False))
     k, away = settings.stretches, settings.away
     spare = rounds - settings.rounds_needed()
@@ -81,6 +85,7 @@ def recovery(rows: dict[str, list], stretches: int) -> tuple[np.ndarray, np.ndar
     index = np.asarray(rows.get("stretch", []), dtype=np.int64)
     acc = np.asarray(rows.get("acc", []), dtype=float)
     since = np.asarray(rows.get("since_return", []), dtype=np.int64)
+    stretches = max(stretches, int(index.max()) + 1 if len(index) else 0)
     before = np.full(stretches, np.nan)
     first = phase == "before"
     before[index[first]] = acc[first]
@@ -113,8 +118,9 @@ class Availability(Axis):
     tables = (
         ("returning_acc", "Clients that go away: personalized accuracy (%) of what each method serves them when they "
                           "come back", "returning_acc", 100.0, 1, 1),
+        # no best: the mean is over the stretches that recovered, which a method may have few of
         ("rounds_to_recover", "Clients that go away: rounds trained after their return until served as well as "
-                              "before they left (mean over those that were)", "rounds_to_recover", 1.0, 1, -1),
+                              "before they left (mean over those that were)", "rounds_to_recover", 1.0, 1, 0),
         ("returning_recovered", "Clients that go away: share served as well as before they left, by their next "
                                 "stretch or the run's end", "returning_recovered", 1.0, 2, 1),
     )
@@ -123,8 +129,12 @@ class Availability(Axis):
         self.settings = settings
 
     @classmethod
-    def check(cls, settings: AvailabilitySettings, where: str, rounds: int, rounds_where: str) -> list[str]:
-        """validate's lines for a run of `rounds` rounds."""
+    def check(cls, settings: AvailabilitySettings, where: str, rounds: int, rounds_where: str,
+              clients: int) -> list[str]:
+        """validate's lines for a run of `rounds` rounds over `clients` participants."""
+        if clients < 2:
+            return [f"{where}: keeps clients away while others train, and the scenario has {clients} participant; "
+                    f"allowed: 2 or more clients"]
         needed = settings.rounds_needed()
         if rounds >= needed:
             return []
@@ -138,9 +148,10 @@ class Availability(Axis):
 
     @classmethod
     def describe(cls, settings: AvailabilitySettings, clients: int) -> str:
-        count = max(1, round(settings.share * clients))
+        count = min(clients - 1, max(1, round(settings.share * clients)))
         times = "once" if settings.stretches == 1 else f"{settings.stretches} times"
-        return f"{count} of {clients} clients away {times} for {settings.away} rounds (seeded per run seed)"
+        return (f"{count} of {clients} clients away {times} for {settings.away} rounds (seeded per run seed; of "
+                f"those with training and test samples)")
 
     # ------------------------------------------------------------------ a run
 
@@ -149,8 +160,11 @@ class Availability(Axis):
         candidates = np.flatnonzero((run.data.train.sizes() > 0) & (run.data.test.sizes() > 0))
         self.rows = schedule(self.settings, candidates, run.training.rounds, run.seed)
         self.returns = self.rows[:, 2] + 1
-        # the next stretch of the same client (its own start bounds the following of this one)
-        self.next_start = np.full(len(self.rows), run.training.rounds + 2)
+        # a run that reads no test split (tuning's trials) keeps the clients away and follows none
+        self.follows = run.training.eval_test
+        # the next stretch of the same client: this one is followed up to the round before it
+        # (after which the next one's "before" is read too), the last up to the run's last round
+        self.next_start = np.full(len(self.rows), run.training.rounds + 1)
         for i in range(len(self.rows) - 1):
             if self.rows[i + 1, 0] == self.rows[i, 0]:
                 self.next_start[i] = self.rows[i + 1, 1]
@@ -160,10 +174,12 @@ class Availability(Axis):
         return np.unique(self.rows[here, 0])
 
     def after_round(self, run, round_number: int) -> None:
+        if not self.follows:
+            return
         table = run.tables.setdefault(self.name, defaultdict(list))
         starts, ends = self.rows[:, 1], self.rows[:, 2]
         before = np.flatnonzero(starts - 1 == round_number)
-        following = (ends <= round_number) & (round_number < self.next_start - 1)
+        following = (ends <= round_number) & (round_number < self.next_start)
         if following.any():  # once served as well as before, a stretch is followed no further
             following &= (ends == round_number) | (recovery(table, len(self.rows))[1] < 0)
         wanted = [(int(i), "before") for i in before] + [(int(i), "back") for i in np.flatnonzero(following)]
@@ -180,6 +196,8 @@ class Availability(Axis):
             "acc": [acc[int(self.rows[i, 0])] for i, _ in wanted]})
 
     def summary(self, run) -> dict[str, Any]:
+        if not self.follows:
+            return {}
         table = run.tables.get(self.name, {})
         index = np.asarray(table.get("stretch", []), dtype=np.int64)
         on_return = np.full(len(self.rows), np.nan)
