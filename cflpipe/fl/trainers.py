@@ -381,13 +381,3 @@ def _padded(rows: torch.Tensor, length: int) -> torch.Tensor:
     if len(rows) == length:
         return rows
     return torch.cat([rows, rows[-1:].expand(length - len(rows), -1)])
-
-
-def __getattr__(name: str):
-    # Their old home (plugins' workers import them from here): now fl/processes.py, which imports
-    # this module, so they are handed on when asked for, not at import.
-    if name in ("ProcessesTrainer", "train_pickled", "train_items", "portable_module", "returned"):
-        from cflpipe.fl import processes
-
-        return getattr(processes, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
