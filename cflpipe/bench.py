@@ -205,17 +205,17 @@ BENCH_TRAINERS = ("sequential", "batched", "auto")
 def _trainer_times(make_spec, repeats: int) -> dict[str, float]:
     """Median training seconds per round (the last, evaluated round left out) of each of
     BENCH_TRAINERS on the spec `make_spec(folder, trainer)` makes, fastest of `repeats`
-    alternating runs; auto starts from an empty cache of choices (its first run measures, later
+    alternating runs; auto starts from an empty record of choices (its first run measures, later
     ones read the choice), and the trainer it chose is returned as well ("auto_choice")."""
     import os
 
-    from cflpipe.fl.trainer_choice import CACHE_ENV
+    from cflpipe.fl.trainer_choice import CHOICES_ENV
 
     seconds: dict[str, list[float]] = {trainer: [] for trainer in BENCH_TRAINERS}
     choice = ""
     with tempfile.TemporaryDirectory() as tmp:
-        before = os.environ.get(CACHE_ENV)
-        os.environ[CACHE_ENV] = str(Path(tmp) / "cache")
+        before = os.environ.get(CHOICES_ENV)  # one record, empty, whatever the environment shares
+        os.environ[CHOICES_ENV] = str(Path(tmp) / "trainer-choices.json")
         try:
             for _ in range(repeats):
                 for trainer in seconds:
@@ -226,9 +226,9 @@ def _trainer_times(make_spec, repeats: int) -> dict[str, float]:
                         choice = "+".join(sorted({c["trainer"] for c in choices.get("auto_choices", {}).values()}))
         finally:
             if before is None:
-                os.environ.pop(CACHE_ENV, None)
+                os.environ.pop(CHOICES_ENV, None)
             else:
-                os.environ[CACHE_ENV] = before
+                os.environ[CHOICES_ENV] = before
     best = {trainer: min(times) for trainer, times in seconds.items()}
     return {**best, "auto_choice": choice or "sequential"}  # no shape to choose for: one by one
 

@@ -113,11 +113,7 @@ def waiting_lock(lock_file: Path) -> Iterator[None]:
     except PermissionError:  # a colleague's lock file in a shared folder: flock needs no write access
         handle = open(lock_file, "r")
     with handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        except OSError as exc:
-            if exc.errno not in _NO_FLOCK:
-                raise
+        _flock(handle, fcntl.LOCK_EX)
         try:
             yield
         finally:
@@ -125,6 +121,15 @@ def waiting_lock(lock_file: Path) -> Iterator[None]:
                 fcntl.flock(handle, fcntl.LOCK_UN)
             except OSError:
                 pass
+
+
+def _flock(handle, operation: int) -> None:
+    """flock `handle` (waiting for another holder); nothing where the file system has no flock."""
+    try:
+        fcntl.flock(handle, operation)
+    except OSError as exc:
+        if exc.errno not in _NO_FLOCK:
+            raise
 
 
 @contextmanager
@@ -139,11 +144,7 @@ def locked_record(path: Path, exclusive: bool) -> Iterator["IO[str] | None"]:
         yield None
         return
     with handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-        except OSError as exc:
-            if exc.errno not in _NO_FLOCK:
-                raise
+        _flock(handle, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
         handle.seek(0)
         yield handle
 

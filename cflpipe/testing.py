@@ -241,7 +241,10 @@ def _killed_then_resumed(spec: Any, name: str, stop_after: int) -> Path:
     return spec.run_dir("s", name, 0)
 
 
-_PROCESS_RECORD: list[Path] = []  # the record of trainer choices the checks of this process share
+@functools.cache
+def _process_record() -> Path:
+    """The record of trainer choices the checks of this process share."""
+    return Path(tempfile.mkdtemp(prefix="cflpipe-checks-")) / "trainer-choices.json"
 
 
 def _one_record(check: Callable[[str, Path], None]) -> Callable[[str, Path], None]:
@@ -252,9 +255,7 @@ def _one_record(check: Callable[[str, Path], None]) -> Callable[[str, Path], Non
     @functools.wraps(check)
     def checked(name: str, workdir: Path) -> None:
         before = os.environ.get(CHOICES_ENV)
-        if not _PROCESS_RECORD:
-            _PROCESS_RECORD.append(Path(tempfile.mkdtemp(prefix="cflpipe-checks-")) / "trainer-choices.json")
-        os.environ[CHOICES_ENV] = before or str(_PROCESS_RECORD[0])
+        os.environ[CHOICES_ENV] = before or str(_process_record())
         try:
             check(name, workdir)
         finally:
@@ -263,7 +264,6 @@ def _one_record(check: Callable[[str, Path], None]) -> Callable[[str, Path], Non
             else:
                 os.environ[CHOICES_ENV] = before
     return checked
-
 
 
 @_one_record

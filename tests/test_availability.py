@@ -189,7 +189,7 @@ def test_a_stretch_is_followed_up_to_the_round_before_the_next_one():
 
     axis = Availability(AvailabilitySettings(share=0.5, away=2, stretches=2))
     axis.rows = np.array([[0, 2, 3], [0, 5, 6]])
-    axis.returns, axis.follows, axis.next_start = axis.rows[:, 2] + 1, True, np.array([5, 9])
+    axis.follows, axis.next_start = True, np.array([5, 9])
     run = _FakeRun({1: 0.5, 2: 0.1, 3: 0.3, 4: 0.9, 5: 0.1, 6: 0.2, 7: 0.95, 8: 0.99})
     for r in range(1, 9):
         axis.after_round(run, r)

@@ -284,27 +284,34 @@ def read_choices(path: Path | None = None, results: bool = False) -> dict[str, d
     record that cannot be read as choices is an error (rewriting it would drop every choice its
     runs were made with); a damaged per-user cache is empty."""
     target = path or choices_file()
-    try:
-        if results:  # shared with the runs that may be writing it (record_choice)
+    if results:  # shared with the runs that may be writing it (record_choice)
+        try:
             with store.locked_record(target, exclusive=False) as handle:
-                text = handle.read() if handle is not None else ""
-            # empty: made by a writer that has not written yet (a+ makes it before the lock)
-            data = json.loads(text) if text.strip() else {}
-        else:
-            data = json.loads(target.read_text())
-    except FileNotFoundError:
+                return _results_record(handle.read() if handle is not None else "", target)
+        except OSError as exc:
+            raise _not_a_record(target, exc) from None
+    try:
+        data = json.loads(target.read_text())
+    except (OSError, ValueError):
         return {}
-    except (OSError, ValueError) as exc:
-        if results:
-            raise SpecError(f"{target}: not a record of trainer choices ({exc}); restore it from the results' "
-                            f"copy, or delete it to measure again (reruns may then differ in the last bits)") from None
-        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _results_record(text: str, path: Path) -> dict[str, dict]:
+    """A results folder's record from its text: empty is none yet (a writer's a+ makes the file
+    before it takes the lock); anything but a JSON object of shapes is an error."""
+    try:
+        data = json.loads(text) if text.strip() else {}
+    except ValueError as exc:
+        raise _not_a_record(path, exc) from None
     if not isinstance(data, dict):
-        if results:
-            raise SpecError(f"{target}: not a record of trainer choices (a JSON object of shapes); restore it, "
-                            f"or delete it to measure again")
-        return {}
+        raise _not_a_record(path, "a JSON object of shapes")
     return data
+
+
+def _not_a_record(path: Path, why: object) -> SpecError:
+    return SpecError(f"{path}: not a record of trainer choices ({why}); restore it from the results' copy, or "
+                     f"delete it to measure again (reruns may then differ in the last bits)")
 
 
 _said_unwritable = False
@@ -343,15 +350,7 @@ def _record_in_results(key: str, choice: dict, path: Path) -> dict:
     place, so the results hold no lock file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with store.locked_record(path, exclusive=True) as handle:
-        text = handle.read()
-        try:
-            kept = json.loads(text) if text.strip() else {}
-        except ValueError as exc:
-            kept = exc
-        if not isinstance(kept, dict):
-            why = kept if isinstance(kept, Exception) else "a JSON object of shapes"
-            raise SpecError(f"{path}: not a record of trainer choices ({why}); restore it from the results' copy, "
-                            f"or delete it to measure again (reruns may then differ in the last bits)")
+        kept = _results_record(handle.read(), path)
         if _usable(kept.get(key)):
             return kept[key]
         kept[key] = {**choice, "measured": choice.get("measured", time.strftime("%Y-%m-%d"))}

@@ -41,7 +41,7 @@ SCENARIO_AXES = ("cflpipe.fl.axes.availability:Availability",)
 
 
 class Axis:
-    name: str = ""  # its table: <name>.parquet in the run's folder (a keyed axis: its module's name)
+    name: str = ""  # its table: <name>.parquet in the run's folder
     # A keyed axis's scenario key, its settings' model, summary figures and report tables
     # (name, title, figure, scale, digits, direction: report/tables.py's TableSpec).
     key: str = ""
@@ -78,20 +78,22 @@ class Axis:
         return {}
 
 
+def plain(value: float | None) -> float | None:
+    """A figure for summary.json: None where it is undefined (None, NaN)."""
+    return None if value is None or not np.isfinite(value) else float(value)
+
+
+# Below Axis and plain: a keyed axis's module, imported here, takes them from this package.
 @cache
 def scenario_axes() -> dict[str, type[Axis]]:
     """The keyed axes (SCENARIO_AXES) by their scenario key."""
-    classes = []
-    for reference in SCENARIO_AXES:
-        module, name = reference.split(":")
-        cls = getattr(importlib.import_module(module), name)
-        assert cls.name == module.rsplit(".", 1)[1], f"{reference}: its name must be its module's (AXIS_TABLES)"
-        classes.append(cls)
+    classes = [getattr(importlib.import_module(module), name)
+               for module, name in (reference.split(":") for reference in SCENARIO_AXES)]
     return {cls.key: cls for cls in classes}
 
 
 # Every axis's table name: no method's own table may take one (a run without that axis too).
-AXIS_TABLES = ("newcomers", "drift", *(reference.split(":")[0].rsplit(".", 1)[1] for reference in SCENARIO_AXES))
+AXIS_TABLES = ("newcomers", "drift", *(cls.name for cls in scenario_axes().values()))
 
 
 def axes_of(run: "Run") -> list[Axis]:

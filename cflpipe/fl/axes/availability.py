@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from cflpipe.fl.axes import Axis
+from cflpipe.fl.axes import Axis, plain
 from cflpipe.seeds import rng
 
 _SCHEDULE = 0xA7A1  # purpose of the seeded draws: who goes away, and when
@@ -159,7 +159,6 @@ class Availability(Axis):
         # a client without a test split has no accuracy to follow
         candidates = np.flatnonzero((run.data.train.sizes() > 0) & (run.data.test.sizes() > 0))
         self.rows = schedule(self.settings, candidates, run.training.rounds, run.seed)
-        self.returns = self.rows[:, 2] + 1
         # a run that reads no test split (tuning's trials) keeps the clients away and follows none
         self.follows = run.training.eval_test
         # the next stretch of the same client: this one is followed up to the round before it
@@ -192,7 +191,7 @@ class Availability(Axis):
             "client": [int(self.rows[i, 0]) for i, _ in wanted],
             "stretch": [i for i, _ in wanted],
             "phase": [phase for _, phase in wanted],
-            "since_return": [round_number - int(self.returns[i]) + 1 if phase == "back" else -1 for i, phase in wanted],
+            "since_return": [round_number - int(ends[i]) if phase == "back" else -1 for i, phase in wanted],
             "acc": [acc[int(self.rows[i, 0])] for i, _ in wanted]})
 
     def summary(self, run) -> dict[str, Any]:
@@ -205,7 +204,7 @@ class Availability(Axis):
         on_return[index[at_end]] = np.asarray(table.get("acc", []), dtype=float)[at_end]
         before, recovered = recovery(table, len(self.rows))
         stretches = [{"client": int(client), "start": int(start), "back": int(end) + 1,
-                      "acc_before": _plain(before[i]), "acc_on_return": _plain(on_return[i]),
+                      "acc_before": plain(before[i]), "acc_on_return": plain(on_return[i]),
                       "rounds_to_recover": None if recovered[i] < 0 else int(recovered[i])}
                      for i, (client, start, end) in enumerate(self.rows)]
         recovered = [s["rounds_to_recover"] for s in stretches if s["rounds_to_recover"] is not None]
@@ -216,10 +215,6 @@ class Availability(Axis):
             "rounds_to_recover": _mean(recovered),
             "returning_recovered": len(recovered) / len(followed) if followed else None,
             "stretches": stretches}}
-
-
-def _plain(value: float) -> float | None:
-    return float(value) if np.isfinite(value) else None
 
 
 def _mean(values: list) -> float | None:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from cflpipe.fl.axes import Axis
+from cflpipe.fl.axes import Axis, plain
 from cflpipe.fl.axes.placement import with_their_group
 from cflpipe.fl.data import FederatedData
 
@@ -82,10 +82,10 @@ def summary(data: FederatedData, table: pd.DataFrame) -> list[dict[str, Any]]:
             hit = since[since["placed_with_group"] == 1]
             first_placed.append(int(hit["round"].min()) - round_number + 1 if len(hit) else None)
         out.append({"round": round_number, "clients": clients,
-                    "moved_acc_before": _plain(_mean(np.array(before, dtype=float))),
-                    "moved_acc_after": _plain(_mean(np.array(after, dtype=float))),
-                    "moved_acc_final": _plain(_mean(np.array(final, dtype=float))),
-                    "placed_with_group_final": _plain(_mean(np.array(placed, dtype=float))),
+                    "moved_acc_before": plain(_mean(np.array(before, dtype=float))),
+                    "moved_acc_after": plain(_mean(np.array(after, dtype=float))),
+                    "moved_acc_final": plain(_mean(np.array(final, dtype=float))),
+                    "placed_with_group_final": plain(_mean(np.array(placed, dtype=float))),
                     "rounds_to_place": first_placed})
     return out
 
@@ -93,10 +93,6 @@ def summary(data: FederatedData, table: pd.DataFrame) -> list[dict[str, Any]]:
 def _mean(values: np.ndarray) -> float:
     """The mean of the defined values (a client without test samples has no accuracy); NaN if none."""
     return float(np.mean(values[np.isfinite(values)])) if np.isfinite(values).any() else float("nan")
-
-
-def _plain(value: float) -> float | None:
-    return None if value is None or not np.isfinite(value) else float(value)
 
 
 class Drift(Axis):
