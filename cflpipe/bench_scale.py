@@ -69,6 +69,9 @@ print(json.dumps({
     "server_s": float(steady["server_seconds"].mean()),
     "server_max_s": float(rounds.loc[heaviest, "server_seconds"]),
     "train_at_server_max_s": float(rounds.loc[heaviest, "train_seconds"]),
+    # a method whose first clustering is its heaviest round: the rounds after it
+    "server_later_max_s": float(later["server_seconds"].max()) if len(later) else float("nan"),
+    "train_median_s": float(steady["train_seconds"].median()),
     "eval_s": float(whole["eval_seconds"].iloc[-1]),
     "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     "wall_s": wall,

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from cflpipe.clustering import canonical_labels, kmeans, nearest_center
+from cflpipe.clustering.carried import CarriedKMeans
 from cflpipe.fl.method import Context, Placement, Update
 from cflpipe.methods.clustered import ClusterModels
 from cflpipe.fl.params import cluster_average
@@ -39,34 +40,80 @@ class KMeansCFL(ClusterModels):
         # partial participation only uploaded models are clustered and averaged, so untouched
         # initial models do not drag the cluster models back.
         self.seen = np.zeros(ctx.num_clients, dtype=bool)
+        # `kmeans_start: last` carries Lloyd's algorithm from round to round (clustering/carried.py):
+        # it needs each moved row's value before the round, so uploads arrive as copies.
+        self.carried: CarriedKMeans | None = None
+        if self.hp.kmeans_start == "last":
+            self.uploads_into = None
+            self.checkpoint = (*self.checkpoint, "carried_state")
 
     # The trained model goes straight into the client's row of the server's table (not if its
     # training diverged): at full participation no round-long copy of every upload.
     uploads_into = "latest"
 
+    @property
+    def carried_state(self) -> dict[str, torch.Tensor] | None:
+        return None if self.carried is None else self.carried.state()
+
+    @carried_state.setter
+    def carried_state(self, state: dict[str, torch.Tensor] | None) -> None:
+        self.carried = None if state is None else CarriedKMeans.from_state(state, self.latest.device)
+
     def cluster_aggregate(self, updates: dict[int, Update]) -> None:
         if not updates:
             return
-        for client, update in updates.items():  # row by row: no stacked copy of every model
+        clients = np.array(sorted(updates), dtype=np.int64)
+        before = self.latest[torch.from_numpy(clients).to(self.latest.device)] if self.carried is not None else None
+        for client in clients:  # row by row: no stacked copy of every model
+            update = updates[int(client)]
             # Mostly the row itself already (the plan's `into`): then there is nothing to copy.
             if update.tensors["model"].data_ptr() != self.latest[client].data_ptr():
                 self.latest[client] = update.tensors["model"]
-            self.seen[client] = True
+        self.seen[clients] = True
         known = np.nonzero(self.seen)[0]
-        # Once every client has uploaded, cluster the server's table itself rather than a copy.
-        models = self.latest if len(known) == self.ctx.num_clients else self.latest[known]
         k = min(self.hp.clusters, len(known))
-        labels = np.zeros(len(known), dtype=np.int64)
         if self.ctx.round + 1 >= self.hp.cluster_start and k > 1:
-            result = kmeans(models, k, seed=self.ctx.rng(0xC1), n_init=self.hp.n_init)
-            # Labels in order of first appearance, so cluster ids do not permute between rounds.
-            labels = canonical_labels(result.labels)
-        count = int(labels.max()) + 1
-        ones = torch.ones(len(known), dtype=self.latest.dtype, device=self.latest.device)
-        self.centers, _ = cluster_average(models, torch.from_numpy(labels), ones, count)
+            if self.carried is not None and self.carried.k == k:
+                labels, self.centers = self.carried_round(clients, before, known)
+            else:
+                labels = self.fresh_round(known, k)
+        else:
+            self.carried = None
+            labels = self.fresh_round(known, 1)
         self.clusters[known] = labels
         unseen = np.nonzero(~self.seen)[0]
         if len(unseen):  # not trained yet: the cluster whose model is nearest to theirs
             # Their rows all still hold the initial model (a diverged training writes no row):
             # one row answers for all of them, where a copy of every unseen row was N × d (#59).
             self.clusters[unseen] = nearest_center(self.ctx.init[None], self.centers)[0]
+
+    def fresh_round(self, known: np.ndarray, k: int) -> np.ndarray:
+        """Step 3.2's K-means afresh (n_init random restarts) on the known clients' models, labels in
+        order of first appearance (cluster ids do not permute between rounds), and step 3.3's
+        averages; with `kmeans_start: last` the clustering is then carried to the next rounds."""
+        # Once every client has uploaded, cluster the server's table itself rather than a copy.
+        models = self.latest if len(known) == self.ctx.num_clients else self.latest[known]
+        labels = np.zeros(len(known), dtype=np.int64)
+        if k > 1:
+            labels = canonical_labels(kmeans(models, k, seed=self.ctx.rng(0xC1), n_init=self.hp.n_init).labels)
+        ones = torch.ones(len(known), dtype=self.latest.dtype, device=self.latest.device)
+        self.centers, _ = cluster_average(models, torch.from_numpy(labels), ones, int(labels.max()) + 1)
+        if k > 1 and self.hp.kmeans_start == "last":
+            self.carried = CarriedKMeans.start(self.latest, known, labels, k)
+        return labels
+
+    def carried_round(self, clients: np.ndarray, before: torch.Tensor, known: np.ndarray
+                      ) -> tuple[np.ndarray, torch.Tensor]:
+        """`kmeans_start: last`: Lloyd's algorithm continued from the last round's clusters after
+        this round's uploads, reading the uploads and the rows near a boundary only (the same
+        partition as a Lloyd run over every row from the last clusters' means in this round's
+        models; the paper writes K-means each round and states no initialization). At 1,000
+        clients and more n_init fresh restarts cost several training rounds (docs/performance.md)."""
+        own = self.carried.update(self.latest, clients, before)[known]
+        labels = canonical_labels(own)
+        order = np.zeros(self.carried.k, dtype=np.int64)
+        order[own] = labels  # each present cluster's canonical number (an empty one keeps none)
+        present = np.unique(own)
+        centers = torch.empty(len(present), self.latest.shape[1], dtype=self.latest.dtype, device=self.latest.device)
+        centers[torch.from_numpy(order[present])] = self.carried.means()[torch.from_numpy(present)].to(centers)
+        return labels, centers
