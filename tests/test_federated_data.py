@@ -382,3 +382,41 @@ def test_mnist1d_is_generated_offline_cached_and_leaves_the_global_random_state_
     assert np.array_equal(cached.x_train, made.x_train) and np.array_equal(cached.y_test, made.y_test)
     other = load_dataset("mnist1d", {"samples": 1000, "seed": 2}, tmp_path)
     assert not np.array_equal(other.x_train, made.x_train)
+
+
+def test_large_leaf_synthetic_is_generated_into_a_released_file_map_with_the_same_values(tmp_path, monkeypatch):
+    """Past embedded.MAPPED_BYTES LEAF Synthetic's inputs are written into a map of an unlinked
+    temporary file, its pages let go: the same arrays to the bit and the same client tensors as
+    in memory, and the written pages leave the process."""
+    import mmap
+
+    from cflpipe.data import embedded
+
+    def resident_mib() -> float:
+        return int(Path("/proc/self/statm").read_text().split()[1]) * mmap.PAGESIZE / 2**20
+
+    params = embedded.SyntheticParams(devices=30, max_samples=80, seed=4)
+    kept = embedded.generate_synthetic(params)
+    monkeypatch.setattr(embedded, "MAPPED_BYTES", 0)
+    mapped = embedded.generate_synthetic(params)
+    assert not kept.mapped and len(mapped.mapped) == 2
+    for name in ("x_train", "y_train", "x_test", "y_test", "source_train", "source_test"):
+        assert np.array_equal(getattr(kept, name), getattr(mapped, name)), name
+    built = []
+    for limit in (embedded.MAPPED_BYTES, 2**40):
+        monkeypatch.setattr(embedded, "MAPPED_BYTES", limit)
+        spec = parse_spec({"seeds": [0], "training": {"model": "mlp", "rounds": 1},
+                           "scenarios": {"s": {"dataset": {"name": "synthetic", "devices": 30, "max_samples": 80,
+                                                           "seed": 4},
+                                               "clients": 30, "partition": [{"kind": "natural"}]}},
+                           "methods": {"fedavg": {}}, "results_dir": str(tmp_path / str(limit)),
+                           "data_dir": str(tmp_path / "data")})
+        data = build_federated_data(spec, "s", torch.device("cpu"))
+        built.append([t.numpy().copy() for split in (data.train, data.test) for t in (split.x, split.y)])
+    assert all(np.array_equal(a, b) for a, b in zip(*built))
+    monkeypatch.setattr(embedded, "MAPPED_BYTES", 0)
+    before = resident_mib()
+    big = embedded.generate_synthetic(embedded.SyntheticParams(devices=2000, max_samples=400, min_samples=380,
+                                                                dimension=60, seed=1))
+    assert big.x_train.nbytes > 120 * 2**20
+    assert resident_mib() - before < 100  # written through the map, not held

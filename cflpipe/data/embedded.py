@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import mmap
+import tempfile
 from pathlib import Path
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from cflpipe.data.base import Dataset, NoParams, DatasetInfo, register
+from cflpipe.data.base import Dataset, NoParams, DatasetInfo, register, release_pages
 from cflpipe.data.cache import load_cache, save_cache
 
 # The digits train/test split is part of the dataset's definition, not of an experiment, so it
@@ -133,27 +135,56 @@ def generate_synthetic(p: SyntheticParams) -> Dataset:
     input_mean_center = rng.normal(0, p.beta, p.devices)  # B_k
     # Diagonal covariance Σ_jj = j^-1.2 (1-based j).
     input_std = np.power(np.arange(1, p.dimension + 1, dtype=np.float64), -1.2) ** 0.5
-    xs, ys, sources, is_test = [], [], [], []
+    # Each device's rows go straight into the final train and test arrays (its test share is known
+    # from its size): at 100,000 devices the per-device pieces, their concatenation and the split
+    # were three copies of the data at once.
+    tests = np.maximum(1, np.round(p.test_fraction * sizes).astype(np.int64))
+    # Past MAPPED_BYTES of inputs they are written into a memory map of an unlinked temporary
+    # file, its pages let go as devices are written and as clients' rows are gathered: at 100,000
+    # devices (2 GB) the inputs and the clients' copy of them no longer share the memory.
+    mapped = int(sizes.sum()) * p.dimension * 4 > MAPPED_BYTES
+    splits, maps = {}, []
+    for name, counts in (("train", sizes - tests), ("test", tests)):
+        rows = int(counts.sum())
+        if mapped:
+            maps.append(_file_map(rows * p.dimension * 4))
+            x = np.frombuffer(maps[-1], dtype=np.float32).reshape(rows, p.dimension)
+        else:
+            x = np.empty((rows, p.dimension), dtype=np.float32)
+        splits[name] = (x, np.empty(rows, dtype=np.int64), np.repeat(np.arange(p.devices, dtype=np.int64), counts),
+                        np.cumsum(counts) - counts)
     for k in range(p.devices):
+        if maps and k % 4096 == 0:
+            release_pages(tuple(maps))
         input_mean = rng.normal(input_mean_center[k], 1, p.dimension)
         weights = rng.normal(model_mean[k], 1, (p.dimension, p.classes))
         bias = rng.normal(model_mean[k], 1, p.classes)
         x = input_mean + rng.standard_normal((sizes[k], p.dimension)) * input_std
         y = np.argmax(x @ weights + bias, axis=1)  # argmax of softmax == argmax of logits
-        n_test = max(1, int(round(p.test_fraction * sizes[k])))
         mask = np.zeros(sizes[k], dtype=bool)
-        mask[rng.permutation(sizes[k])[:n_test]] = True
-        xs.append(x.astype(np.float32))
-        ys.append(y.astype(np.int64))
-        sources.append(np.full(sizes[k], k, dtype=np.int64))
-        is_test.append(mask)
-    x, y, src, test = (np.concatenate(a) for a in (xs, ys, sources, is_test))
-    return Dataset(
-        "synthetic",
-        x[~test], y[~test], x[test], y[test],
-        num_classes=p.classes,
-        source_train=src[~test], source_test=src[test],
-    )
+        mask[rng.permutation(sizes[k])[:tests[k]]] = True
+        for name, rows in (("train", ~mask), ("test", mask)):
+            xs, ys, _, offsets = splits[name]
+            count = int(rows.sum())
+            xs[offsets[k]:offsets[k] + count] = x[rows]
+            ys[offsets[k]:offsets[k] + count] = y[rows]
+    release_pages(tuple(maps))
+    (x_train, y_train, source_train, _), (x_test, y_test, source_test, _) = splits["train"], splits["test"]
+    return Dataset("synthetic", x_train, y_train, x_test, y_test, num_classes=p.classes,
+                   source_train=source_train, source_test=source_test, mapped=tuple(maps))
+
+
+# Inputs of LEAF Synthetic beyond this many bytes are generated into a file-backed map (256 MiB:
+# 10,000 devices stay in memory as before).
+MAPPED_BYTES = 256 * 2**20
+
+
+def _file_map(size: int) -> mmap.mmap:
+    """A shared map of `size` bytes of an unlinked temporary file: its pages can be let go (the file
+    holds them) and nothing is left on disk once the map is gone."""
+    with tempfile.TemporaryFile() as backing:
+        backing.truncate(max(size, 1))
+        return mmap.mmap(backing.fileno(), max(size, 1))
 
 
 def load_synthetic(params: BaseModel, data_dir: Path) -> Dataset:
