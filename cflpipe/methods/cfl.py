@@ -90,6 +90,10 @@ class CFL(ClusterModels):
 
     def __init__(self, ctx: Context):
         super().__init__(ctx, 1, np.zeros(ctx.num_clients, dtype=np.int64))
+        # The bipartition's scipy, loaded with the method: in the first split round its import
+        # (0.37 s) was most of the server's time there, which the split itself (a ~1 ms linkage
+        # of the round's clients) is not (docs/performance.md, "100,000 clients").
+        import scipy.cluster.hierarchy  # noqa: F401
         p = ctx.init.numel()
         self.pending = np.full(ctx.num_clients, -1, dtype=np.int64)  # split a client still has to pass
         self.split_models = ctx.init.new_zeros((0, p))  # model each split was computed at
