@@ -114,3 +114,62 @@ def test_kmeans_cfl_carried_from_the_last_round_passes_the_conformance_checks(re
                                              "__doc__": "K-means CFL, carried.", "check_hyperparams": classmethod(settings)})
     register("kmeans_cfl_carried", KMeansCFLParams)(Carried)
     check_method("kmeans_cfl_carried", tmp_path)
+
+
+def true_bounds(carried, table):
+    """Each clustered row's distance to its own centre and to the nearest other (float64)."""
+    d = torch.cdist(table.double(), carried.centers)
+    rows = (carried.labels >= 0).nonzero().squeeze(1)
+    own = d[rows, carried.labels[rows]]
+    d[rows, carried.labels[rows]] = float("inf")
+    return rows, own, d[rows].min(dim=1).values
+
+
+def test_carried_kmeans_bounds_hold_when_its_iterations_run_out():
+    """Stopped by max_iter, the state's bounds still bound the distances to its centres (the last
+    move's), and later rounds end where Lloyd from the last clusters does."""
+    table, moves = rounds_of_moves(n=200, rounds=12, movers=40, step=1.5)
+    labels = kmeans(table, 4, seed=0).labels
+    carried = CarriedKMeans.start(table, np.arange(len(table)), labels, 4)
+    for i, (rows, step) in enumerate(moves):
+        before = table[rows].clone()
+        table[rows] += step
+        got = carried.update(table, rows, before, max_iter=1 if i < 8 else 100)
+        index, own, other = true_bounds(carried, table)
+        assert (carried.upper[index] >= own * (1 - 1e-6)).all() and (carried.lower[index] <= other * (1 + 1e-6)).all()
+        if i >= 8:
+            assert np.array_equal(got, lloyd_from_last(table, labels, 4))
+        labels = got
+
+
+def test_carried_kmeans_tells_apart_clusters_far_smaller_than_the_models_common_part():
+    """Models descended from one global model: a common part 1000, clusters 0.01 apart, float32
+    rows. The carried labels are those of Lloyd from the last clusters in float64."""
+    rng = np.random.default_rng(3)
+    p, k = 2000, 3
+    offsets = 0.01 * rng.normal(size=(k, p))
+    truth = np.repeat(np.arange(k), 30)
+    exact = 1000.0 + offsets[truth] + 0.006 * rng.normal(size=(len(truth), p))
+    table = torch.tensor(exact, dtype=torch.float32)
+    labels = kmeans(table.double(), k, seed=0).labels
+    carried = CarriedKMeans.start(table, np.arange(len(truth)), labels, k)
+    for _ in range(6):
+        rows = np.sort(rng.choice(len(truth), 20, replace=False))
+        before = table[rows].clone()
+        exact[rows] += 0.004 * rng.normal(size=(20, p))
+        table[rows] = torch.tensor(exact[rows], dtype=torch.float32)
+        got = carried.update(table, rows, before)
+        assert np.array_equal(got, lloyd_from_last(table.double(), labels, k))
+        labels = got
+        # the rows it read: their distances to within float32 products of the differences
+        _, own, _ = true_bounds(carried, table)  # the rows as stored (float32), in float64
+        torch.testing.assert_close(carried.upper[rows], own[rows], rtol=5e-5, atol=0)  # a float64 origin: 1.4e-4
+
+
+def test_carried_kmeans_ties_go_to_the_lowest_cluster():
+    """A row as far from two centres joins the lower-numbered cluster, as the k-means engine's."""
+    table = torch.tensor([[0.0] * 3, [0.0] * 3, [1.0] * 3, [1.0] * 3, [0.5] * 3])
+    carried = CarriedKMeans.start(table, np.arange(4), np.array([1, 1, 0, 0]), 2)  # cluster 0 at the ones
+    assert carried.update(table, np.array([4]), None)[4] == 0
+    carried = CarriedKMeans.start(table, np.arange(4), np.array([0, 0, 1, 1]), 2)
+    assert carried.update(table, np.array([4]), None)[4] == 0

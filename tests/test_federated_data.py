@@ -395,6 +395,20 @@ def test_large_leaf_synthetic_is_generated_into_a_released_file_map_with_the_sam
     def resident_mib() -> float:
         return int(Path("/proc/self/statm").read_text().split()[1]) * mmap.PAGESIZE / 2**20
 
+    import hashlib
+
+    # The arrays of the generator before it wrote rows in place (concatenated, then split), as
+    # recorded from that code at 25abf8e: the same bytes in memory and through the map.
+    recorded = "fead8cefaaf7e346b956c6798b0414b1b03d288d857578b5878199cdb6428b3d"
+    for limit in (embedded.MAPPED_BYTES, 0):
+        monkeypatch.setattr(embedded, "MAPPED_BYTES", limit)
+        old = embedded.generate_synthetic(embedded.SyntheticParams(devices=40, max_samples=60, seed=7,
+                                                                   test_fraction=0.5))
+        digest = hashlib.sha256()
+        for name in ("x_train", "y_train", "x_test", "y_test", "source_train", "source_test"):
+            digest.update(np.ascontiguousarray(getattr(old, name)).tobytes())
+        assert digest.hexdigest() == recorded
+    monkeypatch.setattr(embedded, "MAPPED_BYTES", 256 * 2**20)
     params = embedded.SyntheticParams(devices=30, max_samples=80, seed=4)
     kept = embedded.generate_synthetic(params)
     monkeypatch.setattr(embedded, "MAPPED_BYTES", 0)

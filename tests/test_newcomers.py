@@ -66,11 +66,12 @@ def test_the_new_clients_follow_the_seed_and_a_sampled_evaluation_places_none(tm
     assert np.isnan(evaluated.loc[5, "new_acc_macro"]) and not np.isnan(evaluated.loc[10, "new_acc_macro"])
 
 
-def test_a_run_with_new_clients_resumes_to_the_same_bytes(tmp_path, monkeypatch):
-    s = spec(tmp_path, {"fedgroup": {}}, checkpoint_every=5)
-    reference = train_run(s, "swap", "fedgroup", 0, progress=False).run_dir
+@pytest.mark.parametrize("method", ["fedgroup", "fedem"])  # FedEM's new clients carry their π
+def test_a_run_with_new_clients_resumes_to_the_same_bytes(tmp_path, monkeypatch, method):
+    s = spec(tmp_path, {method: {}}, checkpoint_every=5)
+    reference = train_run(s, "swap", method, 0, progress=False).run_dir
     kept = {f.name: f.read_bytes() for f in reference.glob("*.parquet") if not f.name.startswith("timing")}
-    other = spec(tmp_path / "again", {"fedgroup": {}}, checkpoint_every=5)
+    other = spec(tmp_path / "again", {method: {}}, checkpoint_every=5)
     save = engine.Run.save_state
 
     class Killed(Exception):
@@ -83,11 +84,35 @@ def test_a_run_with_new_clients_resumes_to_the_same_bytes(tmp_path, monkeypatch)
 
     monkeypatch.setattr(engine.Run, "save_state", save_then_die)
     with pytest.raises(Killed):
-        train_run(other, "swap", "fedgroup", 0, progress=False)
+        train_run(other, "swap", method, 0, progress=False)
     monkeypatch.undo()
-    again = train_run(other, "swap", "fedgroup", 0, progress=False).run_dir
+    again = train_run(other, "swap", method, 0, progress=False).run_dir
     for name, data in kept.items():
         assert (again / name).read_bytes() == data, name
+
+
+def test_the_mixtures_new_clients_carry_their_weights_from_one_placement_to_the_next(tmp_path):
+    """FedEM's, FedRC's and FedGMM's rule (their authors' code): one E-step and one update of π per
+    evaluation, from the π of the last one (uniform at the first); other methods keep nothing."""
+    from cflpipe.fl.axes.newcomers import place
+
+    for method in ("fedem", "fedrc", "fedgmm"):
+        run = prepare_run(spec(tmp_path / method, {method: {}}), "swap", method, 0)
+        run.setup()
+        (axis,) = run.axes
+        carried, fresh = {}, {}
+        first = place(run.method, axis.ctx, 0, 1, 64, axis.placed, carried)[0]
+        start = carried["pi"].clone()
+        second = place(run.method, axis.ctx, 0, 1, 64, axis.placed, carried)[0]
+        assert not torch.allclose(carried["pi"], start)  # the second step started from the first's π
+        place(run.method, axis.ctx, 0, 1, 64, axis.placed, fresh)
+        assert torch.equal(fresh["pi"], start)  # without it, every placement is the first step
+        assert first["new_acc_macro"] == first["new_acc_macro"] and second["new_acc_macro"] == second["new_acc_macro"]
+    run = prepare_run(spec(tmp_path / "ifca", {"ifca": {}}), "swap", "ifca", 0)
+    run.setup()
+    nothing = {}
+    place(run.method, run.axes[0].ctx, 0, 1, 64, run.axes[0].placed, nothing)
+    assert nothing == {} and run.axes[0].state() == {}
 
 
 @pytest.mark.parametrize("share, clusters, per_round, line", [

@@ -23,9 +23,9 @@ import torch
 from cflpipe.clustering.engine import _row_slices
 
 # Bounds are compared with this relative slack: a row within it of the boundary is read again, so
-# rounding (distances in the table's precision, the carried sums) never keeps a row in a cluster
-# whose centre is no longer nearest by more than rounding.
-_SLACK = 1e-5
+# rounding (distances in the table's precision about the centres' mean, the carried sums) does not
+# keep a row in a cluster whose centre is no longer nearest by more than that.
+_SLACK = 1e-4
 
 
 @dataclass
@@ -50,7 +50,10 @@ class CarriedKMeans:
 
     @classmethod
     def start(cls, table: torch.Tensor, rows: np.ndarray, labels: np.ndarray, k: int) -> "CarriedKMeans":
-        """From a clustering of `rows` of the table (labels 0..k−1); other rows are absent."""
+        """From a clustering of `rows` of the table (labels 0..k−1, each present: an empty cluster
+        would have no centre to start from); other rows are absent."""
+        if len(np.unique(labels)) != k:
+            raise ValueError(f"CarriedKMeans.start: {len(np.unique(labels))} of {k} clusters have rows")
         n, p = table.shape
         device = table.device
         state = cls(torch.zeros(k, p, dtype=torch.float64, device=device),
@@ -76,8 +79,8 @@ class CarriedKMeans:
             old_labels = self.labels[index]
             kept = old_labels >= 0
             if bool(kept.any()):  # a moved row stays in its cluster with its new value, to begin with
-                change = table[index[kept]] - old_rows.to(device)[kept]  # nearby values: exact or nearly
-                self.sums.index_add_(0, old_labels[kept], change.to(torch.float64))
+                change = table[index[kept]].to(torch.float64) - old_rows.to(device)[kept].to(torch.float64)
+                self.sums.index_add_(0, old_labels[kept], change)
         self._settle(table, index, max_iter)
         return self.labels.cpu().numpy()
 
@@ -99,7 +102,8 @@ class CarriedKMeans:
             if not bool(moved.any()):
                 break
             self._move(table, rows[moved], self.labels[rows[moved]], before[moved])
-        self.centers = self._means(self.centers)
+        else:  # out of iterations: the bounds follow the last move's centres
+            self._loosen(self._means(self.centers))
 
     def means(self) -> torch.Tensor:
         """(k × p) float64: each cluster's mean (an empty cluster keeps its last centre)."""
@@ -132,17 +136,21 @@ class CarriedKMeans:
         in the table's precision about the centres' mean (the rows lie close together: the
         products are then no less exact than the k-means engine's, and a read row costs a copy)."""
         dtype = torch.float32 if table.dtype in (torch.float16, torch.bfloat16) else table.dtype
-        origin = self.centers.mean(dim=0)
-        centers = (self.centers - origin).to(dtype)
-        origin, squares = origin.to(dtype), _sq_norms(centers).to(torch.float64)
+        # one origin in the table's precision for rows and centres alike: a float64 one for the
+        # centres would shift every row by its rounding, eps × the models' common part
+        origin = self.centers.mean(dim=0).to(dtype)
+        centers = (self.centers - origin.to(torch.float64)).to(dtype)
+        squares = _sq_norms(centers).to(torch.float64)
         for part in _row_slices(len(rows), table.shape[1]):
             index = rows[part]
             x = table[index].to(dtype) - origin
             cross = (x @ centers.T).to(torch.float64)
             d = (_sq_norms(x).to(torch.float64)[:, None] + squares[None, :] - 2.0 * cross).clamp_min_(0.0).sqrt_()
             if self.k > 1:
-                two = torch.topk(d, 2, dim=1, largest=False)
-                self.labels[index], self.upper[index], self.lower[index] = two.indices[:, 0], two.values[:, 0], two.values[:, 1]
+                nearest = d.argmin(dim=1)  # ties to the lowest index, as the k-means engine's
+                upper = d.gather(1, nearest[:, None]).squeeze(1)
+                d.scatter_(1, nearest[:, None], float("inf"))
+                self.labels[index], self.upper[index], self.lower[index] = nearest, upper, d.min(dim=1).values
             else:
                 self.labels[index], self.upper[index] = 0, d[:, 0]
                 self.lower[index] = float("inf")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import mmap
+import os
 import tempfile
 from pathlib import Path
 
@@ -180,10 +181,12 @@ MAPPED_BYTES = 256 * 2**20
 
 
 def _file_map(size: int) -> mmap.mmap:
-    """A shared map of `size` bytes of an unlinked temporary file: its pages can be let go (the file
-    holds them) and nothing is left on disk once the map is gone."""
+    """A shared map of `size` bytes of an unlinked temporary file (in TMPDIR, which should be a
+    disk: on a tmpfs the let-go pages stay in memory): its pages can be let go (the file holds them)
+    and nothing is left on disk once the map is gone. The space is reserved first, so a full disk is
+    an OSError here rather than a SIGBUS while the map is written."""
     with tempfile.TemporaryFile() as backing:
-        backing.truncate(max(size, 1))
+        os.posix_fallocate(backing.fileno(), 0, max(size, 1))
         return mmap.mmap(backing.fileno(), max(size, 1))
 
 

@@ -201,6 +201,11 @@ class Method:
     # What the method does with a client it never trained with, in a sentence (`cflpipe methods`
     # NAME); "" where it has no rule: its new-client figures are NaN and it is reported as such.
     newcomer_rule: str = ""
+    # Client-state tables (ctx.clients) a new client keeps from one placement to the next, where
+    # the method's own rule carries them (the mixtures' π: their authors' code updates an unseen
+    # client's weights once per evaluation from the last ones); every other table starts at its
+    # default at each placement. Checkpointed with the run.
+    newcomer_keeps: tuple[str, ...] = ()
 
     def place(self, newcomers: Context) -> Placement | None:
         """Place the new clients by the method's own rule: ask them (`newcomers.ask`: the sibling

@@ -26,6 +26,11 @@ def save_state(run, round_number: int) -> None:
         "tables": {name: dict(cols) for name, cols in run.tables.items()},
         "trainer": run.trainer.state_dict(),
     }
+    # what the axes carry between evaluations, where one does (absent otherwise: such runs'
+    # checkpoints stay as they were)
+    axes = {axis.name: kept for axis in run.axes if (kept := axis.state())}
+    if axes:
+        state["axes"] = axes
     write_state(run.state_path, state)
 
 
@@ -76,5 +81,8 @@ def try_resume(run) -> None:
         run.method.load_state_dict(state["method"])
         run.ctx.clients.load_state_dict(state["clients"])
     run.tables = {name: defaultdict(list, cols) for name, cols in state["tables"].items()}
+    for axis in run.axes:
+        if axis.name in state.get("axes", {}):
+            axis.load_state(state["axes"][axis.name])
     run.trainer.load_state_dict(state.get("trainer") or {})  # absent from checkpoints before auto measured
     run.start_round = int(state["round"])

@@ -60,8 +60,8 @@ def responsibilities(log_pi: np.ndarray, losses: np.ndarray) -> np.ndarray:
 def asked_weights(method: Method, newcomers: Context) -> np.ndarray:
     """A mixture method's placement of new clients (FedEM, FedRC, FedGMM): each receives what a
     participant receives (`method.payload`), answers the question "weights" by its method's
-    `query` (the E-step of its mixture weights from uniform ones, on its training data) and keeps
-    its π; the new clients' kept π, (new clients × …)."""
+    `query` (one E-step of its mixture weights from the π it kept at the last placement, uniform
+    at the first, on its training data) and keeps its π; the new clients' kept π, (new clients × …)."""
     payload = method.payload(0)
     payload.meta["question"] = "weights"
     newcomers.ask({c: payload for c in range(newcomers.num_clients)})
@@ -159,8 +159,12 @@ class FedEM(Method):
         return {"mixture": mixture_table(self.mixture())}
 
     newcomer_rule = ("receives the K component models (FedRC: and the clusters' label distributions), computes its "
-                     "responsibilities on its training samples from uniform weights (one E-step, as in a round) and "
-                     "keeps their mean as its π: served that mixture, in the cluster of its largest weight")
+                     "responsibilities on its training samples from the π it kept at the last evaluation (uniform at "
+                     "the first; one E-step, as in a round) and keeps their mean as its π: served that mixture, in the "
+                     "cluster of its largest weight")
+    # One E-step and one π update per evaluation from the last π, as the authors' code updates its
+    # unseen clients (docs/new-clients.md, "Which rule is each method's own").
+    newcomer_keeps = ("pi",)
 
     def place(self, newcomers: Context) -> Placement:
         weights = asked_weights(self, newcomers)

@@ -193,8 +193,10 @@ class FedGMM(Method):
         return z, joint_responsibilities(log_pi, log_density.cpu().numpy(), losses)
 
     newcomer_rule = ("receives the classifiers and the input components, computes its joint responsibilities on its "
-                     "training samples from uniform weights (one E-step, as in a round) and keeps their mean as its "
-                     "π: served that mixture (per input, as every client), in the cluster of its largest share")
+                     "training samples from the π it kept at the last evaluation (uniform at the first; one E-step, as "
+                     "in a round) and keeps their mean as its π: served that mixture (per input, as every client), in "
+                     "the cluster of its largest share")
+    newcomer_keeps = ("pi",)  # as FedEM's (its authors' unseen-client loop carries π too)
 
     def place(self, newcomers: Context) -> Placement:
         shares = asked_weights(self, newcomers).sum(axis=1)

@@ -96,10 +96,14 @@ class KMeansCFL(ClusterModels):
         labels = np.zeros(len(known), dtype=np.int64)
         if k > 1:
             labels = canonical_labels(kmeans(models, k, seed=self.ctx.rng(0xC1), n_init=self.hp.n_init).labels)
+        if k > 1 and self.hp.kmeans_start == "last" and len(np.unique(labels)) == k:
+            # carried from here on, from its own labels (its Lloyd steps may move a row the
+            # engine's stopped short of moving)
+            self.carried = CarriedKMeans.start(self.latest, known, labels, k)
+            labels, self.centers = self.carried_labels(known, self.carried.labels.cpu().numpy()[known])
+            return labels
         ones = torch.ones(len(known), dtype=self.latest.dtype, device=self.latest.device)
         self.centers, _ = cluster_average(models, torch.from_numpy(labels), ones, int(labels.max()) + 1)
-        if k > 1 and self.hp.kmeans_start == "last":
-            self.carried = CarriedKMeans.start(self.latest, known, labels, k)
         return labels
 
     def carried_round(self, clients: np.ndarray, before: torch.Tensor, known: np.ndarray
@@ -109,7 +113,11 @@ class KMeansCFL(ClusterModels):
         partition as a Lloyd run over every row from the last clusters' means in this round's
         models; the paper writes K-means each round and states no initialization). At 1,000
         clients and more n_init fresh restarts cost several training rounds (docs/performance.md)."""
-        own = self.carried.update(self.latest, clients, before)[known]
+        return self.carried_labels(known, self.carried.update(self.latest, clients, before)[known])
+
+    def carried_labels(self, known: np.ndarray, own: np.ndarray) -> tuple[np.ndarray, torch.Tensor]:
+        """The carried clustering's labels of the known clients (its own numbers) in order of first
+        appearance, and the present clusters' means in that order."""
         labels = canonical_labels(own)
         order = np.zeros(self.carried.k, dtype=np.int64)
         order[own] = labels  # each present cluster's canonical number (an empty one keeps none)

@@ -13,7 +13,9 @@ naming one:
   it (availability evaluates the few clients it follows there);
 - `evaluate(run, round_number, clients, result)` at each evaluation: its figures (rounds.parquet)
   and its rows of `<name>.parquet`, or None where it says nothing that round;
-- `summary(run)`: what it adds to summary.json.
+- `summary(run)`: what it adds to summary.json;
+- `state()` / `load_state(state)`: what it carries from one evaluation to the next, checkpointed
+  with the run (new clients' kept tables).
 
 An axis a scenario names by a key of its own arrives as one module and one line of SCENARIO_AXES
 below: its class gives the key, its settings' pydantic model (`Settings`: the scenario's field,
@@ -76,6 +78,14 @@ class Axis:
 
     def summary(self, run: "Run") -> dict[str, Any]:
         return {}
+
+    def state(self) -> dict[str, Any]:
+        """What the axis carries from one evaluation to the next (tensors, arrays, numbers),
+        checkpointed with the run; empty where it carries nothing."""
+        return {}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """On resume: what `state` gave at the checkpoint."""
 
 
 def plain(value: float | None) -> float | None:

@@ -89,16 +89,20 @@ class _Served:
 
 
 def place(method: Method, newcomers: Context, round_index: int, round_number: int, eval_batch_size: int,
-          ids: np.ndarray) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+          ids: np.ndarray, kept: dict[str, Any]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """The round's new-client figures and its rows of newcomers.parquet (round, client by its
     scenario id, cluster, true group, test accuracy and samples); NaN figures where the method has
-    no rule (and no rows)."""
+    no rule (and no rows). `kept`: the tables the method's rule carries from the last placement
+    (`Method.newcomer_keeps`), updated in place."""
     newcomers.round = round_index
     newcomers.extra_bytes_down = newcomers.extra_bytes_up = 0
-    # Every placement starts from clients that keep nothing: nothing carries over from one
-    # evaluation to the next, so a resumed run places as an uninterrupted one does.
+    # Every placement starts from clients that keep nothing but what the method's rule carries
+    # (checkpointed with the run: a resumed run places as an uninterrupted one does).
     newcomers.clients = method.ctx.clients.fresh(newcomers.num_clients)
+    for name, table in kept.items():
+        newcomers.clients[name] = table.clone()
     placement = method.place(newcomers)
+    kept.update({name: newcomers.clients[name].clone() for name in method.newcomer_keeps})
     if placement is None:
         return {name: float("nan") for name in FIGURES}, {}
     data = newcomers.data
@@ -138,13 +142,21 @@ class NewClients(Axis):
             chosen = placed_sample(len(self.ids), run.population_size / run.data.num_clients, run.seed)
             self.placed, self.data = self.ids[chosen], self.data.subset(chosen)
         self.ctx = sibling(run.ctx, self.data)
+        self.kept: dict[str, Any] = {}
 
     def evaluate(self, run, round_number, clients, result):
         # scored on their test splits: not in a run that reads none
         full = clients is None or clients is run.population
         if not (full and run.training.eval_test):
             return None
-        return place(run.method, self.ctx, run.ctx.round, round_number, run.training.eval_batch_size, self.placed)
+        return place(run.method, self.ctx, run.ctx.round, round_number, run.training.eval_batch_size, self.placed,
+                     self.kept)
+
+    def state(self) -> dict[str, Any]:
+        return dict(self.kept)
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.kept = {name: table.to(self.ctx.device) for name, table in state.items()}
 
     def summary(self, run) -> dict:
         # the participants are the others, numbered 0..clients-1 in id order
