@@ -163,7 +163,7 @@ class FedEM(Method):
                      "the first; one E-step, as in a round) and keeps their mean as its π: served that mixture, in the "
                      "cluster of its largest weight")
     # One E-step and one π update per evaluation from the last π, as the authors' code updates its
-    # unseen clients (docs/new-clients.md, "Which rule is each method's own").
+    # unseen clients (docs/new-clients.md, "FedEM, FedRC and FedGMM: which fit of a new client's weights").
     newcomer_keeps = ("pi",)
 
     def place(self, newcomers: Context) -> Placement:

@@ -21,7 +21,7 @@ class KMeansCFLParams(HyperParams):
         "fresh", description="where each round's K-means starts once clustering has begun: afresh (n_init "
                              "random restarts over every client's model) or from the last round's clusters "
                              "(Lloyd's algorithm carried over, reading the round's changed rows and those near a "
-                             "boundary: server 0.52-0.64x its training at 1,000-10,000 clients against 6.5-8.5x, but "
+                             "boundary: server 0.52-0.77x its training at 1,000-10,000 clients against 6.5-8.5x, but "
                              "worse clusters under partial participation; docs/performance.md). Algorithm 1 step "
                              "3.2 states no initialization")
 
@@ -35,6 +35,6 @@ declare("kmeans_cfl", KMeansCFLParams, "cflpipe.methods.kmeans_cfl:KMeansCFL",
         Capabilities(clustered=True, k_param="clusters"), _kmeans_cfl_starts, cluster_options("kmeans_cfl", awcfl="awcfl", mcfl="mcfl"),
         family="clustered", variant_family="seed",
         at_scale="with the default fresh K-means each round (n_init restarts over all N latest models) the server is "
-                 "6.5-7.4x its training at 1,000 clients and 7.9-8.5x at 10,000 (5.5 s once all 10,000 have uploaded); "
-                 "kmeans_start: last carries Lloyd's algorithm from the last round (0.52-0.64x) but found worse clusters "
+                 "6.5-7.4x its training at 1,000 clients and 7.1-8.5x at 10,000 (5.5 s once all 10,000 have uploaded); "
+                 "kmeans_start: last carries Lloyd's algorithm from the last round (0.52-0.77x) but found worse clusters "
                  "under partial participation on 2 of 3 scenarios, so it is not the default")
