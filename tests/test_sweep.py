@@ -114,7 +114,7 @@ def test_swept_values_become_valid_entry_names(values, names):
 @pytest.mark.parametrize("change, line", [
     ({"awcfl": {"sweep": {"beta": [0, 2, 0.5]}}}, "methods.awcfl.sweep.beta: must be <= 1, got 2"),
     ({"awcfl": {"sweep": {"bta": [0, 1]}}},
-     "methods.awcfl.sweep.bta: unknown key; allowed: beta, clusters, cluster_start, n_init"),
+     "methods.awcfl.sweep.bta: unknown key; allowed: beta, clusters, cluster_start, n_init, kmeans_start"),
     ({"awcfl": {"sweep": {"beta": [1, 1.0]}}}, "methods.awcfl.sweep.beta: values must be distinct, got 1 and 1.0"),
     # one label for both: reported at the values, not at a label the spec does not write
     ({"fedprox": {"sweep": {"mu": [0.1, "0.1"]}}}, "methods.fedprox.sweep.mu: values must be distinct, got 0.1 and '0.1'"),
