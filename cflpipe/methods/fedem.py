@@ -178,9 +178,14 @@ class FedEM(Method):
         pi = view.kept("pi")
         if not len(y):
             return view.answer({})
-        q = cls.responsibilities_of(payload, pi.cpu().numpy(), sample_losses(view.apply, payload.tensors["models"], x, y),
-                                    y.cpu().numpy())
-        return view.answer({}, keep={"pi": torch.as_tensor(q.mean(axis=1), dtype=pi.dtype, device=pi.device)})
+        new_pi = cls.new_client_weights(payload, pi.cpu().numpy(), sample_losses(view.apply, payload.tensors["models"], x, y),
+                                        y.cpu().numpy())
+        return view.answer({}, keep={"pi": torch.as_tensor(new_pi, dtype=pi.dtype, device=pi.device)})
+
+    @classmethod
+    def new_client_weights(cls, payload: Payload, pi: np.ndarray, losses: np.ndarray, labels: np.ndarray) -> np.ndarray:
+        """A placement's update of a new client's π: one E-step from its kept π and their mean."""
+        return cls.responsibilities_of(payload, pi, losses, labels).mean(axis=1)
 
 
 # ---------------------------------------------------------------------------- FedRC
