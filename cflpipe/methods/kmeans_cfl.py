@@ -74,11 +74,14 @@ class KMeansCFL(ClusterModels):
         k = min(self.hp.clusters, len(known))
         if self.ctx.round + 1 >= self.hp.cluster_start and k > 1:
             if self.carried is not None and self.carried.k == k:
-                labels, self.centers = self.carried_round(clients, before, known)
+                # `kmeans_start: last`: Lloyd's algorithm continued from the last round's clusters
+                # after this round's uploads, reading the uploads and the rows near a boundary only
+                # (the partition of a Lloyd run over every row from the last clusters' means; the
+                # paper writes K-means each round and states no initialization).
+                labels, self.centers = self.carried_labels(known, self.carried.update(self.latest, clients, before)[known])
             else:
                 labels = self.fresh_round(known, k)
         else:
-            self.carried = None
             labels = self.fresh_round(known, 1)
         self.clusters[known] = labels
         unseen = np.nonzero(~self.seen)[0]
@@ -105,15 +108,6 @@ class KMeansCFL(ClusterModels):
         ones = torch.ones(len(known), dtype=self.latest.dtype, device=self.latest.device)
         self.centers, _ = cluster_average(models, torch.from_numpy(labels), ones, int(labels.max()) + 1)
         return labels
-
-    def carried_round(self, clients: np.ndarray, before: torch.Tensor, known: np.ndarray
-                      ) -> tuple[np.ndarray, torch.Tensor]:
-        """`kmeans_start: last`: Lloyd's algorithm continued from the last round's clusters after
-        this round's uploads, reading the uploads and the rows near a boundary only (the same
-        partition as a Lloyd run over every row from the last clusters' means in this round's
-        models; the paper writes K-means each round and states no initialization). At 1,000
-        clients and more n_init fresh restarts cost several training rounds (docs/performance.md)."""
-        return self.carried_labels(known, self.carried.update(self.latest, clients, before)[known])
 
     def carried_labels(self, known: np.ndarray, own: np.ndarray) -> tuple[np.ndarray, torch.Tensor]:
         """The carried clustering's labels of the known clients (its own numbers) in order of first
