@@ -130,9 +130,9 @@ def play(run: Any, rounds: int, poison: bool = False) -> list[dict]:
     if poison:
         ask = ctx.ask
 
-        def poisoned_ask(payloads):
+        def poisoned_ask(payloads, **options):
             with _poisoned(method, f"a client asked in round {ctx.round + 1}"):
-                answers = ask(payloads)
+                answers = ask(payloads, **options)
             for c, answer in answers.items():
                 _assert_finite(answer, f"client {c} asked in round {ctx.round + 1}", ctx.train_sizes()[c])
             return answers
@@ -439,9 +439,9 @@ def check_new_clients_change_no_training(name: str, workdir: Path) -> None:
         before = _server_state(method), {k: v.clone() for k, v in method.ctx.clients.state_dict().items()}
         ask = newcomers.ask
 
-        def poisoned_ask(payloads):  # new clients, too, use only what they are sent
+        def poisoned_ask(payloads, **options):  # new clients, too, use only what they are sent
             with _poisoned(method, f"a new client asked in round {newcomers.round + 1}"):
-                answers = ask(payloads)
+                answers = ask(payloads, **options)
             for c, answer in answers.items():
                 _assert_finite(answer, f"new client {c} asked in round {newcomers.round + 1}",
                                newcomers.train_sizes()[c])

@@ -240,7 +240,7 @@ class Context:
         other.client_side = self.client_side
         return other
 
-    def ask(self, payloads: dict[int, Payload]) -> dict[int, Update]:
+    def ask(self, payloads: dict[int, Payload], *, counted: bool = True) -> dict[int, Update]:
         """Ask clients a question outside the round's training (all clients' models in a
         clustering round, pre-training, a loss or a descriptor of their data): each answers by the
         method's client side, `Method.query_plan` (local work, which the trainer executes for all
@@ -248,7 +248,9 @@ class Context:
         was sent. Counts each payload down (less what the client holds, Payload.held) and each
         answer up; what an answer keeps goes to the client store. A client whose training
         diverged sends nothing and is left out, or stops the run (training.on_divergence), as a
-        sampled client's update would."""
+        sampled client's update would. `counted=False`: a question of the evaluation (IFCA's
+        clients choosing their cluster again to be scored), whose traffic is no part of the
+        method's: nothing is counted."""
         side = self.client_side
         if side is None:
             raise RuntimeError("Context.ask: no method's client side answers yet (Method.__init__ sets it)")
@@ -257,14 +259,16 @@ class Context:
         trained = self.run({c: plans for c, (plans, _) in work.items() if plans is not None})
         answers: dict[int, Update] = {}
         for c, view in views.items():
-            self.extra_bytes_down += payloads[c].nbytes
+            if counted:
+                self.extra_bytes_down += payloads[c].nbytes
             outcome = trained.get(c)
             if outcome is not None and _diverged(outcome):
                 if self.training.on_divergence == "stop":
                     raise divergence_error(self.round, c, self.method, _losses(outcome))
                 continue
             answer = side.query(view, payloads[c], outcome, work[c][1])
-            self.extra_bytes_up += answer.nbytes
+            if counted:
+                self.extra_bytes_up += answer.nbytes
             for name, tensor in answer.keep.items():
                 self.clients.set(name, c, tensor)
             answers[c] = answer

@@ -43,6 +43,28 @@ ADAPT = "adapt"
 LOSSES = "losses"
 
 
+def asked_losses(ctx: Context, models: torch.Tensor, clients: np.ndarray | None = None, *,
+                 counted: bool = True) -> np.ndarray:
+    """(clients × models) mean training cross-entropy of each model on each client's data, as the
+    clients answer LOSSES (Context.ask; of `clients` in their order, or of all): NaN for a client
+    without training data or left out by divergence."""
+    which = np.arange(ctx.num_clients) if clients is None else np.asarray(clients, dtype=np.int64)
+    payload = Payload({"models": models}, {"question": LOSSES})
+    answers = ctx.ask({int(c): payload for c in which}, counted=counted)
+    out = np.full((len(which), len(models)), np.nan)
+    for row, client in enumerate(which):
+        answer = answers.get(int(client))
+        if answer is not None:
+            out[row] = answer.tensors["losses"].double().cpu().numpy()
+    return out
+
+
+def lowest(losses: np.ndarray) -> np.ndarray:
+    """argmin over the last axis; NaN (no data, diverged model) counts as +inf, ties go to the
+    lowest index."""
+    return np.argmin(np.where(np.isnan(losses), np.inf, losses), axis=-1).astype(np.int64)
+
+
 def mixture_table(weights: np.ndarray) -> dict[str, np.ndarray]:
     """A soft method's `mixture.parquet` rows: each client's share in each cluster, long format
     (client, cluster, weight) from the (clients × clusters) weights."""
@@ -161,12 +183,7 @@ class ClusterModels(Method):
         """A new client receives the cluster models, sends its mean training loss under each (its
         method's `query` answers the question "losses") and is served the one of lowest loss,
         which it holds already; one without training data is served the first."""
-        n = newcomers.num_clients
-        answers = newcomers.ask({c: Payload({"models": models}, {"question": LOSSES}) for c in range(n)})
-        losses = np.full((n, len(models)), np.nan)
-        for c, answer in answers.items():
-            losses[c] = answer.tensors["losses"].double().cpu().numpy()
-        clusters = np.argmin(np.where(np.isnan(losses), np.inf, losses), axis=1).astype(np.int64)
+        clusters = lowest(asked_losses(newcomers, models))
         if self.mcfl:  # MCFL's selection by the data, as for the participants
             return Placement(clusters, Selected(list(models), clusters, self.nearest_feature_mean))
         return Placement(clusters, Models(list(models), clusters))

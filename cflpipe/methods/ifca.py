@@ -17,9 +17,8 @@ from cflpipe.errors import SpecError
 from cflpipe.fl.method import ClientView, Context, Payload, Placement, Update, stack_updates
 from cflpipe.fl.params import cluster_average
 from cflpipe.fl.plan import ClientPlan, Trained
-from cflpipe.methods.clustered import ClusterModels
+from cflpipe.methods.clustered import ClusterModels, asked_losses, lowest
 from cflpipe.methods.intercluster_params import AWCFLParams, MCFLParams
-from cflpipe.metrics import per_client_mean
 from cflpipe.models import build_model
 from cflpipe.seeds import seed32
 
@@ -50,22 +49,6 @@ def sample_losses(apply, models: torch.Tensor, x: torch.Tensor, y: torch.Tensor)
     return torch.stack([F.cross_entropy(out, y, reduction="none") for out in logits]).double().cpu().numpy()
 
 
-def train_losses(ctx: Context, models: torch.Tensor, clients: np.ndarray | None = None) -> np.ndarray:
-    """Mean training loss of every model on every client's training set, (clients × K); of the
-    given clients only (in their order) when `clients` is given."""
-    split = ctx.data.train if clients is None else ctx.data.train.subset(clients)
-    losses = sample_losses(ctx.apply, models, split.x, split.y)
-    owner = split.owner.cpu().numpy()
-    count = ctx.num_clients if clients is None else len(clients)
-    return np.stack([per_client_mean(owner, loss, count) for loss in losses], axis=1)
-
-
-def lowest(losses: np.ndarray) -> np.ndarray:
-    """argmin over the last axis; NaN (no data, diverged model) counts as +inf, ties go to the
-    lowest index."""
-    return np.argmin(np.where(np.isnan(losses), np.inf, losses), axis=-1).astype(np.int64)
-
-
 class IFCA(ClusterModels):
     """IFCA: all K cluster models go to each client, which trains (and joins) the one with the lowest loss.
 
@@ -84,10 +67,11 @@ class IFCA(ClusterModels):
     run reports the set that led in the last round. `restarts: 1` (default) is Algorithm 1.
 
     Evaluation: a client is evaluated with the cluster whose model has the lowest loss on its
-    training data, re-estimated for every client at each evaluation round (the paper's cluster
-    identity estimate, applied also to clients not sampled lately). This refresh is an
-    evaluation step, not training, so its models are not counted as bytes; it does not change
-    training, because a sampled client re-picks its cluster from all K models anyway."""
+    training data, re-estimated for every evaluated client at each evaluation round (the paper's
+    cluster identity estimate, applied also to clients not sampled lately): the server asks them
+    for their losses (Context.ask, the question a new client is asked). This refresh is an
+    evaluation step, not training, so its traffic is not counted; it does not change training,
+    because a sampled client re-picks its cluster from all K models anyway."""
 
     sends_all_models = True  # every client picks among all K (MCFL needs nothing more)
 
@@ -176,10 +160,8 @@ class IFCA(ClusterModels):
         """Clients choose their cluster again by loss on their training data; in a sampled
         evaluation only the sampled ones, the others keep the cluster they last chose."""
         models = self._best_models()
-        if clients is None:
-            self.clusters = lowest(train_losses(self.ctx, models))
-        else:
-            self.clusters[clients] = lowest(train_losses(self.ctx, models, clients))
+        which = np.arange(self.ctx.num_clients) if clients is None else np.asarray(clients, dtype=np.int64)
+        self.clusters[which] = lowest(asked_losses(self.ctx, models, which, counted=False))
         return list(models), self.clusters.copy()
 
     newcomer_rule = ("receives the K cluster models, sends its training loss under each and is served the one of "

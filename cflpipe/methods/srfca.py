@@ -22,7 +22,7 @@ import torch
 
 from cflpipe.fl.method import ClientView, Context, Payload, Placement, Update, stack_updates
 from cflpipe.fl.plan import ClientPlan
-from cflpipe.methods.clustered import LOSSES, ClusterModels
+from cflpipe.methods.clustered import ClusterModels, asked_losses
 
 # Purposes of the server randomness: the pivots of the start's and of each merge's clustering.
 _PIVOTS_INIT, _PIVOTS_MERGE = 0x5A, 0x5B
@@ -148,12 +148,7 @@ class SRFCA(ClusterModels):
         """(models × clients) mean training cross-entropy of each model on each client's data
         (NaN for a client without training data); each client receives the models and sends one
         loss per model."""
-        payload = Payload({"models": models}, {"question": LOSSES})
-        answers = self.ctx.ask({client: payload for client in range(self.ctx.num_clients)})
-        out = np.full((len(models), self.ctx.num_clients), np.nan)
-        for client, answer in answers.items():
-            out[:, client] = answer.tensors["losses"].double().cpu().numpy()
-        return out
+        return asked_losses(self.ctx, models).T
 
     newcomer_rule = ("receives the cluster models, sends its training cross-entropy under each (the losses SR-FCA "
                      "clusters by) and is served the one of lowest loss")
