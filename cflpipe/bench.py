@@ -556,7 +556,7 @@ def run_bench(workloads: list[str] | None = None, rounds: int | None = None, out
               data_dir: str = "resources/datasets", precisions: list[str] | None = None,
               compiled: bool = False, populations: list[int] | None = None, methods: list[str] | None = None,
               plot_to: str | None = None, limit_s: float = 600, limit_mib: float = 8192,
-              rows_to: str | None = None) -> dict:
+              rows_to: str | None = None, client_store: str = "memory") -> dict:
     # The yardstick trains minutes per run on a CPU: it runs only when asked for.
     parts = parts or ["overhead", "trainers", "steps", "eval", "apply"]
     figures: dict = {"torch_threads": torch.get_num_threads(), "torch": torch.__version__}
@@ -578,7 +578,7 @@ def run_bench(workloads: list[str] | None = None, rounds: int | None = None, out
 
         figures["scale_methods"] = bench_methods_at_scale(populations or POPULATIONS, methods, scale_rounds, device,
                                                           output=rows_to, plot_to=plot_to, limit_s=limit_s,
-                                                          limit_mib=limit_mib)
+                                                          limit_mib=limit_mib, client_store=client_store)
         # Full against sampled evaluation only where sampling saves anything (1,000 clients and
         # more), of the populations and methods asked for.
         large = tuple(p for p in (populations or (1000, 10000)) if p >= 10 * SCALE_SAMPLE)

@@ -230,9 +230,11 @@ def plot(rows: list[dict], path: str) -> None:
 
 def bench_methods_at_scale(populations=POPULATIONS, methods: list[str] | None = None, rounds: int = 4,
                            device: str = "cpu", output: str | None = None, plot_to: str | None = None,
-                           limit_s: float = 600.0, limit_mib: float = 8192.0) -> list[dict]:
+                           limit_s: float = 600.0, limit_mib: float = 8192.0, client_store: str = "memory"
+                           ) -> list[dict]:
     """Every configuration measured in turn, each row printed (and appended to `output` as a JSON
-    line) as it comes, then the table and, with `plot_to`, the log-log plot."""
+    line) as it comes, then the table and, with `plot_to`, the log-log plot. `client_store`:
+    training.client_store of every run (disk: the client store memory-mapped; the rows say so)."""
     from cflpipe.errors import SpecError
 
     measured = methods_measured()
@@ -249,7 +251,11 @@ def bench_methods_at_scale(populations=POPULATIONS, methods: list[str] | None = 
         if methods and method not in methods:
             continue
         for clients in sorted(populations):
-            row = measure(method, params, clients, rounds, device=device, limit_s=limit_s, limit_mib=limit_mib)
+            training = {"client_store": client_store} if client_store != "memory" else None
+            row = measure(method, params, clients, rounds, training=training, device=device, limit_s=limit_s,
+                          limit_mib=limit_mib)
+            if training:
+                row["client_store"] = client_store
             rows.append(row)
             if "stopped" in row:
                 print(f"scale     {method:10s} clients={clients:6d}  stopped: {row['stopped']} "

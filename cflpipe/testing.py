@@ -269,7 +269,11 @@ def _one_record(check: Callable[[str, Path], None]) -> Callable[[str, Path], Non
 @_one_record
 def check_resume(name: str, workdir: Path) -> None:
     stop_after = int(np.random.default_rng(list(name.encode())).integers(1, ROUNDS))
-    spec = parse_spec(spec_dict(Path(workdir), name))
+    raw = spec_dict(Path(workdir), name)
+    # The client store on disk (the reference keeps it in memory): the same bytes, and its
+    # tables come back from the checkpoint into their files.
+    raw["training"]["client_store"] = "disk"
+    spec = parse_spec(raw)
     # Every table of two dimensions goes to row blocks (the reference kept them inside state.pt),
     # so the resumed state is what comes back through the checkpoint's blocks.
     with _patched(checkpoint, "MIN_ROWS_BYTES", 1):

@@ -23,7 +23,8 @@ def cmd_bench(args) -> int:
     run_bench(workloads=args.workload, rounds=args.rounds, output=args.output, repeats=args.repeats,
               parts=args.part, device=args.device, trainers=args.trainer, users=args.users, data_dir=args.data_dir,
               precisions=args.precision, compiled=args.compile, populations=args.clients, methods=args.method,
-              plot_to=args.plot, limit_s=args.limit_s, limit_mib=args.limit_mib, rows_to=args.rows)
+              plot_to=args.plot, limit_s=args.limit_s, limit_mib=args.limit_mib, rows_to=args.rows,
+              client_store=args.client_store)
     return 0
 
 
@@ -66,6 +67,9 @@ def _bench_arguments(p: argparse.ArgumentParser) -> None:
                    help="scale: stop a configuration after S seconds (default 600)")
     p.add_argument("--limit-mib", type=positive("--limit-mib"), default=8192, metavar="MIB",
                    help="scale: stop a configuration past MIB of RSS (default 8192)")
+    p.add_argument("--client-store", choices=["memory", "disk"], default="memory",
+                   help="scale: training.client_store of every run (disk: what clients keep, memory-mapped in "
+                        "the run's folder; default memory)")
     p.add_argument("--data-dir", default="resources/datasets", metavar="DIR",
                    help="yardstick: where CIFAR-10 is if downloaded (else CIFAR-shaped random images)")
 

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from cflpipe import store
+from cflpipe.fl.rowfile import chunks
 
 # The sha256 of state/state.pt, verified before a resume.
 STATE_HASH_FILE = "state.sha256"
@@ -98,10 +99,14 @@ def adopt_previous(path: Path) -> None:
         store.write_text(Path(path).with_name(STATE_HASH_FILE), f"{digests[1]}\n")
 
 
-def read_state(path: Path) -> tuple[dict[str, Any] | None, str | None]:
+def read_state(path: Path, targets: dict[tuple[str, ...], torch.Tensor] | None = None
+               ) -> tuple[dict[str, Any] | None, str | None]:
     """A run's checkpoint, verified against its digest and its blocks' names: (state, None), or
     (None, the problem). A state that matches the previous digest (a save interrupted before its
-    rename) is returned with state["__previous__"] = True."""
+    rename) is returned with state["__previous__"] = True. `targets`: tables, by their keys'
+    path in the state (("clients", name)), that a row table of the same shape and dtype is read
+    into rather than into memory (the client store on disk); a target is left partly written
+    where the checkpoint turns out damaged."""
     path = Path(path)
     digest = path.with_name(STATE_HASH_FILE)
     if not digest.exists():
@@ -116,7 +121,7 @@ def read_state(path: Path) -> tuple[dict[str, Any] | None, str | None]:
     except Exception as exc:  # a file torch cannot read: same treatment as a bad digest
         return None, f"unreadable ({type(exc).__name__})"
     try:
-        state = _internalize(manifest, rows_folder(path))
+        state = _internalize(manifest, rows_folder(path), targets or {}, ())
     except _BadBlock as exc:
         return None, str(exc)
     if actual != digests[0]:
@@ -166,8 +171,8 @@ def _write_blocks(table: torch.Tensor, folder: Path, named: set[str]) -> dict[st
     rows_per_block = max(1, BLOCK_BYTES // max(row_bytes, 1))
     raw = table.reshape(-1).view(torch.uint8).numpy()  # no copy: the table's own bytes
     names = []
-    for start in range(0, table.shape[0], rows_per_block):
-        chunk = raw[start * row_bytes:min(start + rows_per_block, table.shape[0]) * row_bytes]
+    for start, stop in chunks(table, rows_per_block):  # a table on disk is released as it is read
+        chunk = raw[start * row_bytes:stop * row_bytes]
         name = hashlib.sha256(chunk).hexdigest()
         names.append(name)
         if name not in named:
@@ -181,17 +186,17 @@ def _write_blocks(table: torch.Tensor, folder: Path, named: set[str]) -> dict[st
             "rows_per_block": rows_per_block, "blocks": names}
 
 
-def _internalize(value: Any, folder: Path) -> Any:
+def _internalize(value: Any, folder: Path, targets: dict[tuple[str, ...], torch.Tensor], at: tuple) -> Any:
     if isinstance(value, dict):
         if set(value) == {_ROWS_KEY}:
-            return _read_blocks(value[_ROWS_KEY], folder)
-        return {key: _internalize(item, folder) for key, item in value.items()}
+            return _read_blocks(value[_ROWS_KEY], folder, targets.get(at))
+        return {key: _internalize(item, folder, targets, (*at, key)) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
-        return type(value)(_internalize(item, folder) for item in value)
+        return type(value)(_internalize(item, folder, targets, (*at, i)) for i, item in enumerate(value))
     return value
 
 
-def _read_blocks(entry: dict[str, Any], folder: Path) -> torch.Tensor:
+def _read_blocks(entry: dict[str, Any], folder: Path, target: torch.Tensor | None = None) -> torch.Tensor:
     try:
         dtype = getattr(torch, entry["dtype"])
         shape, rows_per_block, names = [int(n) for n in entry["shape"]], int(entry["rows_per_block"]), entry["blocks"]
@@ -200,19 +205,20 @@ def _read_blocks(entry: dict[str, Any], folder: Path) -> torch.Tensor:
     except (KeyError, TypeError, ValueError, AttributeError):
         raise _BadBlock(f"a row table entry it cannot read in {folder.parent / 'state.pt'}") from None
     try:
-        table = torch.empty(shape, dtype=dtype)
+        fits = target is not None and list(target.shape) == shape and target.dtype == dtype
+        table = target if fits else torch.empty(shape, dtype=dtype)
         raw = table.reshape(-1).view(torch.uint8).numpy()
     except (RuntimeError, MemoryError, TypeError, ValueError):  # a dtype or size no table has
         raise _BadBlock(f"a row table entry it cannot read in {folder.parent / 'state.pt'}") from None
     row_bytes = raw.size // shape[0] if shape[0] else 0
     if len(names) != -(-shape[0] // rows_per_block):
         raise _BadBlock(f"{len(names)} row blocks where its table of {shape[0]} rows needs another number")
-    for index, name in enumerate(names):
+    for index, (first, last) in enumerate(chunks(table, rows_per_block)):  # a target on disk released as it fills
+        name = names[index]
         if not isinstance(name, str) or not _BLOCK_NAME.fullmatch(name):
             raise _BadBlock(f"a row block name that is not a sha256 ({str(name)[:80]!r})")
         block = folder / f"{name}.bin"
-        start = index * rows_per_block * row_bytes
-        chunk = raw[start:min(start + rows_per_block * row_bytes, raw.size)]
+        chunk = raw[first * row_bytes:last * row_bytes]
         try:
             with open(block, "rb") as handle:
                 filled = handle.readinto(memoryview(chunk))

@@ -4,18 +4,20 @@ clients) and the engine-owned store of what clients keep (`ClientStore`)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Iterator
 
 import numpy as np
 import torch
 
-from cflpipe.errors import DivergenceError
+from cflpipe.errors import DivergenceError, SpecError
 from cflpipe.fl.data import FederatedData
 from cflpipe.fl.local import Anchor, LocalResult, steps_for
 from cflpipe.fl.messages import ClientView, Payload, Update, round_lr
 from cflpipe.fl.params import ParamSpace
 from cflpipe.fl.plan import ClientPlan, Plans, Results, Trained
+from cflpipe.fl.rowfile import RowFile, chunks
 from cflpipe.fl.trainers import SequentialTrainer, Trainer
 from cflpipe.fl.work import WorkItem
 from cflpipe.seeds import mix_seed, rng
@@ -33,13 +35,39 @@ class ClientStore:
         self.device = device
         self.tables: dict[str, torch.Tensor] = {}
         self.defaults: dict[str, torch.Tensor] = {}
+        # training.client_store: disk: the folder the tables registered from then on live in
+        self.folder: Path | None = None
+        self.files: dict[str, RowFile] = {}
+
+    def on_disk(self, folder: Path) -> None:
+        """Keep the tables registered from now on in files of `folder` (fl/rowfile.py), not in
+        memory; their bytes are the same."""
+        if self.device.type != "cpu":
+            raise SpecError(f"training.client_store: disk keeps the client store in memory-mapped files, "
+                            f"which a {self.device.type} device cannot train from; use memory")
+        self.folder = Path(folder)
 
     def add(self, name: str, default: torch.Tensor) -> torch.Tensor:
         if name in self.tables:
             raise KeyError(f"client state {name!r} is already registered")
-        self.tables[name] = default.detach().unsqueeze(0).repeat(self.num_clients, *([1] * default.dim()))
+        if self.folder is not None:
+            self.files[name] = RowFile(self.folder / f"{name}.rows", default, self.num_clients)
+            self.tables[name] = self.files[name].tensor
+        else:
+            self.tables[name] = default.detach().unsqueeze(0).repeat(self.num_clients, *([1] * default.dim()))
         self.defaults[name] = default.detach().clone()
         return self.tables[name]
+
+    def release(self) -> None:
+        """Hand the pages of the tables on disk back to the kernel (after each round)."""
+        for file in self.files.values():
+            file.release()
+
+    def remove_files(self) -> None:
+        """Delete the tables' files (a run that finished keeps what its outputs need elsewhere)."""
+        for file in self.files.values():
+            file.remove()
+        self.files, self.tables = {}, {}
 
     def fresh(self, num_clients: int) -> "ClientStore":
         """A store of the same tables for other clients, every row at its registered default
@@ -55,6 +83,11 @@ class ClientStore:
     def __setitem__(self, name: str, table: torch.Tensor) -> None:
         if name not in self.tables or table.shape != self.tables[name].shape:
             raise KeyError(f"client state {name!r}: register it with add() and keep its shape")
+        if name in self.files:  # the file stays the table
+            if table.data_ptr() != self.tables[name].data_ptr():
+                for start, stop in chunks(self.tables[name], 1):
+                    self.tables[name][start:stop] = table[start:stop]
+            return
         self.tables[name] = table
 
     def get(self, name: str, client: int) -> torch.Tensor:
@@ -71,7 +104,15 @@ class ClientStore:
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         if set(state) != set(self.tables):
             raise KeyError(f"client state holds {sorted(state)}, the method registers {sorted(self.tables)}")
-        self.tables = {name: table.to(self.device) for name, table in state.items()}
+        for name, table in state.items():
+            if name in self.files:
+                self[name] = table  # read into the file (the checkpoint's reader may have already)
+            else:
+                self.tables[name] = table.to(self.device)
+
+    def targets(self) -> dict[str, torch.Tensor]:
+        """The tables a checkpoint's rows may be read straight into: those on disk."""
+        return {name: file.tensor for name, file in self.files.items()}
 
 
 class Context:

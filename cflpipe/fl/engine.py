@@ -141,6 +141,8 @@ class Run:
         # the clients a full evaluation reads (training.full_eval_clients; None: every client)
         self.population = evaluated_population(self.data, self.training, self.seed)
         self.ctx.population = self.population
+        if self.training.client_store == "disk":
+            self.ctx.clients.on_disk(self.state_path.with_name("store"))
         self.train_split_clients = train_split_clients(self.data, self.training, self.seed, self.training_clients,
                                                        self.population)
         self.method: Method = info.cls(self.ctx)
@@ -164,6 +166,8 @@ class Run:
         finally:
             if hasattr(self, "trainer"):
                 self.trainer.close()
+            if hasattr(self, "ctx"):  # the client store's files: a resume reads the checkpoint
+                self.ctx.clients.remove_files()
             if self.live is not None:  # a failed run's curves too
                 self.live.close()
 
@@ -246,6 +250,7 @@ class Run:
                 if self.live is not None:
                     self.live.log(r + 1, row)
             t3 = time.perf_counter()
+            self.ctx.clients.release()  # the client store on disk keeps no round's pages resident
             self.append("rounds", row)
             global _process_warm, _process_evaluated
             # A trainer with workers of its own starts them, or sends them the networks, in each

@@ -56,7 +56,8 @@ def try_resume(run) -> None:
         print(f"warning: {run.state_path}: a folder, not a checkpoint; starting the run afresh", file=sys.stderr)
         discard_state(run)
         return
-    state, problem = read_state(run.state_path)
+    targets = {("clients", name): table for name, table in run.ctx.clients.targets().items()}
+    state, problem = read_state(run.state_path, targets)
     previous = problem is None and state.pop("__previous__", False)
     if problem is None and checkpoint_of(state.get("config"), run.config_text) and state.get("method") is None \
             and int(state["round"]) != run.training.rounds:

@@ -139,6 +139,11 @@ class Training(Strict):
     on_divergence: Literal["stop", "skip"] = Field(
         "stop", description="NaN/inf loss: stop the run, or skip that client's update"
     )
+    client_store: Literal["memory", "disk"] = Field(
+        "memory", description="where the client store (what clients keep between rounds: personal models, "
+                              "mixture weights) lives: memory, or disk (memory-mapped files in the run's state "
+                              "folder, the pages a round touched handed back after it: resident memory follows "
+                              "the round's clients, not clients × parameters; CPU only); the same bytes either way")
     keep_state: bool = Field(
         False, description="keep a finished run's whole checkpoint (models, method state); false cuts it down "
                            "to the tables its outputs are written from")
@@ -234,7 +239,7 @@ def same_trainer_as_sequential(training: dict[str, Any]) -> dict[str, Any]:
 
 
 # Training keys that change what is kept of a run, or how fast it runs, not its results.
-TRAINING_NOT_IN_RUN = ("keep_state", "workers")
+TRAINING_NOT_IN_RUN = ("keep_state", "workers", "client_store")
 # Training keys added after runs were first recorded, with their defaults: left out of a run's
 # definition while at their default.
 LATER_TRAINING_DEFAULTS = {"eval_clients": None, "full_eval_every": None, "eval_train": True, "eval_test": True,

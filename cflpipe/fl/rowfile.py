@@ -1,0 +1,87 @@
+"""A (rows × …) table kept in a file of the run's folder and memory-mapped (`training.client_store:
+disk`): the client store's tables where clients × parameters would not fit in memory.
+
+The table is a plain torch tensor over the mapping, so every method reads and writes it as it
+would a table in memory, with the same bytes. What keeps memory down is `release`: the engine
+hands the pages a round touched back to the kernel after the round (the mapping is shared, so
+the data stays in the file and the page cache; the process's resident set no longer holds it),
+and a checkpoint's reads and writes of the whole table release as they go. A table in memory
+would hold every client's row resident from the first round.
+"""
+
+from __future__ import annotations
+
+import mmap
+import weakref
+from pathlib import Path
+
+import numpy as np
+import torch
+
+# Pages handed back at a time while a whole table is read or written (fill, checkpoint, resume).
+RELEASE_BYTES = 64 << 20
+_PAGE = mmap.PAGESIZE
+# The tables open in this process by the address of their first byte: a checkpoint reading or
+# writing a tensor asks whether it is one, to release its pages as it goes.
+_OPEN: "weakref.WeakValueDictionary[int, RowFile]" = weakref.WeakValueDictionary()
+
+
+class RowFile:
+    """`rows` copies of `default` in the file `path` (created, or overwritten), as `tensor`."""
+
+    def __init__(self, path: Path, default: torch.Tensor, rows: int):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        dtype = torch.empty(0, dtype=default.dtype).numpy().dtype
+        self.row_bytes = default.numel() * default.element_size()
+        size = max(rows * self.row_bytes, 1)
+        with open(self.path, "wb") as handle:
+            handle.truncate(size)
+        self._map = np.memmap(self.path, dtype=np.uint8, mode="r+", shape=(size,))
+        flat = self._map[:rows * self.row_bytes].view(dtype)
+        self.tensor = torch.from_numpy(flat).view(rows, *default.shape)
+        _OPEN[self.tensor.data_ptr()] = self
+        step = max(1, RELEASE_BYTES // max(self.row_bytes, 1))
+        row = default.detach().to("cpu")
+        for start in range(0, rows, step):
+            self.tensor[start:start + step] = row
+            self.release(start, start + step)
+
+    def release(self, start: int = 0, stop: int | None = None) -> None:
+        """Hand rows start … stop − 1 (all by default) back to the kernel: the file keeps them."""
+        rows = self.tensor.shape[0]
+        stop = rows if stop is None else min(stop, rows)
+        first = (start * self.row_bytes) // _PAGE * _PAGE
+        last = stop * self.row_bytes
+        if last > first:
+            self._map._mmap.madvise(mmap.MADV_DONTNEED, first, last - first)
+
+    def remove(self) -> None:
+        _OPEN.pop(self.tensor.data_ptr(), None)
+        del self.tensor
+        self._map._mmap.close()
+        self.path.unlink(missing_ok=True)
+
+
+def owner(table: torch.Tensor) -> RowFile | None:
+    """The RowFile whose whole table `table` is, or None."""
+    found = _OPEN.get(table.data_ptr())
+    return found if found is not None and found.tensor.shape == table.shape else None
+
+
+def chunks(table: torch.Tensor, rows_per_step: int):
+    """(start, stop) row ranges over `table`, its pages released after each where it is a
+    RowFile's: a whole-table read or write that stays within RELEASE_BYTES of resident pages."""
+    found = owner(table)
+    rows = table.shape[0]
+    row_bytes = table[0].numel() * table.element_size() if rows else 0
+    group = rows_per_step
+    if found is not None:
+        group = max(rows_per_step, RELEASE_BYTES // max(row_bytes, 1) // rows_per_step * rows_per_step)
+    for start in range(0, rows, group):
+        stop = min(start + group, rows)
+        for inner in range(start, stop, rows_per_step):
+            yield inner, min(inner + rows_per_step, stop)
+        if found is not None:
+            found.release(start, stop)
+
