@@ -17,7 +17,7 @@ from cflpipe.fl.local import Anchor, LocalResult, steps_for
 from cflpipe.fl.messages import ClientView, Payload, Update, round_lr
 from cflpipe.fl.params import ParamSpace
 from cflpipe.fl.plan import ClientPlan, Plans, Results, Trained
-from cflpipe.fl.rowfile import RowFile, chunks
+from cflpipe.fl.rowfile import RowFile, copy_rows
 from cflpipe.fl.trainers import SequentialTrainer, Trainer
 from cflpipe.fl.work import WorkItem
 from cflpipe.seeds import mix_seed, rng
@@ -58,6 +58,17 @@ class ClientStore:
         self.defaults[name] = default.detach().clone()
         return self.tables[name]
 
+    def server_table(self, name: str, default: torch.Tensor, rows: int) -> torch.Tensor:
+        """A server's table of `rows` copies of `default` (Context.table): a file beside the
+        store's own where the store is on disk, else in memory."""
+        if self.folder is None:
+            return default.detach().unsqueeze(0).repeat(rows, *([1] * default.dim()))
+        key = f"server-{name}"
+        if key in self.files:
+            raise KeyError(f"server table {name!r} is already made")
+        self.files[key] = RowFile(self.folder / f"{key}.rows", default, rows)
+        return self.files[key].tensor
+
     def release(self) -> None:
         """Hand the pages of the tables on disk back to the kernel (after each round)."""
         for file in self.files.values():
@@ -84,9 +95,7 @@ class ClientStore:
         if name not in self.tables or table.shape != self.tables[name].shape:
             raise KeyError(f"client state {name!r}: register it with add() and keep its shape")
         if name in self.files:  # the file stays the table
-            if table.data_ptr() != self.tables[name].data_ptr():
-                for start, stop in chunks(self.tables[name], 1):
-                    self.tables[name][start:stop] = table[start:stop]
+            copy_rows(self.tables[name], table)
             return
         self.tables[name] = table
 
@@ -111,8 +120,8 @@ class ClientStore:
                 self.tables[name] = table.to(self.device)
 
     def targets(self) -> dict[str, torch.Tensor]:
-        """The tables a checkpoint's rows may be read straight into: those on disk."""
-        return {name: file.tensor for name, file in self.files.items()}
+        """The store's tables a checkpoint's rows may be read straight into: those on disk."""
+        return {name: self.files[name].tensor for name in self.tables if name in self.files}
 
 
 class Context:
@@ -260,6 +269,13 @@ class Context:
         """One plain plan of one client (tests and scripts; methods return plans)."""
         trained = self.run({client: ClientPlan(start, anchors, trainable, steps, lr)})[client]
         return trained.vector, trained.result
+
+    def table(self, name: str, default: torch.Tensor, rows: int | None = None) -> torch.Tensor:
+        """A server-side table of one row per client (or `rows`), each `default` to start with
+        (the last upload of every client, say): on disk where `training.client_store` is, so that
+        resident memory follows what a round touches. Keep it in `checkpoint` and change it in
+        place (`table[rows] = …`): a resume reads it back into its file."""
+        return self.clients.server_table(name, default, self.num_clients if rows is None else rows)
 
     def view(self, client: int) -> ClientView:
         """The narrow view a client's step gets (see ClientView)."""

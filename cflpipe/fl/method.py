@@ -15,7 +15,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from cflpipe.fl import rowfile
 from cflpipe.fl.plan import Plans, Results
+from cflpipe.fl.rowfile import copy_rows
 from cflpipe.fl.predictors import Models, Predictor
 from cflpipe.registry import Capabilities, bind_declared
 
@@ -304,5 +306,9 @@ class Method:
             if isinstance(value, dict) and set(value) == {"ndarray"}:
                 value = value["ndarray"].numpy()
             elif isinstance(value, torch.Tensor):
+                held = getattr(self, name, None)
+                if isinstance(held, torch.Tensor) and rowfile.owner(held) is not None:
+                    copy_rows(held, value)  # a table on disk (Context.table) stays its file
+                    continue
                 value = value.to(self.ctx.device)
             setattr(self, name, value)

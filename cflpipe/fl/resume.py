@@ -9,6 +9,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from cflpipe.fl import rowfile
 from cflpipe.fl.checkpoint import STATE_HASH_FILE, adopt_previous, read_state, rows_folder, write_state
 from cflpipe.fl.runs import checkpoint_of, config_differences
 
@@ -56,7 +57,10 @@ def try_resume(run) -> None:
         print(f"warning: {run.state_path}: a folder, not a checkpoint; starting the run afresh", file=sys.stderr)
         discard_state(run)
         return
+    # tables on disk (the client store's, a method's Context.table) are read back into their files
     targets = {("clients", name): table for name, table in run.ctx.clients.targets().items()}
+    targets.update({("method", name): value for name in run.method.checkpoint
+                    if rowfile.owner(value := getattr(run.method, name, None)) is not None})
     state, problem = read_state(run.state_path, targets)
     previous = problem is None and state.pop("__previous__", False)
     if problem is None and checkpoint_of(state.get("config"), run.config_text) and state.get("method") is None \

@@ -63,8 +63,10 @@ class RowFile:
         self.path.unlink(missing_ok=True)
 
 
-def owner(table: torch.Tensor) -> RowFile | None:
-    """The RowFile whose whole table `table` is, or None."""
+def owner(table: object) -> RowFile | None:
+    """The RowFile whose whole table `table` is, or None (for anything else)."""
+    if not isinstance(table, torch.Tensor):
+        return None
     found = _OPEN.get(table.data_ptr())
     return found if found is not None and found.tensor.shape == table.shape else None
 
@@ -85,3 +87,12 @@ def chunks(table: torch.Tensor, rows_per_step: int):
         if found is not None:
             found.release(start, stop)
 
+
+
+def copy_rows(target: torch.Tensor, source: torch.Tensor) -> None:
+    """target[:] = source, by chunks released as they go where target is a RowFile's (a table
+    read back on resume, or assigned whole); nothing where source is target."""
+    if source.data_ptr() == target.data_ptr():
+        return
+    for start, stop in chunks(target, 1):
+        target[start:stop] = source[start:stop]

@@ -69,7 +69,7 @@ class CGPFL(PersonalModels, Method):
     def __init__(self, ctx):
         super().__init__(ctx)
         k = self.hp.clusters  # θ_i, on the clients, is the "personal" table of PersonalModels
-        self.local = ctx.init.repeat(ctx.num_clients, 1)     # last uploaded w_i, on the server
+        self.local = ctx.table("local", ctx.init)            # last uploaded w_i, on the server
         self.centers = ctx.init.repeat(k, 1)                 # Ω_k
         self.seeded = torch.zeros(k, dtype=torch.bool, device=ctx.device)
         # Until a client is first sampled its association is 0 (written to clusters.parquet).

@@ -91,8 +91,8 @@ class ICFL(ClusterModels):
         p = ctx.init.numel()
         # The model each client holds: the initial one, then its cluster's model broadcast to it at
         # the end of each round it took part in (what it trains from and counts with in aggregation).
-        self.held = ctx.init.repeat(ctx.num_clients, 1)
-        self.latest_update = ctx.init.new_zeros((ctx.num_clients, p))  # each client's latest update Δ_i
+        self.held = ctx.table("held", ctx.init)
+        self.latest_update = ctx.table("latest_update", ctx.init.new_zeros(p))  # each client's latest update Δ_i
         self.has_update = np.zeros(ctx.num_clients, dtype=bool)
         self.samples = np.zeros(ctx.num_clients, dtype=np.int64)  # n_i, known once a client uploaded
         self._alpha_g: list[float] = []

@@ -35,7 +35,7 @@ class KMeansCFL(ClusterModels):
 
     def __init__(self, ctx):
         super().__init__(ctx, 1, np.zeros(ctx.num_clients, dtype=np.int64))
-        self.latest = ctx.init.repeat(ctx.num_clients, 1)  # the server's copy of every client's model
+        self.latest = ctx.table("latest", ctx.init)  # the server's copy of every client's model
         # Clients that have uploaded at least once. The paper's clients all train every round; with
         # partial participation only uploaded models are clustered and averaged, so untouched
         # initial models do not drag the cluster models back.

@@ -65,10 +65,10 @@ class StoCFL(Method):
         m, p = ctx.num_clients, ctx.init.numel()
         self.anchor = ctx.init.clone()
         self.global_model = ctx.init.clone()
-        self.psi = torch.zeros(m, p, dtype=ctx.init.dtype, device=ctx.device)
+        self.psi = ctx.table("psi", ctx.init.new_zeros(p))
         self.observed = np.zeros(m, dtype=bool)
         self.cluster_of = np.arange(m, dtype=np.int64)  # a cluster is named by one of its members
-        self.models = torch.zeros(m, p, dtype=ctx.init.dtype, device=ctx.device)
+        self.models = ctx.table("models", ctx.init.new_zeros(p))
         self.has_model = np.zeros(m, dtype=bool)
         self._united = 0
 

@@ -1,0 +1,110 @@
+"""The client store on disk (`training.client_store: disk`, #70 item 1): tables memory-mapped in
+the run's state folder, the same values as in memory, pages handed back after use, read back
+into their files from a checkpoint. The conformance suite's resume check runs every method with
+it against a reference in memory (byte-identical outputs)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from cflpipe.errors import SpecError
+from cflpipe.fl import rowfile
+from cflpipe.fl.checkpoint import read_state, write_state
+from cflpipe.fl.context import ClientStore
+from cflpipe.fl.engine import train_run
+from cflpipe.spec import parse_spec
+from cflpipe.testing import spec_dict
+
+
+def rss_file_kib() -> int:
+    """Resident file-backed pages of this process (a mapped file's pages count here)."""
+    with open("/proc/self/status") as status:
+        return int(next(line for line in status if line.startswith("RssFile:")).split()[1])
+
+
+def test_rows_start_at_the_default_and_writes_reach_the_file(tmp_path):
+    default = torch.arange(5, dtype=torch.float32)
+    table = rowfile.RowFile(tmp_path / "t.rows", default, rows=7)
+    assert table.tensor.shape == (7, 5) and torch.equal(table.tensor, default.repeat(7, 1))
+    table.tensor[3] = -1.0
+    table.release()
+    on_disk = np.fromfile(tmp_path / "t.rows", dtype=np.float32).reshape(7, 5)
+    assert (on_disk[3] == -1).all() and (on_disk[[0, 1, 2, 4, 5, 6]] == np.arange(5)).all()
+    assert torch.equal(table.tensor[3], torch.full((5,), -1.0)), "released pages read back from the file"
+    table.remove()
+    assert not (tmp_path / "t.rows").exists()
+
+
+def test_release_hands_the_pages_back(tmp_path):
+    rows, width = 256, 1 << 16  # 64 MiB of float32
+    table = rowfile.RowFile(tmp_path / "big.rows", torch.zeros(width), rows)
+    table.tensor.add_(1.0)  # every page touched and dirty
+    touched = rss_file_kib()
+    table.release()
+    released = rss_file_kib()
+    assert touched - released > 48 * 1024, (touched, released)
+    assert float(table.tensor.sum()) == rows * width, "the data stayed in the file"
+    table.remove()
+
+
+def test_a_store_on_disk_holds_what_one_in_memory_holds(tmp_path):
+    memory, disk = ClientStore(6, torch.device("cpu")), ClientStore(6, torch.device("cpu"))
+    disk.on_disk(tmp_path / "store")
+    for store in (memory, disk):
+        store.add("model", torch.linspace(0, 1, 11))
+        store.add("pi", torch.full((3,), 1 / 3, dtype=torch.float64))
+        store.set("model", np.array([1, 4]), torch.ones(2, 11))
+        store.set("pi", 2, torch.tensor([0.5, 0.25, 0.25], dtype=torch.float64))
+    assert sorted(p.name for p in (tmp_path / "store").iterdir()) == ["model.rows", "pi.rows"]
+    for name in ("model", "pi"):
+        assert torch.equal(memory[name], disk[name]) and disk[name].dtype == memory[name].dtype
+    # A whole table assigned (FedAC's models) is copied into the file, which stays the table.
+    before = disk["model"].data_ptr()
+    disk["model"] = torch.full((6, 11), 7.0)
+    assert disk["model"].data_ptr() == before and float(disk["model"].min()) == 7.0
+    with pytest.raises(KeyError):
+        disk["model"] = torch.zeros(5, 11)
+    disk.remove_files()
+    assert not list((tmp_path / "store").iterdir())
+
+
+def test_disk_needs_a_cpu_device(tmp_path):
+    with pytest.raises(SpecError, match="client_store: disk"):
+        ClientStore(2, torch.device("meta")).on_disk(tmp_path)
+
+
+def test_a_checkpoint_reads_back_into_the_files(tmp_path, monkeypatch):
+    monkeypatch.setattr("cflpipe.fl.checkpoint.MIN_ROWS_BYTES", 1)
+    store = ClientStore(9, torch.device("cpu"))
+    store.on_disk(tmp_path / "store")
+    table = store.add("personal", torch.zeros(300))
+    table[:] = torch.randn(9, 300, generator=torch.Generator().manual_seed(0))
+    saved = table.clone()
+    write_state(tmp_path / "state" / "state.pt", {"round": 3, "clients": store.state_dict()})
+    table[4:] = 0.0  # rounds after the checkpoint, lost with a kill
+    targets = {("clients", name): t for name, t in store.targets().items()}
+    state, problem = read_state(tmp_path / "state" / "state.pt", targets)
+    assert problem is None and state["clients"]["personal"].data_ptr() == table.data_ptr()
+    store.load_state_dict(state["clients"])
+    assert torch.equal(store["personal"], saved) and store["personal"].data_ptr() == table.data_ptr()
+
+
+def test_a_run_on_disk_leaves_no_store_and_is_the_same_run(tmp_path):
+    outputs = {}
+    for where in ("memory", "disk"):
+        raw = spec_dict(tmp_path / where, "ditto", rounds=3, eval_every=3)
+        raw["training"]["client_store"] = where
+        spec = parse_spec(raw)
+        train_run(spec, "s", "ditto", 0, progress=False)
+        run_dir = spec.run_dir("s", "ditto", 0)
+        assert not list(Path(run_dir).rglob("*.rows")), "the store's files outlive the run"
+        outputs[where] = {p.relative_to(run_dir): p.read_bytes() for p in sorted(Path(run_dir).glob("*.parquet"))}
+        assert "client_store" not in (run_dir / "config.yaml").read_text()
+    assert outputs["memory"].keys() == outputs["disk"].keys() and outputs["memory"]
+    for name, data in outputs["memory"].items():
+        if name.name != "timing.parquet":  # seconds
+            assert outputs["disk"][name] == data, name
