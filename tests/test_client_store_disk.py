@@ -108,3 +108,25 @@ def test_a_run_on_disk_leaves_no_store_and_is_the_same_run(tmp_path):
     for name, data in outputs["memory"].items():
         if name.name != "timing.parquet":  # seconds
             assert outputs["disk"][name] == data, name
+
+
+def test_a_methods_table_stays_on_disk_through_its_state(tmp_path):
+    from cflpipe.fl.engine import Run
+    from cflpipe.fl.runs import resolve_run
+
+    raw = spec_dict(tmp_path, "cgpfl")
+    raw["training"]["client_store"] = "disk"
+    run = Run(resolve_run(parse_spec(raw), "s", "cgpfl", 0))
+    run.setup()
+    method = run.method
+    table = method.local
+    assert rowfile.owner(table) is not None and table.shape[0] == run.ctx.num_clients
+    assert (run.state_path.with_name("store") / "server-local.rows").is_file()
+    table[2] = 5.0
+    state = {name: (value.clone() if isinstance(value, torch.Tensor) else value)
+             for name, value in method.state_dict().items()}
+    table[2] = -5.0
+    method.load_state_dict(state)
+    assert method.local is table and float(method.local[2].min()) == 5.0, "read back into its file"
+    run.ctx.clients.remove_files()
+    assert not list(run.state_path.with_name("store").iterdir())
