@@ -5,6 +5,7 @@ it against a reference in memory (byte-identical outputs)."""
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import numpy as np
@@ -130,3 +131,26 @@ def test_a_methods_table_stays_on_disk_through_its_state(tmp_path):
     assert method.local is table and float(method.local[2].min()) == 5.0, "read back into its file"
     run.ctx.clients.remove_files()
     assert not list(run.state_path.with_name("store").iterdir())
+
+
+def test_a_damaged_or_foreign_checkpoint_leaves_the_files_as_they_were(tmp_path, monkeypatch):
+    monkeypatch.setattr("cflpipe.fl.checkpoint.MIN_ROWS_BYTES", 1)
+    store = ClientStore(5, torch.device("cpu"))
+    store.on_disk(tmp_path / "store")
+    table = store.add("personal", torch.zeros(1 << 14))
+    table[:] = torch.arange(1.0, 6.0)[:, None]  # rows of 64 KiB, 1 … 5: a block each
+    path = tmp_path / "state" / "state.pt"
+    write_state(path, {"config": "a", "clients": store.state_dict()})
+    table[:] = 2.0
+    targets = {("clients", "personal"): table}
+    # another configuration's checkpoint: read, but not into the files
+    state, problem = read_state(path, targets, wanted=lambda s: s.get("config") == "b")
+    assert problem is None and float(state["clients"]["personal"][4].min()) == 5.0
+    assert float(table.min()) == 2.0 and state["clients"]["personal"].data_ptr() != table.data_ptr()
+    # a damaged block, the last row's: not even the rows before it are written into the file
+    last = hashlib.sha256(torch.full((1 << 14,), 5.0).numpy().tobytes()).hexdigest()
+    block = tmp_path / "state" / "rows" / f"{last}.bin"
+    block.write_bytes(block.read_bytes()[:-4])
+    state, problem = read_state(path, targets, wanted=lambda s: True)
+    assert state is None and "does not match" in problem
+    assert float(table.min()) == float(table.max()) == 2.0

@@ -28,8 +28,9 @@ import hashlib
 import re
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
+import numpy as np
 import torch
 
 from cflpipe import store
@@ -99,14 +100,14 @@ def adopt_previous(path: Path) -> None:
         store.write_text(Path(path).with_name(STATE_HASH_FILE), f"{digests[1]}\n")
 
 
-def read_state(path: Path, targets: dict[tuple[str, ...], torch.Tensor] | None = None
-               ) -> tuple[dict[str, Any] | None, str | None]:
+def read_state(path: Path, targets: dict[tuple[str, ...], torch.Tensor] | None = None,
+               wanted: Callable[[dict[str, Any]], bool] | None = None) -> tuple[dict[str, Any] | None, str | None]:
     """A run's checkpoint, verified against its digest and its blocks' names: (state, None), or
     (None, the problem). A state that matches the previous digest (a save interrupted before its
     rename) is returned with state["__previous__"] = True. `targets`: tables, by their keys'
     path in the state (("clients", name)), that a row table of the same shape and dtype is read
-    into rather than into memory (the client store on disk); a target is left partly written
-    where the checkpoint turns out damaged."""
+    into rather than into memory (the client store on disk), once its blocks all check, and only
+    where `wanted(state)` (of the state before its row tables are read: its config, say) holds."""
     path = Path(path)
     digest = path.with_name(STATE_HASH_FILE)
     if not digest.exists():
@@ -121,7 +122,8 @@ def read_state(path: Path, targets: dict[tuple[str, ...], torch.Tensor] | None =
     except Exception as exc:  # a file torch cannot read: same treatment as a bad digest
         return None, f"unreadable ({type(exc).__name__})"
     try:
-        state = _internalize(manifest, rows_folder(path), targets or {}, ())
+        into = (targets or {}) if wanted is None or (isinstance(manifest, dict) and wanted(manifest)) else {}
+        state = _internalize(manifest, rows_folder(path), into, ())
     except _BadBlock as exc:
         return None, str(exc)
     if actual != digests[0]:
@@ -213,18 +215,25 @@ def _read_blocks(entry: dict[str, Any], folder: Path, target: torch.Tensor | Non
     row_bytes = raw.size // shape[0] if shape[0] else 0
     if len(names) != -(-shape[0] // rows_per_block):
         raise _BadBlock(f"{len(names)} row blocks where its table of {shape[0]} rows needs another number")
-    for index, (first, last) in enumerate(chunks(table, rows_per_block)):  # a target on disk released as it fills
+
+    def read(index: int, into: np.ndarray) -> None:
         name = names[index]
         if not isinstance(name, str) or not _BLOCK_NAME.fullmatch(name):
             raise _BadBlock(f"a row block name that is not a sha256 ({str(name)[:80]!r})")
         block = folder / f"{name}.bin"
-        chunk = raw[first * row_bytes:last * row_bytes]
         try:
             with open(block, "rb") as handle:
-                filled = handle.readinto(memoryview(chunk))
+                filled = handle.readinto(memoryview(into))
                 extra = handle.read(1)
         except OSError:
             raise _BadBlock(f"its row block {block} is missing") from None
-        if filled != chunk.size or extra or hashlib.sha256(chunk).hexdigest() != name:
+        if filled != into.size or extra or hashlib.sha256(into).hexdigest() != name:
             raise _BadBlock(f"its row block {block} does not match its name (a truncated or altered file)")
+
+    if fits:  # a target is written only once every block checks: a damaged checkpoint leaves it as it was
+        scratch = np.empty(rows_per_block * row_bytes, dtype=np.uint8)
+        for index, first in enumerate(range(0, shape[0], rows_per_block)):
+            read(index, scratch[:(min(first + rows_per_block, shape[0]) - first) * row_bytes])
+    for index, (first, last) in enumerate(chunks(table, rows_per_block)):  # a target on disk released as it fills
+        read(index, raw[first * row_bytes:last * row_bytes])
     return table

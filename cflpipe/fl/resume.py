@@ -61,7 +61,8 @@ def try_resume(run) -> None:
     targets = {("clients", name): table for name, table in run.ctx.clients.targets().items()}
     targets.update({("method", name): value for name in run.method.checkpoint
                     if rowfile.owner(value := getattr(run.method, name, None)) is not None})
-    state, problem = read_state(run.state_path, targets)
+    state, problem = read_state(run.state_path, targets,
+                                wanted=lambda state: checkpoint_of(state.get("config"), run.config_text))
     previous = problem is None and state.pop("__previous__", False)
     if problem is None and checkpoint_of(state.get("config"), run.config_text) and state.get("method") is None \
             and int(state["round"]) != run.training.rounds:
