@@ -85,4 +85,4 @@ declare("fedtsdp", FedTSDPParams, "cflpipe.methods.fedtsdp:FedTSDP",
         needs="every client every round and the paper's local budget (2 epochs; 20 steps or more): its gate reads "
               "one round's drift of the round's clients' outputs",
         family="seed",
-        at_scale="its server work is the round's own (0.3 s at any population, 1.2× its training); every client's model: 3.1 GiB")
+        at_scale="its server work is the round's own (0.3 s at any population, 1.2× its training); every client's model: 3.1 GiB; 2.6 GiB with training.client_store: disk")

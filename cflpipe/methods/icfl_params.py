@@ -19,4 +19,4 @@ class ICFLParams(HyperParams):
 
 declare("icfl", ICFLParams, "cflpipe.methods.icfl:ICFL",
         Capabilities(clustered=True, pairs="the cosine similarity of every pair of clients in a cluster it tests for a split (all of them at first)", pair_bytes=16), family="clustered",
-        at_scale="two clients × parameters tables and a cosine-similarity matrix of a cluster's members: server 1.9× its training, 5.1 GiB")
+        at_scale="two clients × parameters tables and a cosine-similarity matrix of a cluster's members: server 1.9× its training, 5.1 GiB; 3.5 GiB with training.client_store: disk (the matrix and the members' updates it reads remain)")

@@ -19,4 +19,4 @@ class StoCFLParams(HyperParams):
 
 declare("stocfl", StoCFLParams, "cflpipe.methods.stocfl:StoCFL",
         Capabilities(clustered=True), family="clustered",
-        at_scale="two clients × parameters tables (ψ_i and every client's model): 4.9 GiB")
+        at_scale="two clients × parameters tables (ψ_i and every client's model): 4.9 GiB; 1.1 GiB with training.client_store: disk")
