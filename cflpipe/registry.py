@@ -35,11 +35,6 @@ class HyperParams(BaseModel):
     # a run's config.yaml at that value, so that a recorded run stays the same run (not retrained).
     later_defaults: ClassVar[dict[str, Any]] = {}
 
-    def recorded(self) -> dict[str, Any]:
-        """The values a run's config.yaml records (later_defaults left out at their default)."""
-        return {key: value for key, value in self.model_dump(mode="json").items()
-                if key not in self.later_defaults or value != self.later_defaults[key]}
-
     def premises_at(self, clusters: int | None) -> list[tuple[str, str]]:
         """What these values go against at `clusters` clusters (the method's K where it has one):
         (key, why) pairs that validate warns of. A variant's parameters say their own (AWCFL's β)."""

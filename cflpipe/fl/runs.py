@@ -114,25 +114,35 @@ def training_definition(spec: Spec, scenario: str, method: str) -> dict[str, Any
     return definition
 
 
+def recorded(hp: Any) -> dict[str, Any]:
+    """The hyper-parameters a run's config.yaml records: a key of the class's `later_defaults`
+    left out at its default, so that runs recorded before the key existed stay the same runs."""
+    later = type(hp).later_defaults
+    return {key: value for key, value in hp.model_dump(mode="json").items() if key not in later or value != later[key]}
+
+
 def resolved_config(spec: Spec, scenario: str, method: str, seed: int, threads: int | None = None
                     ) -> dict[str, Any]:
     """What a run is made of, written as its config.yaml; `threads` (torch's CPU threads) is
     recorded when given: CPU kernels reduce in a thread-dependent order, so the same run with
     other threads gives other bytes (a run of the spec all the same)."""
     method_type = spec.method_type(method)
-    hp = resolved_hyperparams(spec, scenario, method)
+    training = training_definition(spec, scenario, method)
+    hyperparams = recorded(resolved_hyperparams(spec, scenario, method))
+    versions = run_plugins(spec, scenario, method)
+    digests = input_digests(spec, scenario)
     return {
         "cflpipe": __version__,
         "scenario": scenario,
         "method": method,
         "method_type": method_type,
         "seed": seed,
-        "hyperparams": hp.recorded(),
-        "training": training_definition(spec, scenario, method),
+        "hyperparams": hyperparams,
+        "training": training,
         "scenario_spec": spec.scenarios[scenario].definition(),
         "data_dir": spec.data_dir,
-        **({"inputs_sha256": digests} if (digests := input_digests(spec, scenario)) else {}),
-        **({"plugins": versions} if (versions := run_plugins(spec, scenario, method)) else {}),
+        **({"inputs_sha256": digests} if digests else {}),
+        **({"plugins": versions} if versions else {}),
         **({} if threads is None else {"threads": threads}),
     }
 
