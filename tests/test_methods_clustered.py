@@ -17,7 +17,7 @@ from cflpipe.clustering import nearest_center, pairwise_sq_distances
 from cflpipe.fl.engine import Run, train_run
 from cflpipe.fl.runs import resolve_run
 from cflpipe.fl.local import LocalResult
-from cflpipe.fl.method import ClientView, Context, local_update, receive, Update
+from cflpipe.fl.method import ClientStore, ClientView, Context, local_update, receive, Update
 from cflpipe.fl.plan import Trained
 from cflpipe.registry import all_methods
 from cflpipe.methods.cfl_params import CFLParams
@@ -57,9 +57,11 @@ class FakeContext:
         self.trained: list[tuple[int, int, int | None]] = []  # (round, client, steps)
         self.anchors: list = []
         self.extra_bytes_down = self.extra_bytes_up = 0
+        self.clients = ClientStore(num_clients, self.device)  # what Context.table makes its tables in
 
     # The real questions to clients outside the round (their traffic, their divergence).
     ask = Context.ask
+    table = Context.table
 
     def train_sizes(self) -> np.ndarray:
         return np.full(self.num_clients, 10)
