@@ -581,7 +581,7 @@ REASONS: dict[str, str] = {
         "Equivalent: `fork_rng(devices=None)` also forks the CUDA generators (none on CPU; the global "
         "state is restored either way); SeedSequence's `generate_state(2)[0]` equals "
         "`generate_state(1)[0]`.",
-    "cflpipe.methods.ifca.x_train_losses":
+    "cflpipe.methods.ifca.x_mean_losses":
         "Equivalent: `or True` takes the mean of an empty loss array, nan (numpy warns), as the else "
         "branch.",
     "cflpipe.methods.ifca.xǁIFCAǁ__init__":

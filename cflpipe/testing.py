@@ -269,11 +269,7 @@ def _one_record(check: Callable[[str, Path], None]) -> Callable[[str, Path], Non
 @_one_record
 def check_resume(name: str, workdir: Path) -> None:
     stop_after = int(np.random.default_rng(list(name.encode())).integers(1, ROUNDS))
-    raw = spec_dict(Path(workdir), name)
-    # The client store on disk (the reference keeps it in memory): the same bytes, and its
-    # tables come back from the checkpoint into their files.
-    raw["training"]["client_store"] = "disk"
-    spec = parse_spec(raw)
+    spec = parse_spec(spec_dict(Path(workdir), name))
     # Every table of two dimensions goes to row blocks (the reference kept them inside state.pt),
     # so the resumed state is what comes back through the checkpoint's blocks.
     with _patched(checkpoint, "MIN_ROWS_BYTES", 1):
@@ -483,9 +479,11 @@ def check_changing_clients_resume(name: str, workdir: Path) -> None:
     """With scenario drift (two of the six clients move to the other group in round 3) and
     availability (two clients away in rounds 2–3), a run killed after the checkpoint of round 2
     (the move still to come, the clients away), of round 3 (the move to be applied again) or of
-    the last round (no round left to play) resumes to the bytes of an uninterrupted one."""
-    def with_drift(folder: str) -> Any:
-        raw = spec_dict(Path(workdir) / folder, name)
+    the last round (no round left to play) resumes to the bytes of an uninterrupted one. The
+    killed runs keep their client store and Context.table tables on disk (training.client_store),
+    the uninterrupted one in memory: the same bytes, and the tables come back into their files."""
+    def with_drift(folder: str, store: str = "memory") -> Any:
+        raw = spec_dict(Path(workdir) / folder, name, client_store=store)
         raw["scenarios"]["s"]["drift"] = [{"round": 3, "fraction": 0.34}]
         raw["scenarios"]["s"]["availability"] = {"share": 0.34, "away": ROUNDS - 2}
         return parse_spec(raw)
@@ -493,7 +491,8 @@ def check_changing_clients_resume(name: str, workdir: Path) -> None:
     whole = with_drift("whole")
     train_run(whole, "s", name, 0, progress=False)
     for stop_after in (2, 3, ROUNDS):
-        resumed = _killed_then_resumed(with_drift(f"killed{stop_after}"), name, stop_after)
+        with _patched(checkpoint, "MIN_ROWS_BYTES", 1):  # every table through row blocks, into its file
+            resumed = _killed_then_resumed(with_drift(f"killed{stop_after}", "disk"), name, stop_after)
         same_bytes(whole.run_dir("s", name, 0), resumed)  # drift.parquet, availability.parquet among the tables
 
 

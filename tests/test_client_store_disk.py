@@ -38,6 +38,7 @@ def test_rows_start_at_the_default_and_writes_reach_the_file(tmp_path):
     assert torch.equal(table.tensor[3], torch.full((5,), -1.0)), "released pages read back from the file"
     table.remove()
     assert not (tmp_path / "t.rows").exists()
+    assert float(table.tensor[3].sum()) == -5.0, "a view read after remove() still reads its pages"
 
 
 def test_release_hands_the_pages_back(tmp_path):
@@ -60,22 +61,32 @@ def test_a_store_on_disk_holds_what_one_in_memory_holds(tmp_path):
         store.add("pi", torch.full((3,), 1 / 3, dtype=torch.float64))
         store.set("model", np.array([1, 4]), torch.ones(2, 11))
         store.set("pi", 2, torch.tensor([0.5, 0.25, 0.25], dtype=torch.float64))
-    assert sorted(p.name for p in (tmp_path / "store").iterdir()) == ["model.rows", "pi.rows"]
+    assert sorted(p.name for p in (tmp_path / "store").iterdir()) == ["client-model.rows", "client-pi.rows"]
     for name in ("model", "pi"):
         assert torch.equal(memory[name], disk[name]) and disk[name].dtype == memory[name].dtype
     # A whole table assigned (FedAC's models) is copied into the file, which stays the table.
     before = disk["model"].data_ptr()
     disk["model"] = torch.full((6, 11), 7.0)
+    model_before_removal = disk["model"]
     assert disk["model"].data_ptr() == before and float(disk["model"].min()) == 7.0
     with pytest.raises(KeyError):
         disk["model"] = torch.zeros(5, 11)
     disk.remove_files()
-    assert not list((tmp_path / "store").iterdir())
+    assert not (tmp_path / "store").exists()
+    assert float(model_before_removal.sum()) == 7.0 * 66, "views outlive the file"
 
 
 def test_disk_needs_a_cpu_device(tmp_path):
     with pytest.raises(SpecError, match="client_store: disk"):
         ClientStore(2, torch.device("meta")).on_disk(tmp_path)
+
+
+def test_a_table_past_the_free_space_is_one_line(tmp_path, monkeypatch):
+    import shutil
+
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10, 10, 1000))
+    with pytest.raises(SpecError, match="needs 0.0 GiB for t.rows in .* where 0.0 GiB are free"):
+        rowfile.RowFile(tmp_path / "t.rows", torch.zeros(100), rows=10)
 
 
 def test_a_checkpoint_reads_back_into_the_files(tmp_path, monkeypatch):
@@ -130,7 +141,7 @@ def test_a_methods_table_stays_on_disk_through_its_state(tmp_path):
     method.load_state_dict(state)
     assert method.local is table and float(method.local[2].min()) == 5.0, "read back into its file"
     run.ctx.clients.remove_files()
-    assert not list(run.state_path.with_name("store").iterdir())
+    assert not run.state_path.with_name("store").exists()
 
 
 def test_a_damaged_or_foreign_checkpoint_leaves_the_files_as_they_were(tmp_path, monkeypatch):
@@ -154,3 +165,22 @@ def test_a_damaged_or_foreign_checkpoint_leaves_the_files_as_they_were(tmp_path,
     state, problem = read_state(path, targets, wanted=lambda s: True)
     assert state is None and "does not match" in problem
     assert float(table.min()) == float(table.max()) == 2.0
+
+
+def test_a_damaged_second_table_leaves_the_first_as_it_was(tmp_path, monkeypatch):
+    monkeypatch.setattr("cflpipe.fl.checkpoint.MIN_ROWS_BYTES", 1)
+    store = ClientStore(3, torch.device("cpu"))
+    store.on_disk(tmp_path / "store")
+    first = store.server_table("held", torch.zeros(1 << 14), 3)
+    second = store.server_table("update", torch.zeros(1 << 14), 3)
+    first[:] = 1.0
+    second[:] = torch.arange(1.0, 4.0)[:, None]
+    path = tmp_path / "state" / "state.pt"
+    write_state(path, {"config": "a", "method": {"held": first, "update": second}})
+    first[:], second[:] = 2.0, 2.0
+    last = hashlib.sha256(torch.full((1 << 14,), 3.0).numpy().tobytes()).hexdigest()
+    block = tmp_path / "state" / "rows" / f"{last}.bin"
+    block.write_bytes(block.read_bytes()[:-4])
+    state, problem = read_state(path, {("method", "held"): first, ("method", "update"): second})
+    assert state is None and "does not match" in problem
+    assert float(first.min()) == float(first.max()) == 2.0, "the table read before the damaged one was written"

@@ -123,6 +123,9 @@ def read_state(path: Path, targets: dict[tuple[str, ...], torch.Tensor] | None =
         return None, f"unreadable ({type(exc).__name__})"
     try:
         into = (targets or {}) if wanted is None or (isinstance(manifest, dict) and wanted(manifest)) else {}
+        # every block of every target checked before any target is written: a damaged checkpoint
+        # leaves them all as they were
+        _internalize(manifest, rows_folder(path), into, (), check_only=True)
         state = _internalize(manifest, rows_folder(path), into, ())
     except _BadBlock as exc:
         return None, str(exc)
@@ -188,17 +191,23 @@ def _write_blocks(table: torch.Tensor, folder: Path, named: set[str]) -> dict[st
             "rows_per_block": rows_per_block, "blocks": names}
 
 
-def _internalize(value: Any, folder: Path, targets: dict[tuple[str, ...], torch.Tensor], at: tuple) -> Any:
+def _internalize(value: Any, folder: Path, targets: dict[tuple[str, ...], torch.Tensor], at: tuple,
+                 check_only: bool = False) -> Any:
+    """The state with its row tables read back (into `targets` where they fit); `check_only`:
+    only the targets' blocks read (into scratch) and checked, nothing returned."""
     if isinstance(value, dict):
         if set(value) == {_ROWS_KEY}:
+            if check_only:
+                return _read_blocks(value[_ROWS_KEY], folder, targets[at], check_only) if at in targets else None
             return _read_blocks(value[_ROWS_KEY], folder, targets.get(at))
-        return {key: _internalize(item, folder, targets, (*at, key)) for key, item in value.items()}
+        return {key: _internalize(item, folder, targets, (*at, key), check_only) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
-        return type(value)(_internalize(item, folder, targets, (*at, i)) for i, item in enumerate(value))
+        return type(value)(_internalize(item, folder, targets, (*at, i), check_only) for i, item in enumerate(value))
     return value
 
 
-def _read_blocks(entry: dict[str, Any], folder: Path, target: torch.Tensor | None = None) -> torch.Tensor:
+def _read_blocks(entry: dict[str, Any], folder: Path, target: torch.Tensor | None = None,
+                 check_only: bool = False) -> torch.Tensor | None:
     try:
         dtype = getattr(torch, entry["dtype"])
         shape, rows_per_block, names = [int(n) for n in entry["shape"]], int(entry["rows_per_block"]), entry["blocks"]
@@ -208,6 +217,8 @@ def _read_blocks(entry: dict[str, Any], folder: Path, target: torch.Tensor | Non
         raise _BadBlock(f"a row table entry it cannot read in {folder.parent / 'state.pt'}") from None
     try:
         fits = target is not None and list(target.shape) == shape and target.dtype == dtype
+        if check_only and not fits:  # read into memory later, checked as it is read
+            return None
         table = target if fits else torch.empty(shape, dtype=dtype)
         raw = table.reshape(-1).view(torch.uint8).numpy()
     except (RuntimeError, MemoryError, TypeError, ValueError):  # a dtype or size no table has
@@ -230,10 +241,12 @@ def _read_blocks(entry: dict[str, Any], folder: Path, target: torch.Tensor | Non
         if filled != into.size or extra or hashlib.sha256(into).hexdigest() != name:
             raise _BadBlock(f"its row block {block} does not match its name (a truncated or altered file)")
 
-    if fits:  # a target is written only once every block checks: a damaged checkpoint leaves it as it was
-        scratch = np.empty(rows_per_block * row_bytes, dtype=np.uint8)
-        for index, first in enumerate(range(0, shape[0], rows_per_block)):
-            read(index, scratch[:(min(first + rows_per_block, shape[0]) - first) * row_bytes])
+    if check_only:  # a target's blocks read into scratch and checked, the target untouched
+        if fits:
+            scratch = np.empty(rows_per_block * row_bytes, dtype=np.uint8)
+            for index, first in enumerate(range(0, shape[0], rows_per_block)):
+                read(index, scratch[:(min(first + rows_per_block, shape[0]) - first) * row_bytes])
+        return None
     for index, (first, last) in enumerate(chunks(table, rows_per_block)):  # a target on disk released as it fills
         read(index, raw[first * row_bytes:last * row_bytes])
     return table

@@ -38,6 +38,7 @@ class ClientStore:
         # training.client_store: disk: the folder the tables registered from then on live in
         self.folder: Path | None = None
         self.files: dict[str, RowFile] = {}
+        self.server_names: set[str] = set()
 
     def on_disk(self, folder: Path) -> None:
         """Keep the tables registered from now on in files of `folder` (fl/rowfile.py), not in
@@ -51,7 +52,7 @@ class ClientStore:
         if name in self.tables:
             raise KeyError(f"client state {name!r} is already registered")
         if self.folder is not None:
-            self.files[name] = RowFile(self.folder / f"{name}.rows", default, self.num_clients)
+            self.files[name] = RowFile(self.folder / f"client-{name}.rows", default, self.num_clients)
             self.tables[name] = self.files[name].tensor
         else:
             self.tables[name] = default.detach().unsqueeze(0).repeat(self.num_clients, *([1] * default.dim()))
@@ -61,11 +62,12 @@ class ClientStore:
     def server_table(self, name: str, default: torch.Tensor, rows: int) -> torch.Tensor:
         """A server's table of `rows` copies of `default` (Context.table): a file beside the
         store's own where the store is on disk, else in memory."""
+        key = f"server-{name}"
+        if key in self.server_names:
+            raise KeyError(f"server table {name!r} is already made")
+        self.server_names.add(key)
         if self.folder is None:
             return default.detach().unsqueeze(0).repeat(rows, *([1] * default.dim()))
-        key = f"server-{name}"
-        if key in self.files:
-            raise KeyError(f"server table {name!r} is already made")
         self.files[key] = RowFile(self.folder / f"{key}.rows", default, rows)
         return self.files[key].tensor
 
@@ -79,6 +81,8 @@ class ClientStore:
         for file in self.files.values():
             file.remove()
         self.files, self.tables = {}, {}
+        if self.folder is not None and self.folder.is_dir() and not any(self.folder.iterdir()):
+            self.folder.rmdir()  # an empty folder would keep a failed new run's folder from going
 
     def fresh(self, num_clients: int) -> "ClientStore":
         """A store of the same tables for other clients, every row at its registered default

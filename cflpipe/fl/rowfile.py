@@ -12,15 +12,20 @@ would hold every client's row resident from the first round.
 from __future__ import annotations
 
 import mmap
+import os
+import shutil
 import weakref
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from cflpipe.errors import SpecError
+
 # Pages handed back at a time while a whole table is read or written (fill, checkpoint, resume).
 RELEASE_BYTES = 64 << 20
 _PAGE = mmap.PAGESIZE
+_DONTNEED = getattr(mmap, "MADV_DONTNEED", None)
 # The tables open in this process by the address of their first byte: a checkpoint reading or
 # writing a tensor asks whether it is one, to release its pages as it goes.
 _OPEN: "weakref.WeakValueDictionary[int, RowFile]" = weakref.WeakValueDictionary()
@@ -35,8 +40,21 @@ class RowFile:
         dtype = torch.empty(0, dtype=default.dtype).numpy().dtype
         self.row_bytes = default.numel() * default.element_size()
         size = max(rows * self.row_bytes, 1)
+        # Every block reserved now: a disk that fills later would kill the process with SIGBUS
+        # at a write through the mapping, where this says so in one line.
+        free = shutil.disk_usage(self.path.parent).free
+        if size > free:
+            raise SpecError(f"training.client_store: disk needs {size / 2**30:.1f} GiB for {self.path.name} in "
+                            f"{self.path.parent}, where {free / 2**30:.1f} GiB are free; free space or use memory")
         with open(self.path, "wb") as handle:
-            handle.truncate(size)
+            try:
+                if hasattr(os, "posix_fallocate"):
+                    os.posix_fallocate(handle.fileno(), 0, size)
+                else:  # macOS, Windows: sparse, checked against the free space above only
+                    handle.truncate(size)
+            except OSError as exc:
+                raise SpecError(f"training.client_store: disk cannot reserve {size / 2**30:.1f} GiB for "
+                                f"{self.path} ({exc.strerror}); free space or use memory") from None
         self._map = np.memmap(self.path, dtype=np.uint8, mode="r+", shape=(size,))
         flat = self._map[:rows * self.row_bytes].view(dtype)
         self.tensor = torch.from_numpy(flat).view(rows, *default.shape)
@@ -53,13 +71,13 @@ class RowFile:
         stop = rows if stop is None else min(stop, rows)
         first = (start * self.row_bytes) // _PAGE * _PAGE
         last = stop * self.row_bytes
-        if last > first:
-            self._map._mmap.madvise(mmap.MADV_DONTNEED, first, last - first)
+        if last > first and _DONTNEED is not None:  # where the platform has no madvise, pages stay
+            self._map._mmap.madvise(_DONTNEED, first, last - first)
 
     def remove(self) -> None:
+        """Delete the file. The mapping stays until the last tensor over it is gone (unmapping
+        it under a live view would crash the process at its next read), then so do its blocks."""
         _OPEN.pop(self.tensor.data_ptr(), None)
-        del self.tensor
-        self._map._mmap.close()
         self.path.unlink(missing_ok=True)
 
 
@@ -94,5 +112,6 @@ def copy_rows(target: torch.Tensor, source: torch.Tensor) -> None:
     read back on resume, or assigned whole); nothing where source is target."""
     if source.data_ptr() == target.data_ptr():
         return
-    for start, stop in chunks(target, 1):
+    row_bytes = target[0].numel() * target.element_size() if len(target) else 1
+    for start, stop in chunks(target, max(1, (RELEASE_BYTES // 16) // max(row_bytes, 1))):
         target[start:stop] = source[start:stop]

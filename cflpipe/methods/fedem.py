@@ -21,8 +21,8 @@ from cflpipe.fl.method import ClientView, Context, Method, Payload, Placement, U
 from cflpipe.fl.params import weighted_average
 from cflpipe.fl.plan import ClientPlan, Trained
 from cflpipe.fl.predictors import Mixture
-from cflpipe.methods.clustered import mixture_table
-from cflpipe.methods.ifca import lowest, random_models, sample_losses
+from cflpipe.methods.clustered import lowest, mixture_table
+from cflpipe.methods.ifca import random_models, sample_losses
 
 
 class WeightedCrossEntropy:

@@ -19,8 +19,8 @@ from cflpipe.fl.local import Anchor
 from cflpipe.fl.method import ROUND, ClientView, Context, Method, Payload, Placement, Update, stack_updates
 from cflpipe.fl.plan import ClientPlan, Trained
 from cflpipe.fl.predictors import Models
-from cflpipe.methods.clustered import mixture_table
-from cflpipe.methods.ifca import lowest, random_models, sample_losses
+from cflpipe.methods.clustered import lowest, mixture_table
+from cflpipe.methods.ifca import random_models, sample_losses
 from cflpipe.methods.personal import PersonalModels
 
 

@@ -17,7 +17,7 @@ from cflpipe.errors import SpecError
 from cflpipe.fl.method import ClientView, Context, Payload, Placement, Update, stack_updates
 from cflpipe.fl.params import cluster_average
 from cflpipe.fl.plan import ClientPlan, Trained
-from cflpipe.methods.clustered import ClusterModels, asked_losses, lowest
+from cflpipe.methods.clustered import LOSSES, ClusterModels, asked_losses, lowest
 from cflpipe.methods.intercluster_params import AWCFLParams, MCFLParams
 from cflpipe.models import build_model
 from cflpipe.seeds import seed32
@@ -47,6 +47,15 @@ def sample_losses(apply, models: torch.Tensor, x: torch.Tensor, y: torch.Tensor)
     models applied together (batched where the trainer batches) by `apply` (Context.apply)."""
     logits = apply(models, x, chunk=LOSS_CHUNK)  # (K × rows × classes)
     return torch.stack([F.cross_entropy(out, y, reduction="none") for out in logits]).double().cpu().numpy()
+
+
+def mean_losses(view: ClientView, models: torch.Tensor) -> np.ndarray:
+    """Each model's mean loss on the client's training data, float64 (NaN without data): the
+    client's cluster identity estimate, in its round and when the server asks (evaluation,
+    placement of a new client)."""
+    x, y = view.data()
+    per_sample = sample_losses(view.apply, models, x, y)
+    return per_sample.mean(axis=1) if per_sample.shape[1] else np.full(len(models), np.nan)
 
 
 class IFCA(ClusterModels):
@@ -105,9 +114,7 @@ class IFCA(ClusterModels):
     def client_plan(cls, view: ClientView, payload: Payload) -> tuple[ClientPlan | dict[str, ClientPlan], dict]:
         models, k = payload.tensors["models"], view.hp.clusters
         tracks = len(models) // k
-        x, y = view.data()
-        per_sample = sample_losses(view.apply, models, x, y)
-        losses = (per_sample.mean(axis=1) if per_sample.shape[1] else np.full(len(models), np.nan)).reshape(tracks, k)
+        losses = mean_losses(view, models).reshape(tracks, k)
         chosen = lowest(losses)
         scratch = {"chosen": chosen, "loss": losses[np.arange(tracks), chosen]}
         if tracks == 1:
@@ -115,6 +122,14 @@ class IFCA(ClusterModels):
         # Each restart trains on its own batch stream, as independent runs would.
         return {f"restart{r}": ClientPlan(models[r * k + int(chosen[r])], stream=(r,) if r else ())
                 for r in range(tracks)}, scratch
+
+    @classmethod
+    def query(cls, view: ClientView, payload: Payload, trained, scratch) -> Update:
+        if payload.meta.get("question") == LOSSES:  # its cluster identity estimate, as it makes it in a round
+            # sent as float32, 4 bytes a loss as every method's answer: a pick could differ from
+            # the client's own only between losses within float32's rounding of each other
+            return view.answer({"losses": torch.from_numpy(mean_losses(view, payload.tensors["models"])).float()})
+        return super().query(view, payload, trained, scratch)
 
     @classmethod
     def cluster_client_finish(cls, view: ClientView, payload: Payload, trained: Trained | dict[str, Trained],
