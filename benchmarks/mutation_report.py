@@ -574,7 +574,7 @@ REASONS: dict[str, str] = {
         "the early return, and the loop then runs over no unseeded slot. `pow(3)` (D³ instead of D² "
         "sampling) only changes which upload seeds a model: no test checks the seeding's distribution, a "
         "gap left as for clustering's _kmeans_pp.",
-    "cflpipe.methods.ifca.x_lowest":
+    "cflpipe.methods.clustered.x_lowest":
         "NaN losses (a diverged model) not skipped: killed by "
         "test_ifca_never_picks_a_model_whose_loss_is_nan (added after the pass).",
     "cflpipe.methods.ifca.x_random_models":

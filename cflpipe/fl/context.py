@@ -79,8 +79,8 @@ class ClientStore:
     def remove_files(self) -> None:
         """Delete the tables' files (a run that finished keeps what its outputs need elsewhere)."""
         for file in self.files.values():
-            file.remove()
-        self.files, self.tables = {}, {}
+            file.remove()  # its tensor stays readable (the tables keep it) until they are dropped
+        self.files = {}
         if self.folder is not None and self.folder.is_dir() and not any(self.folder.iterdir()):
             self.folder.rmdir()  # an empty folder would keep a failed new run's folder from going
 
