@@ -51,13 +51,16 @@ class ClientStore:
     def add(self, name: str, default: torch.Tensor) -> torch.Tensor:
         if name in self.tables:
             raise KeyError(f"client state {name!r} is already registered")
-        if self.folder is not None:
-            self.files[name] = RowFile(self.folder / f"client-{name}.rows", default, self.num_clients)
-            self.tables[name] = self.files[name].tensor
-        else:
-            self.tables[name] = default.detach().unsqueeze(0).repeat(self.num_clients, *([1] * default.dim()))
+        self.tables[name] = self._rows(f"client-{name}", default, self.num_clients)
         self.defaults[name] = default.detach().clone()
         return self.tables[name]
+
+    def _rows(self, key: str, default: torch.Tensor, rows: int) -> torch.Tensor:
+        """`rows` copies of `default`: in the file `key`.rows where the store is on disk."""
+        if self.folder is None:
+            return default.detach().unsqueeze(0).repeat(rows, *([1] * default.dim()))
+        self.files[key] = RowFile(self.folder / f"{key}.rows", default, rows)
+        return self.files[key].tensor
 
     def server_table(self, name: str, default: torch.Tensor, rows: int) -> torch.Tensor:
         """A server's table of `rows` copies of `default` (Context.table): a file beside the
@@ -66,10 +69,7 @@ class ClientStore:
         if key in self.server_names:
             raise KeyError(f"server table {name!r} is already made")
         self.server_names.add(key)
-        if self.folder is None:
-            return default.detach().unsqueeze(0).repeat(rows, *([1] * default.dim()))
-        self.files[key] = RowFile(self.folder / f"{key}.rows", default, rows)
-        return self.files[key].tensor
+        return self._rows(key, default, rows)
 
     def release(self) -> None:
         """Hand the pages of the tables on disk back to the kernel (after each round)."""
@@ -98,7 +98,7 @@ class ClientStore:
     def __setitem__(self, name: str, table: torch.Tensor) -> None:
         if name not in self.tables or table.shape != self.tables[name].shape:
             raise KeyError(f"client state {name!r}: register it with add() and keep its shape")
-        if name in self.files:  # the file stays the table
+        if f"client-{name}" in self.files:  # the file stays the table
             copy_rows(self.tables[name], table)
             return
         self.tables[name] = table
@@ -118,14 +118,14 @@ class ClientStore:
         if set(state) != set(self.tables):
             raise KeyError(f"client state holds {sorted(state)}, the method registers {sorted(self.tables)}")
         for name, table in state.items():
-            if name in self.files:
+            if f"client-{name}" in self.files:
                 self[name] = table  # read into the file (the checkpoint's reader may have already)
             else:
                 self.tables[name] = table.to(self.device)
 
     def targets(self) -> dict[str, torch.Tensor]:
         """The store's tables a checkpoint's rows may be read straight into: those on disk."""
-        return {name: self.files[name].tensor for name in self.tables if name in self.files}
+        return {name: self.files[f"client-{name}"].tensor for name in self.tables if f"client-{name}" in self.files}
 
 
 class Context:
