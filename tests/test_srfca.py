@@ -129,3 +129,31 @@ def test_a_run_groups_the_clients_once_and_recovers_two_label_swap_groups(tmp_pa
     assert rounds.dropna(subset=["srfca_lambda"])["round"].tolist() == [1]  # the one-shot start
     assert rounds.dropna(subset=["srfca_merged"])["round"].tolist() == [7]  # between the two refine blocks
     assert json.loads((run.run_dir / "summary.json").read_text())["final"]["ari"] == pytest.approx(1.0)
+
+
+def test_the_start_in_blocks_of_clients_gives_the_same_losses_and_traffic(tmp_path, monkeypatch):
+    """Past START_BLOCK_BYTES of models the start trains and scores a block of clients at a time
+    (#70): every client's model still scored on every client's data, into its own row of L, and
+    the same bytes counted."""
+    import cflpipe.methods.srfca as srfca
+
+    seen = []
+    grouped = SRFCA.group_clients
+    monkeypatch.setattr(SRFCA, "group_clients", lambda self: (seen.append(self.local_losses.copy()), grouped(self))[1])
+
+    def run(block_bytes, name):
+        monkeypatch.setattr(srfca, "START_BLOCK_BYTES", block_bytes)
+        spec = parse_spec({"seeds": [0], "results_dir": str(tmp_path / name), "data_dir": str(tmp_path / "d"),
+                           "training": {"model": "mlp", "rounds": 2, "clients_per_round": 4, "local_steps": 3,
+                                        "batch_size": 16, "lr": 0.05, "eval_every": 2, "device": "cpu",
+                                        "trainer": "sequential"},
+                           "scenarios": {"s": {"dataset": "digits", "clients": 7, "pool": "train",
+                                               "partition": [{"kind": "iid"}, {"kind": "label_swap", "groups": 2}]}},
+                           "methods": {"srfca": {"init_steps": 5}}})
+        return pd.read_parquet(train_run(spec, "s", "srfca", 0, progress=False).run_dir / "rounds.parquet")
+
+    whole, blocks = run(srfca.START_BLOCK_BYTES, "whole"), run(1, "blocks")  # one block; blocks of one client
+    assert len(seen) == 2 and not np.isnan(seen[0]).any()
+    assert not np.allclose(seen[0], seen[0].T)  # L[i, j] is not L[j, i]: a row mixed up would show
+    np.testing.assert_allclose(seen[1], seen[0], rtol=1e-6)
+    assert whole[["bytes_down", "bytes_up"]].equals(blocks[["bytes_down", "bytes_up"]])
