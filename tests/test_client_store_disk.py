@@ -184,3 +184,34 @@ def test_a_damaged_second_table_leaves_the_first_as_it_was(tmp_path, monkeypatch
     state, problem = read_state(path, {("method", "held"): first, ("method", "update"): second})
     assert state is None and "does not match" in problem
     assert float(first.min()) == float(first.max()) == 2.0, "the table read before the damaged one was written"
+
+
+def test_the_clients_inputs_live_in_the_stores_folder_and_their_pages_are_let_go(tmp_path):
+    """With the store on disk the clients' inputs are a map of an unlinked file in the run's store
+    folder (#70 item 3): the same values as in memory, their pages let go once written and after
+    each round (Engine: FederatedData.release_pages)."""
+    from cflpipe.fl.data import build_federated_data
+    from cflpipe.fl.runs import resolve_run
+
+    raw = spec_dict(tmp_path / "r", "fedavg", client_store="disk")
+    raw["scenarios"]["s"] = {"dataset": {"name": "synthetic", "devices": 2000, "max_samples": 100},
+                             "clients": 2000, "partition": [{"kind": "natural"}]}
+    spec = parse_spec(raw)
+    resolved = resolve_run(spec, "s", "fedavg", 0)
+    cpu = torch.device("cpu")
+    in_memory = build_federated_data(spec, "s", cpu)
+    before = rss_file_kib()
+    data = resolved.load_data(cpu)
+    store = resolved.run_dir / "state" / "store"
+    assert rss_file_kib() - before < 8 * 1024, "the inputs were let go as they were written"
+    assert data.train.mapped and data.test.mapped and not in_memory.train.mapped
+    mapped_files = Path("/proc/self/maps").read_text()
+    assert f"{store}/" in mapped_files and "(deleted)" in mapped_files
+    assert torch.equal(data.train.x, in_memory.train.x) and torch.equal(data.test.x, in_memory.test.x)
+    assert torch.equal(data.train.y, in_memory.train.y) and np.array_equal(data.train.offsets, in_memory.train.offsets)
+    assert data.train.x.nbytes > 16 << 20
+    float(data.train.x.sum())  # every page read back
+    touched = rss_file_kib()
+    data.release_pages()
+    assert touched - rss_file_kib() > 12 * 1024, (touched, rss_file_kib())
+    assert not list(store.iterdir()), "nothing named in the folder: the file goes with its map"

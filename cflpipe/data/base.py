@@ -7,6 +7,8 @@ the downloader never need torch; the engine moves them to tensors once per run.
 from __future__ import annotations
 
 import mmap
+import os
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -27,6 +29,20 @@ def release_pages(mappings: tuple[mmap.mmap, ...]) -> None:
     for mapping in mappings:
         if release is not None and hasattr(mapping, "madvise"):
             mapping.madvise(release)
+
+
+def file_map(size: int, folder: Path | None = None) -> mmap.mmap:
+    """A shared map of `size` bytes of an unlinked temporary file in `folder` (TMPDIR by default,
+    which should be a disk: on a tmpfs the let-go pages stay in memory): its pages can be let go
+    (the file holds them) and nothing is left on disk once the map is gone, whatever ends the
+    process. The space is reserved first, so a full disk is an OSError here rather than a SIGBUS
+    while the map is written."""
+    with tempfile.TemporaryFile(dir=folder) as backing:
+        if hasattr(os, "posix_fallocate"):
+            os.posix_fallocate(backing.fileno(), 0, max(size, 1))
+        else:  # macOS, Windows: sparse
+            backing.truncate(max(size, 1))
+        return mmap.mmap(backing.fileno(), max(size, 1))
 
 
 @dataclass(frozen=True)

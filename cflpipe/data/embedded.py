@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import mmap
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from cflpipe.data.base import Dataset, NoParams, DatasetInfo, register, release_pages
+from cflpipe.data.base import Dataset, NoParams, DatasetInfo, file_map, register, release_pages
 from cflpipe.data.cache import load_cache, save_cache
 
 # The digits train/test split is part of the dataset's definition, not of an experiment, so it
@@ -148,7 +145,7 @@ def generate_synthetic(p: SyntheticParams) -> Dataset:
     for name, counts in (("train", sizes - tests), ("test", tests)):
         rows = int(counts.sum())
         if mapped:
-            maps.append(_file_map(rows * p.dimension * 4))
+            maps.append(file_map(rows * p.dimension * 4))
             x = np.frombuffer(maps[-1], dtype=np.float32).reshape(rows, p.dimension)
         else:
             x = np.empty((rows, p.dimension), dtype=np.float32)
@@ -178,16 +175,6 @@ def generate_synthetic(p: SyntheticParams) -> Dataset:
 # Inputs of LEAF Synthetic beyond this many bytes are generated into a file-backed map (256 MiB:
 # 10,000 devices stay in memory as before).
 MAPPED_BYTES = 256 * 2**20
-
-
-def _file_map(size: int) -> mmap.mmap:
-    """A shared map of `size` bytes of an unlinked temporary file (in TMPDIR, which should be a
-    disk: on a tmpfs the let-go pages stay in memory): its pages can be let go (the file holds them)
-    and nothing is left on disk once the map is gone. The space is reserved first, so a full disk is
-    an OSError here rather than a SIGBUS while the map is written."""
-    with tempfile.TemporaryFile() as backing:
-        os.posix_fallocate(backing.fileno(), 0, max(size, 1))
-        return mmap.mmap(backing.fileno(), max(size, 1))
 
 
 def load_synthetic(params: BaseModel, data_dir: Path) -> Dataset:

@@ -1,15 +1,19 @@
-"""Federated data in memory: every client's train/test tensors on the training device, built once
-per run from the dataset and the scenario's partition (its transforms applied here)."""
+"""Federated data: every client's train/test tensors on the training device, built once per run
+from the dataset and the scenario's partition (its transforms applied here); in memory, or with
+`training.client_store: disk` the inputs in file maps whose pages are let go after every round."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import mmap
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import torch
 
 from cflpipe.data import load_dataset
+from cflpipe.data.base import file_map, release_pages
 from cflpipe.partition import (MIXED, PUBLIC_FILE, apply_sample_transforms, apply_transform, build_partition,
                                client_indices, client_sample_transforms, load_partition, realized_weights)
 from cflpipe.errors import PartitionError
@@ -25,6 +29,12 @@ class SplitData:
     y: torch.Tensor
     offsets: np.ndarray  # (clients + 1,)
     owner: torch.Tensor  # client of each row
+    # The maps of a file `x` lives in (training.client_store: disk), else empty.
+    mapped: tuple[mmap.mmap, ...] = field(default=(), repr=False, compare=False)
+
+    def release_pages(self) -> None:
+        """Let go of the pages of `x` this process has read (a file's: they stay in the file)."""
+        release_pages(self.mapped)
 
     def of(self, client: int) -> tuple[torch.Tensor, torch.Tensor]:
         a, b = self.offsets[client], self.offsets[client + 1]
@@ -118,6 +128,13 @@ class FederatedData:
     def num_groups(self) -> int:
         return int(self.groups.max()) + 1 if self.has_groups else 0
 
+    def release_pages(self) -> None:
+        """Hand back the pages of the inputs kept in files (training.client_store: disk) that a
+        round or an evaluation read: resident memory follows the clients a round touches."""
+        for split in (self.train, self.test, self.val):
+            if split is not None:
+                split.release_pages()
+
     def client(self, c: int, split: str = "train") -> tuple[torch.Tensor, torch.Tensor]:
         chosen = {"train": self.train, "test": self.test, "val": self.val}[split]
         if chosen is None:
@@ -140,13 +157,14 @@ class FederatedData:
 _POOL_CHUNK_BYTES = 32 << 20
 
 
-def gather_pool_rows(dataset, pool: str, rows: np.ndarray, out: np.ndarray) -> None:
+def gather_pool_rows(dataset, pool: str, rows: np.ndarray, out: np.ndarray,
+                     out_maps: tuple[mmap.mmap, ...] = ()) -> None:
     """out[i] = the pool's row rows[i] (Dataset.pool_rows, written into out; rows in range, as
     build_federated_data checks), reading the pool once in order, a chunk of _POOL_CHUNK_BYTES
     at a time, the pages of a memory-mapped dataset dropped after each chunk. Gathering client
     by client instead reads all over the file, and each fault maps the pages around the row too
     (64 KB for a 12 KB CIFAR row): the process then held several times the rows it had read
-    until a release."""
+    until a release. `out_maps`: the maps `out` lives in, let go with each chunk too."""
     order = np.argsort(rows, kind="stable")
     wanted = rows[order]
     splits = [(dataset.x_train, 0)]
@@ -160,11 +178,19 @@ def gather_pool_rows(dataset, pool: str, rows: np.ndarray, out: np.ndarray) -> N
             if hi > lo:
                 out[order[lo:hi]] = x[wanted[lo:hi] - first]
                 dataset.release_pages()
+                release_pages(out_maps)
 
 
-def build_federated_data(spec: Spec, scenario: str, device: torch.device) -> FederatedData:
+# Clients whose rows are written between two releases of the inputs' file maps.
+_CLIENTS_PER_RELEASE = 4096
+
+
+def build_federated_data(spec: Spec, scenario: str, device: torch.device, store: Path | None = None
+                         ) -> FederatedData:
     """Read the partition written by `cflpipe partition` (building it first when absent, which
-    gives the same bytes) and materialize every client's tensors once."""
+    gives the same bytes) and materialize every client's tensors once. `store`: a folder (the
+    run's client store on disk) whose unlinked files hold the clients' inputs, mapped, their
+    pages let go as they are written (the same bytes as in memory; labels stay in memory)."""
     sc = spec.scenarios[scenario]
     dataset = load_dataset(sc.dataset.name, sc.dataset.params, spec.data_dir)
     out = spec.partition_dir(scenario)
@@ -209,13 +235,22 @@ def build_federated_data(spec: Spec, scenario: str, device: torch.device) -> Fed
                                  f"pool ({sc.pool}) has {len(y_pool)}; run `cflpipe partition` again")
         sizes = np.array([len(r) for r in rows], dtype=np.int64)
         offsets = np.concatenate([[0], np.cumsum(sizes)])
-        x_all = np.empty((int(offsets[-1]), *dataset.input_shape), dtype=np.float32)
+        shape = (int(offsets[-1]), *dataset.input_shape)
+        maps: tuple[mmap.mmap, ...] = ()
+        if store is None:
+            x_all = np.empty(shape, dtype=np.float32)
+        else:
+            store.mkdir(parents=True, exist_ok=True)
+            maps = (file_map(int(np.prod(shape)) * 4, store),)
+            x_all = np.frombuffer(maps[0], dtype=np.float32, count=int(np.prod(shape))).reshape(shape)
         y_all = np.empty(int(offsets[-1]), dtype=np.int64)
         # A plugin's inputs in another precision are standardized in it before the cast, as ever.
         gathered = dataset.x_train.dtype == dataset.x_test.dtype == np.float32
         if gathered:
-            gather_pool_rows(dataset, sc.pool, every, x_all)
+            gather_pool_rows(dataset, sc.pool, every, x_all, maps)
         for i, (idx, transform) in enumerate(zip(rows, transforms)):
+            if maps and i % _CLIENTS_PER_RELEASE == 0:
+                release_pages(maps)
             mine = slice(offsets[i], offsets[i + 1])
             inputs = x_all[mine] if gathered else dataset.pool_rows(sc.pool, idx)
             if transform == MIXED:
@@ -228,7 +263,9 @@ def build_federated_data(spec: Spec, scenario: str, device: torch.device) -> Fed
             y=torch.from_numpy(y_all).to(device),
             offsets=offsets,
             owner=torch.from_numpy(np.repeat(np.arange(len(clients)), sizes)).to(device),
+            mapped=maps,
         )
+        release_pages(maps)
     # A soft method's shares are estimated from the training samples: scored against those.
     realized = realized_weights(partition)
     weights = None if realized is None else realized[clients]

@@ -251,6 +251,7 @@ class Run:
                     self.live.log(r + 1, row)
             t3 = time.perf_counter()
             self.ctx.clients.release()  # the client store on disk keeps no round's pages resident
+            self.data.release_pages()  # nor the inputs it holds
             self.append("rounds", row)
             global _process_warm, _process_evaluated
             # A trainer with workers of its own starts them, or sends them the networks, in each

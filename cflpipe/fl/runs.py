@@ -93,10 +93,13 @@ def resolve_run(spec: Spec, scenario: str, method: str, seed: int, threads: int 
     """The run (scenario, method, seed) of `spec`; `threads` as resolved_config records it."""
     config = resolved_config(spec, scenario, method, seed, threads=threads)
     info = method_info(config["method_type"])
+    run_dir, training = spec.run_dir(scenario, method, seed), spec.resolved_training(scenario, method)
+    # the client store on disk holds the clients' inputs too, beside its tables (Engine.setup)
+    store = run_dir / "state" / "store" if training.client_store == "disk" else None
     return ResolvedRun(
-        scenario, method, config["method_type"], seed, spec.run_dir(scenario, method, seed),
-        spec.resolved_training(scenario, method), info.params(**config["hyperparams"]), config, dump_yaml(config),
-        spec_sha256(spec), lambda device: build_federated_data(spec, scenario, device),
+        scenario, method, config["method_type"], seed, run_dir,
+        training, info.params(**config["hyperparams"]), config, dump_yaml(config),
+        spec_sha256(spec), lambda device: build_federated_data(spec, scenario, device, store),
         lambda key: training_key_path(spec, scenario, method, key),
         live_dir(spec.results_dir, scenario, method, seed) if spec.workflow.live else None,
         Path(spec.results_dir) / TRAINER_CHOICES)
