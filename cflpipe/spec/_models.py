@@ -141,9 +141,10 @@ class Training(Strict):
     )
     client_store: Literal["memory", "disk"] = Field(
         "memory", description="where the client store (what clients keep between rounds: personal models, "
-                              "mixture weights) lives: memory, or disk (memory-mapped files in the run's state "
-                              "folder, the pages a round touched handed back after it: resident memory follows "
-                              "the round's clients, not clients × parameters; CPU only); the same bytes either way")
+                              "mixture weights) and the clients' inputs live: memory, or disk (memory-mapped files in the "
+                              "run's state folder, the pages a round touched handed back after it: resident memory "
+                              "follows the round's clients, not clients × parameters or every client's data; CPU "
+                              "only); the same bytes either way")
     keep_state: bool = Field(
         False, description="keep a finished run's whole checkpoint (models, method state); false cuts it down "
                            "to the tables its outputs are written from")
