@@ -21,6 +21,10 @@ from cflpipe.partition_files import (  # noqa: F401  (partition_scenario, input_
     DIGESTS, FINGERPRINT, PARTITION_FILES, _digest_problem, _fingerprint, input_digests, partition_scenario)
 from cflpipe.spec import Spec
 
+# Rows copied out of a file map between two releases of its pages (SplitData.take).
+_ROWS_PER_RELEASE = 4096
+
+
 @dataclass
 class SplitData:
     """One split of every client, concatenated: client c owns rows offsets[c]:offsets[c+1]."""
@@ -55,14 +59,26 @@ class SplitData:
         rows = self.rows_of(clients)
         sizes = np.zeros(len(self.offsets) - 1, dtype=np.int64)
         sizes[clients] = np.diff(self.offsets)[clients]
-        return SplitData(self.x[rows], self.y[rows], np.concatenate([[0], np.cumsum(sizes)]), self.owner[rows])
+        return SplitData(self.take(rows), self.y[rows], np.concatenate([[0], np.cumsum(sizes)]), self.owner[rows])
 
     def subset(self, clients: np.ndarray) -> "SplitData":
         """The given clients' rows (a copy), client by client, as clients 0..len(clients)-1."""
         rows = self.rows_of(clients)
         sizes = np.diff(self.offsets)[clients]
         owner = torch.from_numpy(np.repeat(np.arange(len(clients)), sizes)).to(self.owner.device)
-        return SplitData(self.x[rows], self.y[rows], np.concatenate([[0], np.cumsum(sizes)]), owner)
+        return SplitData(self.take(rows), self.y[rows], np.concatenate([[0], np.cumsum(sizes)]), owner)
+
+    def take(self, rows: torch.Tensor) -> torch.Tensor:
+        """x[rows], a copy. From a file map a block of rows at a time, the pages let go after each:
+        a fault maps the page cache's whole folio around a row (up to megabytes of other clients'
+        rows on ext4), so 1,000 sampled clients of 20,000 mapped 290 MB to copy 16 MB."""
+        if not self.mapped:
+            return self.x[rows]
+        out = torch.empty((len(rows), *self.x.shape[1:]), dtype=self.x.dtype, device=self.x.device)
+        for start in range(0, len(rows), _ROWS_PER_RELEASE):
+            out[start:start + _ROWS_PER_RELEASE] = self.x[rows[start:start + _ROWS_PER_RELEASE]]
+            self.release_pages()
+        return out
 
 
 @dataclass
