@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 import torch
 from scipy.stats import trim_mean
+from sklearn.metrics import adjusted_rand_score
 
 from cflpipe.fl.engine import train_run
 from cflpipe.methods.srfca import SRFCA, correlation_clusters, pair_threshold, trimmed_mean
@@ -157,3 +158,24 @@ def test_the_start_in_blocks_of_clients_gives_the_same_losses_and_traffic(tmp_pa
     assert not np.allclose(seen[0], seen[0].T)  # L[i, j] is not L[j, i]: a row mixed up would show
     np.testing.assert_allclose(seen[1], seen[0], rtol=1e-6)
     assert whole[["bytes_down", "bytes_up"]].equals(blocks[["bytes_down", "bytes_up"]])
+
+
+def test_the_start_groups_from_blocks_of_distance_rows_as_from_the_whole_matrix(monkeypatch):
+    """group_clients reads d a block of DISTANCE_ROWS at a time (#70): λ, the groups and the rest's
+    nearest group are those of the whole matrix, NaN rows and columns included."""
+    import cflpipe.methods.srfca as srfca
+
+    rng = np.random.default_rng(3)
+    group = rng.integers(0, 4, 300)
+    losses = np.where(group[:, None] == group[None, :], 0.5, 2.0) + rng.random((300, 300))
+    losses[[7, 150]] = np.nan  # two clients whose own models diverged
+    found = []
+    for rows in (300, 64, 7):
+        monkeypatch.setattr(srfca, "DISTANCE_ROWS", rows)
+        m = method(losses, [0], size_threshold=2, lam=1.0)
+        m.hp.threshold = None
+        found.append((m.group_clients().tolist(), m.lam))
+    assert found[0] == found[1] == found[2]
+    d = (losses + losses.T) / 2
+    assert found[0][1] == pair_threshold(d, 0.25)
+    assert adjusted_rand_score(group, found[0][0]) > 0.9  # the groups, but for the thresholded graph's fringe

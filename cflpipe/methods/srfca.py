@@ -31,6 +31,8 @@ _PIVOTS_INIT, _PIVOTS_MERGE = 0x5A, 0x5B
 # every client's (10,000 clients of the mlp: 2.2 GB of models, held twice, stopped it past 8 GiB).
 # The same models and losses; a population under it keeps the one block it always had.
 START_BLOCK_BYTES = 256 << 20
+# Rows of the clients' pair distances the start makes at a time (from L, when it groups them).
+DISTANCE_ROWS = 256
 
 
 def trimmed_mean(vectors: torch.Tensor, trim: float) -> torch.Tensor:
@@ -66,14 +68,24 @@ def pair_threshold(distances: np.ndarray, fraction: float) -> float:
     """λ from the data, as the authors index it: the sorted pairwise distances at 0-based
     position ceil(fraction · pairs) (the (ceil(f·P) + 1)-th smallest; clamped to the largest,
     where their code fails at fraction 1). Pairs without a distance (NaN) are left out."""
-    # a mask rather than triu_indices (two int64 arrays of N²/2) and a partial sort: the same
-    # order statistic, without four copies of the pairs at 10,000 clients
-    pairs = distances[np.triu(np.ones(distances.shape, dtype=bool), k=1)]
-    pairs = pairs[~np.isnan(pairs)]
+    return threshold_at(upper_pairs(distances, 0), fraction)
+
+
+def upper_pairs(rows: np.ndarray, first: int) -> np.ndarray:
+    """The known distances (not NaN) right of the diagonal in rows first, first + 1, … of the
+    pair distances, row by row."""
+    pairs = rows[np.triu(np.ones(rows.shape, dtype=bool), k=first + 1)]
+    return pairs[~np.isnan(pairs)]
+
+
+def threshold_at(pairs: np.ndarray, fraction: float) -> float:
+    """pair_threshold's λ from the known pairs (reordered in place: a partial sort gives the same
+    order statistic as a sort, without its copy)."""
     if not len(pairs):
         return math.inf
     position = min(math.ceil(fraction * len(pairs)), len(pairs) - 1)
-    return float(np.partition(pairs, position)[position])
+    pairs.partition(position)
+    return float(pairs[position])
 
 
 def nearest(distance: np.ndarray, allowed: np.ndarray) -> np.ndarray:
@@ -172,11 +184,18 @@ class SRFCA(ClusterModels):
             return super().query_plan(view, payload)
         return ClientPlan(payload.tensors["model"].clone(), steps=view.hp.init_steps), None
 
-    def pair_distances(self) -> np.ndarray:
-        """d(i, j) = (L[i, j] + L[j, i]) / 2 (NaN where a model or a loss is missing)."""
-        d = np.add(self.local_losses, self.local_losses.T)
-        d /= 2  # in place: one N × N array, not two
+    def pair_distances(self, rows: slice | np.ndarray) -> np.ndarray:
+        """Rows of d(i, j) = (L[i, j] + L[j, i]) / 2 (NaN where a model or a loss is missing): the
+        start reads them a block at a time, never all N × N at once (0.8 GB at 10,000 clients)."""
+        d = np.add(self.local_losses[rows], self.local_losses[:, rows].T)
+        d /= 2
         return d
+
+    def distance_blocks(self):
+        """(first row, rows of d) a block of DISTANCE_ROWS at a time."""
+        n = self.ctx.num_clients
+        for first in range(0, n, DISTANCE_ROWS):
+            yield first, self.pair_distances(slice(first, min(first + DISTANCE_ROWS, n)))
 
     def _init(self) -> None:
         ctx = self.ctx
@@ -194,10 +213,23 @@ class SRFCA(ClusterModels):
     def group_clients(self) -> np.ndarray:
         """INIT's clustering from the local losses: λ, the threshold graph, correlation
         clustering, groups of at most size_threshold dropped, the rest to the nearest kept group."""
-        d = self.pair_distances()
-        self.lam = self.hp.threshold if self.hp.threshold is not None else pair_threshold(d, self.hp.dist_fraction)
+        n = self.ctx.num_clients
+        if self.hp.threshold is not None:
+            self.lam = self.hp.threshold
+        else:
+            pairs, known = np.empty(n * (n - 1) // 2), 0
+            for first, rows in self.distance_blocks():
+                found = upper_pairs(rows, first)
+                pairs[known:known + len(found)] = found
+                known += len(found)
+            self.lam = threshold_at(pairs[:known], self.hp.dist_fraction)
+            del pairs
+        edges = np.empty((n, n), dtype=bool)
         with np.errstate(invalid="ignore"):
-            labels = correlation_clusters(d <= self.lam, self.ctx.rng(_PIVOTS_INIT))
+            for first, rows in self.distance_blocks():
+                edges[first:first + len(rows)] = rows <= self.lam
+        labels = correlation_clusters(edges, self.ctx.rng(_PIVOTS_INIT))
+        del edges
         sizes = np.bincount(labels)
         kept = np.flatnonzero(sizes > self.hp.size_threshold)
         self._metrics.update(srfca_lambda=self.lam, srfca_init_groups=float(len(sizes)),
@@ -211,7 +243,7 @@ class SRFCA(ClusterModels):
         outside = np.flatnonzero(~inside)
         labels = np.where(inside, assignment, 0).astype(np.int64)
         if len(outside):
-            rows = d[outside]
+            rows = self.pair_distances(outside)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)  # a client without any distance
                 to_groups = np.stack([np.nanmean(np.where(inside & (assignment == g), rows, np.nan), axis=1)
