@@ -205,8 +205,8 @@ def test_the_clients_inputs_live_in_the_stores_folder_and_their_pages_are_let_go
     store = resolved.run_dir / "state" / "store"
     assert rss_file_kib() - before < 8 * 1024, "the inputs were let go as they were written"
     assert data.train.mapped and data.test.mapped and not in_memory.train.mapped
-    mapped_files = Path("/proc/self/maps").read_text()
-    assert f"{store}/" in mapped_files and "(deleted)" in mapped_files
+    mapped_files = Path("/proc/self/maps").read_text().splitlines()
+    assert any(f"{store}/" in line and line.endswith("(deleted)") for line in mapped_files)
     assert torch.equal(data.train.x, in_memory.train.x) and torch.equal(data.test.x, in_memory.test.x)
     assert torch.equal(data.train.y, in_memory.train.y) and np.array_equal(data.train.offsets, in_memory.train.offsets)
     assert data.train.x.nbytes > 16 << 20
@@ -215,3 +215,52 @@ def test_the_clients_inputs_live_in_the_stores_folder_and_their_pages_are_let_go
     data.release_pages()
     assert touched - rss_file_kib() > 12 * 1024, (touched, rss_file_kib())
     assert not list(store.iterdir()), "nothing named in the folder: the file goes with its map"
+
+
+def test_rows_taken_out_of_a_mapped_split_a_block_at_a_time_are_the_rows(tmp_path, monkeypatch):
+    """SplitData.take (a sampled evaluation's copy of its clients' rows) from a map: the rows in
+    memory, whatever the block."""
+    from cflpipe.fl import data as fl_data
+
+    raw = spec_dict(tmp_path / "r", "fedavg")
+    spec = parse_spec(raw)
+    cpu = torch.device("cpu")
+    mapped, in_memory = (fl_data.build_federated_data(spec, "s", cpu, store) for store in (tmp_path / "store", None))
+    clients = np.array([1, 3, 4])
+    for block in (fl_data._ROWS_PER_RELEASE, 7, 1):
+        monkeypatch.setattr(fl_data, "_ROWS_PER_RELEASE", block)
+        for sample, expected in ((mapped.subset(clients), in_memory.subset(clients)),
+                                 (mapped.subset(clients, train=False), in_memory.subset(clients, train=False))):
+            assert torch.equal(sample.train.x, expected.train.x) and torch.equal(sample.test.x, expected.test.x)
+            assert torch.equal(sample.test.y, expected.test.y) and sample.test.x.shape[0] > 7
+        assert torch.equal(mapped.train.only(clients).x, in_memory.train.only(clients).x)
+
+
+def test_a_disk_too_small_for_the_inputs_is_one_line(tmp_path, monkeypatch):
+    from collections import namedtuple
+
+    from cflpipe.data import base
+    from cflpipe.errors import DataError
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(base.shutil, "disk_usage", lambda path: usage(1 << 30, 1 << 30, 1 << 20))
+    with pytest.raises(DataError) as caught:
+        base.file_map(8 << 20, tmp_path)
+    assert str(tmp_path) in str(caught.value) and "8 MiB" in str(caught.value) and "1 MiB are free" in str(caught.value)
+    assert len(str(caught.value).splitlines()) == 1
+
+
+def test_a_run_on_disk_that_fails_after_its_data_leaves_no_folder(tmp_path, monkeypatch):
+    """The store's folder is made with the data (the inputs' files), before the method: a run
+    that fails in between removes it with the run's other new folders."""
+    from cflpipe.errors import SpecError as Refused
+    from cflpipe.fl import engine
+
+    def refuse(*args, **kwargs):
+        raise Refused("training.model: refused here")
+
+    monkeypatch.setattr(engine, "build_model", refuse)
+    spec = parse_spec(spec_dict(tmp_path / "r", "fedavg", client_store="disk"))
+    with pytest.raises(Refused):
+        train_run(spec, "s", "fedavg", 0, progress=False)
+    assert not spec.run_dir("s", "fedavg", 0).exists()

@@ -4,6 +4,7 @@ clustering, λ from the pairwise distances, and a run that recovers two label-sw
 from __future__ import annotations
 
 import json
+import warnings
 from types import SimpleNamespace
 
 import numpy as np
@@ -177,5 +178,29 @@ def test_the_start_groups_from_blocks_of_distance_rows_as_from_the_whole_matrix(
         found.append((m.group_clients().tolist(), m.lam))
     assert found[0] == found[1] == found[2]
     d = (losses + losses.T) / 2
-    assert found[0][1] == pair_threshold(d, 0.25)
+    assert found[0][1] == whole_matrix_lambda(d, 0.25)
+    assert found[0][0] == whole_matrix_groups(d, found[0][1], size_threshold=2)
     assert adjusted_rand_score(group, found[0][0]) > 0.9  # the groups, but for the thresholded graph's fringe
+
+
+def whole_matrix_lambda(d: np.ndarray, fraction: float) -> float:
+    """λ as the code first computed it: every upper pair, sorted."""
+    pairs = d[np.triu_indices(len(d), k=1)]
+    pairs = np.sort(pairs[~np.isnan(pairs)])
+    return float(pairs[min(int(np.ceil(fraction * len(pairs))), len(pairs) - 1)])
+
+
+def whole_matrix_groups(d: np.ndarray, lam: float, size_threshold: int) -> list[int]:
+    """The start's groups as the code first made them, from the whole distance matrix."""
+    with np.errstate(invalid="ignore"):
+        labels = correlation_clusters(d <= lam, np.random.default_rng(0))
+    sizes = np.bincount(labels)
+    kept = np.flatnonzero(sizes > size_threshold)
+    assignment, inside = np.searchsorted(kept, labels), np.isin(labels, kept)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        to_groups = np.stack([np.nanmean(np.where(inside & (assignment == g), d, np.nan), axis=1)
+                              for g in range(len(kept))], axis=1)
+    rest = np.where(np.isnan(to_groups), np.inf, to_groups).argmin(axis=1)
+    rest[~np.isfinite(np.nanmin(np.where(np.isnan(to_groups), np.inf, to_groups), axis=1))] = 0
+    return np.where(inside, assignment, rest).tolist()

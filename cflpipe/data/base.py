@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Callable
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from cflpipe.errors import SpecError
+from cflpipe.errors import DataError, SpecError
 
 
 def release_pages(mappings: tuple[mmap.mmap, ...]) -> None:
@@ -37,6 +38,11 @@ def file_map(size: int, folder: Path | None = None) -> mmap.mmap:
     (the file holds them) and nothing is left on disk once the map is gone, whatever ends the
     process. The space is reserved first, so a full disk is an OSError here rather than a SIGBUS
     while the map is written."""
+    where = Path(folder) if folder is not None else Path(tempfile.gettempdir())
+    free = shutil.disk_usage(where).free
+    if size > free:
+        raise DataError(f"{where}: {size / 2**20:,.0f} MiB of data to map there, where {free / 2**20:,.0f} MiB are "
+                        f"free; free space, or set TMPDIR (generated data) or training.client_store: memory")
     with tempfile.TemporaryFile(dir=folder) as backing:
         if hasattr(os, "posix_fallocate"):
             os.posix_fallocate(backing.fileno(), 0, max(size, 1))

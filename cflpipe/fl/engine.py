@@ -28,7 +28,7 @@ from cflpipe.fl.resume import discard_state, save_state, try_resume
 from cflpipe.fl.sampling import sample, training_clients
 from cflpipe.fl.trainer_choice import build_trainer
 from cflpipe.fl.runs import (LOCK_FILE, OUTPUT_FILES, ResolvedRun, RunResult, read_json, remove_empty, resolve_device, resolve_run,
-                             same_run, state_folders)
+                             same_run, state_folders, store_folder)
 from cflpipe.registry import method_info
 from cflpipe.models import build_model
 from cflpipe.seeds import rng
@@ -142,7 +142,7 @@ class Run:
         self.population = evaluated_population(self.data, self.training, self.seed)
         self.ctx.population = self.population
         if self.training.client_store == "disk":
-            self.ctx.clients.on_disk(self.state_path.with_name("store"))
+            self.ctx.clients.on_disk(store_folder(self.run_dir))
         self.train_split_clients = train_split_clients(self.data, self.training, self.seed, self.training_clients,
                                                        self.population)
         self.method: Method = info.cls(self.ctx)

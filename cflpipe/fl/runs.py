@@ -94,12 +94,13 @@ def resolve_run(spec: Spec, scenario: str, method: str, seed: int, threads: int 
     config = resolved_config(spec, scenario, method, seed, threads=threads)
     info = method_info(config["method_type"])
     run_dir, training = spec.run_dir(scenario, method, seed), spec.resolved_training(scenario, method)
-    # the client store on disk holds the clients' inputs too, beside its tables (Engine.setup)
-    store = run_dir / "state" / "store" if training.client_store == "disk" else None
+    # the client store on disk holds the clients' inputs too, beside its tables (Engine.setup,
+    # which refuses it on another device than the CPU)
+    store = store_folder(run_dir) if training.client_store == "disk" else None
     return ResolvedRun(
         scenario, method, config["method_type"], seed, run_dir,
         training, info.params(**config["hyperparams"]), config, dump_yaml(config),
-        spec_sha256(spec), lambda device: build_federated_data(spec, scenario, device, store),
+        spec_sha256(spec), lambda device: build_federated_data(spec, scenario, device, store if device.type == "cpu" else None),
         lambda key: training_key_path(spec, scenario, method, key),
         live_dir(spec.results_dir, scenario, method, seed) if spec.workflow.live else None,
         Path(spec.results_dir) / TRAINER_CHOICES)
@@ -175,10 +176,16 @@ def remove_empty(run_dir: Path, existed: Path) -> None:
                 return
 
 
-def state_folders(run_dir: Path) -> tuple[Path, Path]:
-    """The checkpoint's folders, innermost first: its row blocks and state/."""
+def state_folders(run_dir: Path) -> tuple[Path, Path, Path]:
+    """The run's state folders, innermost first: the checkpoint's row blocks, the client store's
+    files (training.client_store: disk) and state/."""
     state_path = run_dir / "state" / "state.pt"
-    return rows_folder(state_path), state_path.parent
+    return rows_folder(state_path), store_folder(run_dir), state_path.parent
+
+
+def store_folder(run_dir: Path) -> Path:
+    """Where the client store on disk keeps its tables and the clients' inputs."""
+    return run_dir / "state" / "store"
 
 
 def same_run(recorded: Path, config: dict) -> bool:

@@ -131,8 +131,10 @@ class SRFCA(ClusterModels):
       the nearest kept group (the code leaves it out until the first RECLUSTER) and counts as a
       member there; when no group is kept, all clients form one cluster (the code fails).
     - Past START_BLOCK_BYTES of models the start trains and scores a block of clients at a time,
-      and it groups them from blocks of distance rows: the same L, λ and groups, in bounded memory
-      (10,000 clients stopped it past 8 GiB). The N² evaluations remain the method's: docs/performance.md.
+      and it groups (and later re-clusters) them from blocks of rows: the same L, λ and groups in
+      bounded memory (10,000 clients stopped it past 8 GiB); bit for bit on the CPU, and on CUDA,
+      where a block of models is applied in one vmap, to float rounding across blocks. The N²
+      evaluations remain the method's: docs/performance.md.
     - A loss is the mean cross-entropy over a client's training samples (the code divides its
       summed batch means by the sample count, a scale about a batch size smaller: its λ values
       do not carry over); a client without training data has no loss (NaN), not 0."""
@@ -207,9 +209,9 @@ class SRFCA(ClusterModels):
         for first in range(0, ctx.num_clients, block):
             answers = ctx.ask({c: payload for c in range(first, min(first + block, ctx.num_clients))})
             if answers:
-                clients, models = take_rows({c: answer.tensors["model"] for c, answer in answers.items()})
-                del answers
+                clients, models = take_rows({c: answers.pop(c).tensors["model"] for c in list(answers)})
                 self.local_losses[clients] = self.losses_on_clients(models)
+                ctx.data.release_pages()  # every client's data read again: the store on disk lets it go
         self.clusters = self.group_clients()
         self.centers = ctx.init.repeat(int(self.clusters.max()) + 1, 1)
 
@@ -245,13 +247,13 @@ class SRFCA(ClusterModels):
         # each row's mean is the same sum over the same row)
         outside = np.flatnonzero(~inside)
         labels = np.where(inside, assignment, 0).astype(np.int64)
-        if len(outside):
-            rows = self.pair_distances(outside)
+        for block in np.array_split(outside, -(-len(outside) // DISTANCE_ROWS)) if len(outside) else ():
+            rows = self.pair_distances(block)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)  # a client without any distance
                 to_groups = np.stack([np.nanmean(np.where(inside & (assignment == g), rows, np.nan), axis=1)
                                       for g in range(len(kept))], axis=1)
-            labels[outside] = nearest(to_groups, np.ones(len(kept), dtype=bool))
+            labels[block] = nearest(to_groups, np.ones(len(kept), dtype=bool))
         return labels
 
     def recluster_and_merge(self, on_clients: np.ndarray) -> None:
@@ -262,7 +264,11 @@ class SRFCA(ClusterModels):
             warnings.simplefilter("ignore", RuntimeWarning)  # clients or clusters without a loss
             # ½(mean over k's members j of L[i, j] + loss of k's model on client i's data); a client
             # without a model of its own: the second term alone
-            own = np.stack([np.nanmean(self.local_losses[:, self.clusters == c], axis=1) for c in range(k)], axis=1)
+            own = np.empty((len(self.clusters), k))
+            for first in range(0, len(own), DISTANCE_ROWS):  # each row's mean as over all rows at once
+                block = self.local_losses[first:first + DISTANCE_ROWS]
+                own[first:first + len(block)] = np.stack([np.nanmean(block[:, self.clusters == c], axis=1)
+                                                          for c in range(k)], axis=1)
             distance = np.where(np.isnan(own), on_clients.T, (own + on_clients.T) / 2)
             first = nearest(distance, np.ones(k, dtype=bool))
             sizes = np.bincount(first, minlength=k)
