@@ -208,3 +208,10 @@ def test_the_scale_part_runs_only_the_populations_and_methods_it_is_given(monkey
     bench.run_bench(parts=["scale"], populations=None, methods=None)
     bench.run_bench(parts=["scale"], populations=[1000], methods=["cfl"])
     assert asked == [((1000,), ["ifca"]), ((1000, 10000), ["fedavg", "ifca"])]
+    capsys.readouterr()
+    # past 10,000 clients every client's evaluation is what the sample avoids (5.5 GB at 100,000)
+    bench.run_bench(parts=["scale"], populations=[10000, 100000], methods=["fedavg"])
+    assert asked[-1] == ((10000,), ["fedavg"])
+    assert "not run at 100,000 clients" in capsys.readouterr().out
+    bench.run_bench(parts=["scale"], populations=[100000], methods=["ifca"])
+    assert asked[-1] == ((10000,), ["fedavg"]) and "needs --clients of 1,000 to 10,000" in capsys.readouterr().out
