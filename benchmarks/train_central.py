@@ -48,8 +48,10 @@ def main() -> None:
                 torch.nn.functional.cross_entropy(model(x[batch]), y[batch]).backward()
                 optimizer.step()
             if epoch in shown:
+                model.eval()
                 with torch.no_grad():
                     accuracy = float((model(x_test).argmax(1) == y_test).float().mean())
+                model.train()
                 print(f"{name:8s} epoch {epoch:4d}  test accuracy {accuracy:.3f}", flush=True)
 
 

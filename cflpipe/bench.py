@@ -589,12 +589,12 @@ def run_bench(workloads: list[str] | None = None, rounds: int | None = None, out
         asked = populations or (1000, 10000)
         large = tuple(p for p in asked if 10 * SCALE_SAMPLE <= p <= FULL_EVAL_MAX)
         pair = [m for m in SCALE_METHODS if not methods or m in methods]
+        beyond = [p for p in asked if p > FULL_EVAL_MAX]
         if large and pair:
             figures["scale"] = bench_scale(large, repeats=repeats, device=device, methods=pair)
-        else:
+        elif not (beyond and pair):
             print(f"scale     full against sampled evaluation: not run (it needs --clients of "
                   f"{10 * SCALE_SAMPLE:,} to {FULL_EVAL_MAX:,} and --method {' or '.join(SCALE_METHODS)})", flush=True)
-        beyond = [p for p in asked if p > FULL_EVAL_MAX]
         if beyond and pair:
             print(f"scale     full against sampled evaluation: not run at {', '.join(f'{p:,}' for p in beyond)} "
                   f"clients (every client's evaluation past {FULL_EVAL_MAX:,} is what the sample avoids)", flush=True)

@@ -213,5 +213,9 @@ def test_the_scale_part_runs_only_the_populations_and_methods_it_is_given(monkey
     bench.run_bench(parts=["scale"], populations=[10000, 100000], methods=["fedavg"])
     assert asked[-1] == ((10000,), ["fedavg"])
     assert "not run at 100,000 clients" in capsys.readouterr().out
+    before = len(asked)
     bench.run_bench(parts=["scale"], populations=[100000], methods=["ifca"])
-    assert asked[-1] == ((10000,), ["fedavg"]) and "needs --clients of 1,000 to 10,000" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert len(asked) == before and "not run at 100,000 clients" in out and "needs --clients" not in out
+    bench.run_bench(parts=["scale"], populations=[100], methods=["ifca"])
+    assert len(asked) == before and "needs --clients of 1,000 to 10,000" in capsys.readouterr().out
