@@ -79,6 +79,9 @@ def check_invariants(p: Partition, dataset: Dataset, sc: Scenario) -> None:
     assert list(table.columns) == ["client", "split", "sample", "group", "transform", "label"]
     assert table["client"].dtype == np.int32 and table["group"].dtype == np.int32
     assert table["sample"].dtype == np.int64 and table["label"].dtype == np.int64
+    # The string columns have the dtype pandas infers (built from codes, not inferred), so the
+    # Parquet schema is what it was when they were object arrays.
+    assert table["split"].dtype == table["transform"].dtype == pd.Series(["x"]).dtype
     # Disjoint: each pool sample used at most once over all clients and splits.
     assert table["sample"].is_unique
     assert table["sample"].between(0, len(pool_labels) - 1).all()
